@@ -1,0 +1,144 @@
+"""Logical device creation: enable exactly what the kernels need."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from coopmat.device import vkffi
+from coopmat.device.model import PhysicalDeviceInfo
+from coopmat.device.query import (
+    BFLOAT16_FEATURES,
+    COOPMAT2_FEATURES,
+    FLOAT8_FEATURES,
+)
+from coopmat.device.vkffi import extra, new_struct, vk
+from coopmat.errors import MissingFeatureError, VulkanError
+
+# Without these no cooperative-matrix kernel can run (WebGPU's subgroup-matrix set).
+REQUIRED_FEATURES = ("cooperativeMatrix", "vulkanMemoryModel", "subgroupSizeControl",
+                     "computeFullSubgroups")
+# Enabled when present: they widen the set of configs the kernels can use.
+OPTIONAL_FEATURES = (
+    "vulkanMemoryModelDeviceScope", "shaderFloat16", "shaderInt8", "shaderInt16",
+    "storageBuffer16BitAccess", "storageBuffer8BitAccess",
+    "shaderBFloat16Type", "shaderBFloat16CooperativeMatrix",
+    "shaderFloat8", "shaderFloat8CooperativeMatrix", *COOPMAT2_FEATURES,
+)
+OPTIONAL_EXTENSIONS = ("VK_NV_cooperative_matrix2", "VK_KHR_shader_bfloat16",
+                       "VK_EXT_shader_float8")
+
+
+def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
+    missing = []
+    if not info.extensions.get("VK_KHR_cooperative_matrix"):
+        missing.append("extension VK_KHR_cooperative_matrix")
+    major, minor = (int(x) for x in info.api_version.split(".")[:2])
+    if (major, minor) < (1, 3):
+        missing.append(f"Vulkan 1.3 (device has {info.api_version})")
+    missing += [f"feature {f}" for f in REQUIRED_FEATURES if not info.features.get(f)]
+    return missing
+
+
+@dataclass
+class Device:
+    """A VkDevice with one compute queue, and what was enabled on it."""
+
+    info: PhysicalDeviceInfo
+    physical: Any
+    handle: Any
+    queue: Any
+    queue_family_index: int
+    enabled_features: frozenset[str]
+    enabled_extensions: tuple[str, ...]
+    timestamp_valid_bits: int
+    queue_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def has(self, feature: str) -> bool:
+        return feature in self.enabled_features
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            vk().vkDestroyDevice(self.handle, None)
+            self.handle = None
+
+
+def _compute_queue_family(physical: Any) -> tuple[int, int]:
+    v = vk()
+    families = v.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+    # Prefer a compute family without graphics: on discrete GPUs it is the async queue.
+    ranked = sorted(
+        (i for i, f in enumerate(families) if f.queueFlags & v.VK_QUEUE_COMPUTE_BIT),
+        key=lambda i: bool(families[i].queueFlags & v.VK_QUEUE_GRAPHICS_BIT),
+    )
+    if not ranked:
+        raise MissingFeatureError("the device has no compute queue")
+    # Graphics+compute families are the ones guaranteed to support timestamps well; keep
+    # the first that reports timestamp bits.
+    for i in ranked:
+        if families[i].timestampValidBits:
+            return i, families[i].timestampValidBits
+    return ranked[0], 0
+
+
+def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
+    missing = missing_requirements(info)
+    if missing:
+        raise MissingFeatureError(
+            f"device {info.index} ({info.name}) lacks what cooperative-matrix kernels need: "
+            + ", ".join(missing))
+    v = vk()
+    features = info.features
+    enable = {f for f in (*REQUIRED_FEATURES, *OPTIONAL_FEATURES) if features.get(f)}
+    extensions = ["VK_KHR_cooperative_matrix"] + [
+        e for e in OPTIONAL_EXTENSIONS if info.extensions.get(e)]
+
+    f2 = new_struct("VkPhysicalDeviceFeatures2", v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2)
+    f2.features.shaderInt16 = "shaderInt16" in enable
+    f11 = new_struct("VkPhysicalDeviceVulkan11Features", 49)
+    f11.storageBuffer16BitAccess = "storageBuffer16BitAccess" in enable
+    f12 = new_struct("VkPhysicalDeviceVulkan12Features", 51)
+    for name in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess", "vulkanMemoryModel",
+                 "vulkanMemoryModelDeviceScope"):
+        setattr(f12, name, name in enable)
+    f13 = new_struct("VkPhysicalDeviceVulkan13Features", 53)
+    f13.subgroupSizeControl = True
+    f13.computeFullSubgroups = True
+    coopmat = new_struct("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
+                         v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR)
+    coopmat.cooperativeMatrix = True
+    structs: list[Any] = [f2, f11, f12, f13, coopmat]
+    optional = [
+        ("VK_NV_cooperative_matrix2", "VkPhysicalDeviceCooperativeMatrix2FeaturesNV",
+         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV, COOPMAT2_FEATURES),
+        ("VK_KHR_shader_bfloat16", "VkPhysicalDeviceShaderBfloat16FeaturesKHR",
+         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR, BFLOAT16_FEATURES),
+        ("VK_EXT_shader_float8", "VkPhysicalDeviceShaderFloat8FeaturesEXT",
+         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT8_FEATURES_EXT, FLOAT8_FEATURES),
+    ]
+    for ext, ctype, stype, names in optional:
+        if ext in extensions:
+            s = extra.new(ctype + " *")
+            s.sType = stype
+            for name in names:
+                setattr(s, name, name in enable)
+            structs.append(s)
+    vkffi.chain(*structs)
+
+    family, ts_bits = _compute_queue_family(physical)
+    queue_info = v.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1,
+                                           pQueuePriorities=[1.0])
+    create = v.VkDeviceCreateInfo(
+        pNext=vkffi.as_vk_pointer(f2), queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+        enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions,
+        pEnabledFeatures=None,
+    )
+    try:
+        handle = v.vkCreateDevice(physical, create, None)
+    except v.VkError as exc:
+        raise VulkanError("vkCreateDevice", type(exc).__name__) from exc
+    queue = v.vkGetDeviceQueue(handle, family, 0)
+    return Device(info=info, physical=physical, handle=handle, queue=queue,
+                  queue_family_index=family, enabled_features=frozenset(enable),
+                  enabled_extensions=tuple(extensions), timestamp_valid_bits=ts_bits)

@@ -1,0 +1,36 @@
+"""Exceptions coopmat raises. Each names what went wrong in the user's terms."""
+
+from __future__ import annotations
+
+
+class CoopmatError(Exception):
+    """Base class of every coopmat error."""
+
+
+class VulkanUnavailableError(CoopmatError):
+    """No Vulkan loader (libvulkan.so.1) or no Vulkan instance could be created."""
+
+
+class NoDeviceError(CoopmatError):
+    """Vulkan works but reports no physical device at all."""
+
+
+class DeviceNotFoundError(CoopmatError):
+    """A device selector (argument or COOPMAT_DEVICE) matched no device."""
+
+
+class NoCooperativeMatrixDeviceError(CoopmatError):
+    """No device (or not the selected one) offers VK_KHR_cooperative_matrix."""
+
+
+class MissingFeatureError(CoopmatError):
+    """The device lacks a feature, extension or limit that the kernels need."""
+
+
+class VulkanError(CoopmatError):
+    """A Vulkan call failed; the message names the call and the VkResult."""
+
+    def __init__(self, call: str, result: int | str):
+        self.call = call
+        self.result = result
+        super().__init__(f"{call} failed with {result}")

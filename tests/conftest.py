@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+
+def load_record(name: str) -> dict[str, Any]:
+    """A recorded device from tests/data (copied from ../shared/device-data)."""
+    return json.loads((DATA / name).read_text())[0]
+
+
+@pytest.fixture(scope="session")
+def live_device_info():
+    """The selected Vulkan device with VK_KHR_cooperative_matrix; skips where there is none."""
+    from coopmat import device
+    from coopmat.errors import CoopmatError
+
+    try:
+        return device.select_info()
+    except CoopmatError as exc:
+        pytest.skip(f"no cooperative-matrix Vulkan device: {exc} (run through scripts/test)")
+
+
+def is_lavapipe(info) -> bool:
+    return info.driver_name == "llvmpipe" or "llvmpipe" in info.name
