@@ -27,6 +27,10 @@ class MissingFeatureError(CoopmatError):
     """The device lacks a feature, extension or limit that the kernels need."""
 
 
+class OutOfDeviceMemoryError(CoopmatError, MemoryError):
+    """The problem does not fit the device's memory (or an allocation failed)."""
+
+
 class VulkanError(CoopmatError):
     """A Vulkan call failed; the message names the call and the VkResult."""
 

@@ -28,3 +28,14 @@ def live_device_info():
 
 def is_lavapipe(info) -> bool:
     return info.driver_name == "llvmpipe" or "llvmpipe" in info.name
+
+
+@pytest.fixture(autouse=True)
+def no_validation_errors():
+    """With COOPMAT_VALIDATION=1 every test also fails on a Khronos validation error."""
+    from coopmat.device import instance
+
+    before = len(instance.validation_errors)
+    yield
+    new = instance.validation_errors[before:]
+    assert not new, "Vulkan validation errors:\n" + "\n".join(new)

@@ -50,8 +50,10 @@ def _version(v: int) -> str:
 
 
 def _driver_version(vendor_id: int, v: int) -> str:
-    if vendor_id == 0x10DE:  # NVIDIA packs 10.8.8.6 bits
-        return f"{v >> 22}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF}.{v & 0x3F}"
+    if vendor_id == 0x10DE:  # NVIDIA packs 10.8.8.6 bits and prints the third two-digit
+        build = v & 0x3F
+        text = f"{v >> 22}.{(v >> 14) & 0xFF}.{(v >> 6) & 0xFF:02d}"
+        return f"{text}.{build}" if build else text
     return _version(v)
 
 

@@ -1,0 +1,357 @@
+"""`python -m coopmat.bench`: GEMM throughput per config and size, beside peers.
+
+For each dtype pair, size and layout: the kernel's GPU time from Vulkan timestamp
+queries (median of --repeat runs after warm-up, with min and max), TFLOP/s (TOPS for
+integers), and the end-to-end time of coopmat.matmul from numpy to numpy. Peers in the
+same run where present: numpy on the CPU, torch.matmul on CUDA (cuBLAS; torch._int_mm for
+int8). Sweep definitions live in benchmarks/gemm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import coopmat
+from coopmat.dispatch.gemm import PreparedGemm
+from coopmat.dispatch.runtime import runtime
+from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
+
+
+def _load_sweeps() -> Any:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("coopmat_bench_sweeps", path)
+    if spec is None or spec.loader is None or not path.exists():
+        raise SystemExit(f"coopmat.bench: sweep definitions not found at {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class Timing:
+    median: float
+    min: float
+    max: float
+    runs: int
+
+    @classmethod
+    def of(cls, xs: list[float]) -> Timing:
+        return cls(statistics.median(xs), min(xs), max(xs), len(xs))
+
+
+@dataclass
+class Row:
+    dtype: str
+    M: int
+    N: int
+    K: int
+    layout: str
+    kernel: str = ""
+    kernel_time: Timing | None = None
+    e2e_time: Timing | None = None
+    peers: dict[str, Timing] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ops(self) -> float:
+        return 2.0 * self.M * self.N * self.K
+
+    def rate(self, t: Timing | None) -> float | None:
+        return self.ops / t.median / 1e12 if t else None
+
+
+def np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        if BFLOAT16 is None:
+            raise SystemExit("bfloat16 needs ml_dtypes")
+        return BFLOAT16
+    return np.dtype(name)
+
+
+def make_operands(dtype: np.dtype, M: int, N: int, K: int, layout: str,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def mat(rows: int, cols: int, transposed: bool) -> np.ndarray:
+        shape = (cols, rows) if transposed else (rows, cols)
+        if dtype.kind in "iu":
+            lo, hi = (-128, 128) if dtype == np.int8 else (0, 256)
+            x = rng.integers(lo, hi, size=shape, dtype=dtype)
+        else:  # real random data: zeros would flatter the hardware
+            x = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        return x.T if transposed else x
+    return mat(M, K, layout[0] == "t"), mat(K, N, layout[1] == "t")
+
+
+def time_calls(fn: Callable[[], Any], repeat: int, warmup: int, budget: float) -> Timing:
+    for _ in range(warmup):
+        fn()
+    xs: list[float] = []
+    t_end = time.perf_counter() + budget
+    while len(xs) < repeat and (len(xs) < 3 or time.perf_counter() < t_end):
+        t0 = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t0)
+    return Timing.of(xs)
+
+
+class TorchPeer:
+    """torch.matmul on CUDA, timed with CUDA events."""
+
+    def __init__(self) -> None:
+        import torch
+        self.torch = torch
+        self.name = "torch " + torch.__version__ + " (" + torch.cuda.get_device_name() + ")"
+
+    def prepare(self, dtype: str, a: np.ndarray, b: np.ndarray) -> Callable[[], Any] | None:
+        torch = self.torch
+        op = dtype.split("->")[0]
+        if op == "uint8":
+            return None  # cuBLAS has no u8 GEMM behind torch
+        if op == "int8":
+            ta = torch.from_numpy(np.ascontiguousarray(a)).cuda()
+            tb = torch.from_numpy(np.ascontiguousarray(b)).cuda()
+            if a.shape[0] <= 16 or a.shape[1] % 8 or b.shape[1] % 8:
+                return None  # torch._int_mm's shape rules
+            return lambda: torch._int_mm(ta, tb)
+        tdt = torch.bfloat16 if op == "bfloat16" else torch.float16
+        ta = torch.from_numpy(a.astype(np.float32)).to(tdt).cuda()
+        tb = torch.from_numpy(b.astype(np.float32)).to(tdt).cuda()
+        if not a.flags.c_contiguous:
+            ta = ta.t().contiguous().t()
+        if not b.flags.c_contiguous:
+            tb = tb.t().contiguous().t()
+        return lambda: torch.matmul(ta, tb)
+
+    def time(self, fn: Callable[[], Any], repeat: int, budget: float) -> Timing:
+        torch = self.torch
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        xs = []
+        t_end = time.perf_counter() + budget
+        while len(xs) < repeat and (len(xs) < 3 or time.perf_counter() < t_end):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            xs.append(s.elapsed_time(e) * 1e-3)
+        return Timing.of(xs)
+
+
+def torch_peer() -> TorchPeer | None:
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        return TorchPeer()
+    except Exception:  # noqa: BLE001 - no torch, or a broken CUDA: no peer
+        return None
+
+
+def numpy_peer(dtype: str, a: np.ndarray, b: np.ndarray) -> Callable[[], Any]:
+    """numpy's matmul on the same values. numpy has no BLAS path for 16- or 8-bit types, so
+    floats run in float32 (its fast path) and integers in int32."""
+    kind = np.float32 if "float" in dtype.split("->")[0] else np.int32
+    a2, b2 = a.astype(kind), b.astype(kind)
+    return lambda: np.matmul(a2, b2)
+
+
+def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
+              torch: TorchPeer | None) -> None:
+    op_name, res_name = row.dtype.split("->")
+    dtype, result = np_dtype(op_name), np_dtype(res_name)
+    a, b = make_operands(dtype, row.M, row.N, row.K, row.layout, rng)
+    rt = runtime(args.device)
+    op_t, res_t = component_type(dtype), component_type(result)
+    assert op_t is not None and res_t is not None
+    pair = TypePair(op_t, res_t)
+    config = config_for(rt.device, pair)
+    if config is None:
+        row.error = "not offered by the device"
+        return
+    g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0)
+    try:
+        row.kernel = g.traits.describe()
+        g.execute()  # warm-up: pipeline creation, first-touch of memory
+        xs = []
+        t_end = time.perf_counter() + args.budget
+        while len(xs) < args.repeat and (len(xs) < 3 or time.perf_counter() < t_end):
+            t = g.execute(transfers=False)
+            if t is None:
+                break
+            xs.append(t)
+        row.kernel_time = Timing.of(xs) if xs else None
+        out = np.empty((1, row.M, row.N), result)
+        g.read(out)
+        check = min(row.M, 8)  # spot-check the result against numpy on a few rows
+        ref = np.matmul(a[:check].astype(np.float64), b.astype(np.float64))
+        if not np.allclose(out[0, :check], ref, rtol=2e-2, atol=2e-2 * np.sqrt(row.K)):
+            row.error = "result does not match numpy"
+    finally:
+        g.release()
+    row.e2e_time = time_calls(lambda: coopmat.matmul(a, b, out_dtype=result, device=args.device),
+                              max(3, args.repeat // 4), 1, args.budget)
+    if not args.no_peers:
+        if row.ops <= args.numpy_max_ops:
+            row.peers["numpy"] = time_calls(numpy_peer(row.dtype, a, b), 3, 1, args.budget)
+        if torch is not None:
+            fn = torch.prepare(row.dtype, a, b)
+            if fn is not None:
+                row.peers["torch"] = torch.time(fn, args.repeat, args.budget)
+
+
+def fmt_rate(x: float | None) -> str:
+    return f"{x:8.2f}" if x is not None else "       -"
+
+
+def fmt_time(t: Timing | None) -> str:
+    if t is None:
+        return "        -"
+    v = t.median
+    return f"{v * 1e3:7.3f}ms" if v >= 1e-3 else f"{v * 1e6:7.1f}us"
+
+
+def table(rows: list[Row], peers: list[str]) -> str:
+    head = (f"{'dtype':<18}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'kernel':>10}{'T*OP/s':>9}"
+            f"{'spread':>8}{'e2e':>10}")
+    for p in peers:
+        head += f"{p + ' T*OP/s':>16}{'ratio':>7}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        rate = r.rate(r.kernel_time)
+        spread = ""
+        if r.kernel_time:
+            spread = f"{(r.kernel_time.max - r.kernel_time.min) / r.kernel_time.median:7.0%}"
+        line = (f"{r.dtype:<18}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}"
+                f"{fmt_time(r.kernel_time):>10}{fmt_rate(rate):>9}{spread:>8}"
+                f"{fmt_time(r.e2e_time):>10}")
+        for p in peers:
+            pr = r.rate(r.peers.get(p))
+            ratio = f"{rate / pr:6.2f}x" if rate and pr else "      -"
+            line += f"{fmt_rate(pr):>16}{ratio:>7}"
+        if r.error:
+            line += f"  [{r.error}]"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dtypes = sorted({r.dtype for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(5 * len(dtypes), 4), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
+        sel.sort(key=lambda r: r.M)
+        xs = [r.M for r in sel]
+        ax.plot(xs, [r.rate(r.kernel_time) or np.nan for r in sel], "o-", label="coopmat kernel")
+        ax.plot(xs, [r.rate(r.e2e_time) or np.nan for r in sel], "o--", label="coopmat end-to-end")
+        for p in sorted({p for r in sel for p in r.peers}):
+            ax.plot(xs, [r.rate(r.peers.get(p)) or np.nan for r in sel], "s-", label=p)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M = N = K")
+        ax.set_ylabel("TOPS" if "int" in dt else "TFLOP/s")
+        ax.set_title(dt)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def overhead(args: argparse.Namespace) -> dict[str, float]:
+    """Per-call end-to-end time of a 64x64x64 float16 matmul."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 64)).astype(np.float16)
+    t = time_calls(lambda: coopmat.matmul(a, b, device=args.device), 200, 20, 10.0)
+    return {"median_s": t.median, "min_s": t.min}
+
+
+def main(argv: list[str] | None = None) -> int:
+    sweeps = _load_sweeps()
+    ap = argparse.ArgumentParser(prog="python -m coopmat.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
+                    help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")
+    ap.add_argument("--dtypes", help="comma list, e.g. float16->float32,int8->int32")
+    ap.add_argument("--sizes", help="comma list of N (square) or MxNxK")
+    ap.add_argument("--layouts", help="comma list of nn,tn,nt")
+    ap.add_argument("--repeat", type=int, default=20, help="timed runs per case (median)")
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds per measurement at most")
+    ap.add_argument("--numpy-max-ops", type=float, default=2 * 1024.0 ** 3,
+                    help="skip the numpy peer above this many operations")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
+    ap.add_argument("--plot", dest="plot_path", help="write a PNG plot here (matplotlib)")
+    args = ap.parse_args(argv)
+
+    rt = runtime(args.device)
+    info = rt.device.info
+    preset = args.preset or ("cpu" if info.device_type == "CPU" else "gpu")
+    sizes = sweeps.PRESETS[preset]["sizes"]
+    layouts = sweeps.PRESETS[preset]["layouts"]
+    if args.sizes:
+        sizes = [tuple(int(x) for x in s.split("x")) if "x" in s else (int(s),) * 3
+                 for s in args.sizes.split(",")]
+    if args.layouts:
+        layouts = args.layouts.split(",")
+    offered = coopmat.supported_dtypes(args.device)
+    dtypes = args.dtypes.split(",") if args.dtypes else [d for d in sweeps.DTYPES if d in offered]
+    torch = None if args.no_peers else torch_peer()
+    peers = (["numpy"] if not args.no_peers else []) + (["torch"] if torch else [])
+
+    cases = [Row(dt, *s, lay) for dt in dtypes for s in sizes for lay in layouts]
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for i, row in enumerate(cases):
+        bar = "#" * (30 * i // len(cases))
+        print(f"\r[{bar:<30}] {i}/{len(cases)} {row.dtype} {row.M}x{row.N}x{row.K} {row.layout}"
+              f"   ", end="", file=sys.stderr, flush=True)
+        try:
+            bench_row(row, args, rng, torch)
+        except coopmat.CoopmatError as exc:
+            row.error = str(exc)
+    print(f"\r[{'#' * 30}] {len(cases)}/{len(cases)} in {time.perf_counter() - t0:.0f} s"
+          + " " * 30, file=sys.stderr)
+    ov = overhead(args)
+
+    title = f"{info.name}, driver {info.driver_info or info.driver_version}"
+    print(title)
+    print(table(cases, peers))
+    print(f"per-call overhead, 64x64x64 float16 end to end: {ov['median_s'] * 1e6:.0f} us "
+          f"(median of 200; min {ov['min_s'] * 1e6:.0f} us)")
+    if args.json_path:
+        doc = {
+            "device": {"name": info.name, "driver": info.driver_info,
+                       "driverVersion": info.driver_version, "api": info.api_version},
+            "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join(["python -m coopmat.bench", *(argv or sys.argv[1:])]),
+            "peers": {"torch": torch.name if torch else None, "numpy": np.__version__},
+            "overhead_64_f16": ov,
+            "results": [dict(asdict(r), kernel_tops=r.rate(r.kernel_time),
+                             e2e_tops=r.rate(r.e2e_time),
+                             peer_tops={p: r.rate(t) for p, t in r.peers.items()})
+                        for r in cases],
+        }
+        Path(args.json_path).write_text(json.dumps(doc, indent=1))
+    if args.plot_path:
+        plot(cases, args.plot_path, title)
+    return 1 if any(r.error and "not offered" not in r.error for r in cases) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""One batched GEMM on the device: pick the kernel, stage operands, run, read back.
+
+Operands arrive as numpy arrays shaped (batch, rows, cols) where batch is 1 for an operand
+shared by every batch entry (its batch stride is then 0). Each is written once into
+host-visible memory (the staging copy; on unified-memory devices the kernel's own
+buffer) in the layout that reads it contiguously: a transposed view goes to the kernel's
+column-major path instead of being transposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from coopmat import codegen
+from coopmat.codegen import GemmParams, GemmTraits, Layout
+from coopmat.device.enums import ComponentType
+from coopmat.device.model import CooperativeMatrixProperties
+from coopmat.dispatch.executor import Copy, Dispatch
+from coopmat.dispatch.memory import Buffer, Kind
+from coopmat.dispatch.runtime import Runtime
+from coopmat.dispatch.types import TypePair, numpy_dtype
+from coopmat.errors import OutOfDeviceMemoryError
+
+
+@dataclass
+class Staged:
+    layout: Layout
+    ld: int
+    batch_stride: int
+    nbytes: int
+
+
+def choose_layout(x: np.ndarray) -> Layout:
+    """Column-major where the matrix's columns are contiguous (a transposed view)."""
+    item = x.itemsize
+    if x.shape[-2] > 1 and x.strides[-2] == item and x.strides[-1] != item:
+        return Layout.COLUMN_MAJOR
+    return Layout.ROW_MAJOR
+
+
+def _plan(x: np.ndarray) -> Staged:
+    batch, rows, cols = x.shape
+    layout = choose_layout(x)
+    ld = cols if layout is Layout.ROW_MAJOR else rows
+    stride = rows * cols if batch > 1 else 0
+    return Staged(layout, ld, stride, batch * rows * cols * x.itemsize)
+
+
+def _write(x: np.ndarray, s: Staged, dst: np.ndarray) -> None:
+    """The one copy into mapped memory, in the staged layout."""
+    batch, rows, cols = x.shape
+    if s.layout is Layout.ROW_MAJOR:
+        np.copyto(dst.reshape(batch, rows, cols), x)
+    else:
+        np.copyto(dst.reshape(batch, cols, rows), x.transpose(0, 2, 1))
+
+
+@dataclass(frozen=True)
+class GemmResult:
+    kernel_seconds: float | None
+    traits: GemmTraits
+
+
+class PreparedGemm:
+    """A GEMM whose kernel is built and whose operands sit in device buffers.
+
+    `execute()` runs the kernel (again, for benchmarks) and returns its GPU time;
+    `read(out)` copies D out; `release()` hands the buffers back to the pool.
+    """
+
+    def __init__(self, rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
+                 a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
+                 alpha: float | int, beta: float | int, traits: GemmTraits | None = None):
+        self.rt = rt
+        M, K = a.shape[1:]
+        N = b.shape[2]
+        self.shape = (batch, M, N)
+        sa, sb = _plan(a), _plan(b)
+        sc = _plan(c) if c is not None else None
+        self.result_dtype = numpy_dtype(pair.result)
+        self.d_bytes = batch * M * N * self.result_dtype.itemsize
+        _check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, self.d_bytes])
+
+        params = GemmParams(
+            M=M, N=N, K=K, lda=sa.ld, ldb=sb.ld, ldc=N, ldd=N,
+            batch_stride_a=sa.batch_stride, batch_stride_b=sb.batch_stride,
+            batch_stride_c=sc.batch_stride if sc else 0, batch_stride_d=M * N,
+            alpha=alpha, beta=beta if c is not None else 0,
+        )
+        if traits is None:
+            traits = default_traits(rt, config, pair, sa.layout, sb.layout, c is not None,
+                                    params)
+        self.traits = traits
+        kernel = codegen.build_gemm(traits)
+        pipeline = rt.pipelines.get(kernel)
+
+        operand_kind, upload_kind, download_kind = rt.pool.kinds()
+        self._acquired: list[Buffer] = []
+        try:
+            inputs = [(a, sa), (b, sb)] + ([(c, sc)] if c is not None and sc else [])
+            device_bufs: list[Buffer] = []
+            self.uploads: list[Copy] = []
+            for x, s in inputs:
+                dev_buf = self._take(operand_kind, s.nbytes)
+                host = dev_buf if operand_kind is upload_kind else self._take(upload_kind, s.nbytes)
+                _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
+                if host is not dev_buf:
+                    self.uploads.append(Copy(host, dev_buf, s.nbytes))
+                device_bufs.append(dev_buf)
+            d_buf = self._take(operand_kind, self.d_bytes)
+            self.d_host = d_buf if operand_kind is download_kind else self._take(
+                download_kind, self.d_bytes)
+            self.downloads = [Copy(d_buf, self.d_host, self.d_bytes)] \
+                if self.d_host is not d_buf else []
+        except BaseException:
+            self.release()
+            raise
+        bindings = {0: device_bufs[0], 1: device_bufs[1], 2: d_buf}
+        if c is not None:
+            bindings[3] = device_bufs[2]
+        self.dispatch = Dispatch(pipeline, bindings, kernel.push_constants(params),
+                                 kernel.workgroups(M, N, batch))
+
+    def _take(self, kind: Kind, nbytes: int) -> Buffer:
+        buf = self.rt.pool.acquire(kind, nbytes)
+        self._acquired.append(buf)
+        return buf
+
+    def execute(self, transfers: bool = True) -> float | None:
+        """Run the kernel; with transfers, also the staging copies in and out."""
+        return self.rt.executor.run(self.uploads if transfers else [], [self.dispatch],
+                                    self.downloads if transfers else [])
+
+    def read(self, out: np.ndarray) -> None:
+        count = int(np.prod(self.shape))
+        np.copyto(out, self.d_host.view(self.result_dtype, count).reshape(self.shape),
+                  casting="unsafe")
+
+    def release(self) -> None:
+        for buf in self._acquired:
+            self.rt.pool.release(buf)
+        self._acquired = []
+
+
+def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
+                   a_layout: Layout, b_layout: Layout, has_c: bool,
+                   params: GemmParams) -> GemmTraits:
+    """The kernel variant for this device, config and problem: default tile, and the
+    aligned fast path where the problem meets its preconditions."""
+    limits = rt.device.info.limits
+    tile = codegen.default_tile(pair.operand, pair.result, config.M, config.N, config.K,
+                                limits.subgroup_size, limits.max_compute_shared_memory_size,
+                                limits.max_compute_work_group_invocations)
+    traits = GemmTraits(
+        a_type=ComponentType(config.a_type), b_type=ComponentType(config.b_type),
+        c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
+        m=config.M, n=config.N, k=config.K, subgroup_size=limits.subgroup_size,
+        a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile)
+    aligned = replace(traits, aligned=True)
+    return aligned if codegen.aligned_ok(aligned, params) else traits
+
+
+def run_gemm(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
+             a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: np.ndarray,
+             alpha: float | int, beta: float | int) -> GemmResult:
+    """out[i] = alpha * a[i] @ b[i] (+ beta * c[i]); 3-D arrays, batch 1 broadcasts."""
+    g = PreparedGemm(rt, config, pair, a, b, c, out.shape[0], alpha, beta)
+    try:
+        seconds = g.execute()
+        g.read(out)
+    finally:
+        g.release()
+    return GemmResult(seconds, g.traits)
+
+
+def _check_fits(rt: Runtime, sizes: list[int]) -> None:
+    limits = rt.device.info.limits
+    largest = max(sizes)
+    if largest > limits.max_storage_buffer_range:
+        raise OutOfDeviceMemoryError(
+            f"an operand needs {largest} bytes; the device's maxStorageBufferRange is "
+            f"{limits.max_storage_buffer_range}")
+    total = sum(sizes)
+    if total > rt.pool.device_heap_bytes:
+        raise OutOfDeviceMemoryError(
+            f"the problem needs {total} bytes of device memory; the device's memory heap "
+            f"holds {rt.pool.device_heap_bytes}")

@@ -1,0 +1,184 @@
+"""Buffers, and a pool that reuses them so steady-state calls allocate nothing.
+
+Three kinds of buffer:
+- DEVICE: device-local storage the kernels read and write;
+- UPLOAD / DOWNLOAD: host-visible staging for numpy data going in and out.
+On a device whose device-local memory is also host-visible and coherent (lavapipe, most
+integrated GPUs), SHARED buffers serve both roles and no staging copy is made.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coopmat.device.logical import Device
+from coopmat.device.vkffi import vk
+from coopmat.dispatch.vkcall import call
+from coopmat.errors import OutOfDeviceMemoryError
+
+DEVICE_LOCAL = 0x1
+HOST_VISIBLE = 0x2
+HOST_COHERENT = 0x4
+HOST_CACHED = 0x8
+
+BUFFER_USAGE_TRANSFER_SRC = 0x1
+BUFFER_USAGE_TRANSFER_DST = 0x2
+BUFFER_USAGE_STORAGE = 0x20
+
+
+class Kind(enum.Enum):
+    DEVICE = "device"
+    UPLOAD = "upload"
+    DOWNLOAD = "download"
+    SHARED = "shared"
+
+
+@dataclass
+class Buffer:
+    kind: Kind
+    size: int
+    handle: Any
+    memory: Any
+    mapped: np.ndarray | None  # uint8 view of the mapping, for host-visible kinds
+
+    def view(self, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
+        assert self.mapped is not None
+        nbytes = count * np.dtype(dtype).itemsize
+        return self.mapped[offset:offset + nbytes].view(dtype)
+
+
+def size_class(nbytes: int) -> int:
+    """Round up to 1, 1.25, 1.5 or 1.75 times a power of two (>= 4 KiB): at most 25% slack,
+    and few enough classes that mixed shapes reuse buffers."""
+    n = max(int(nbytes), 4096)
+    p = 1 << (n - 1).bit_length()
+    for q in (p // 2 + p // 8, p // 2 + p // 4, p // 2 + 3 * p // 8, p):
+        if q >= n:
+            return q
+    return p
+
+
+class MemoryPool:
+    """Allocates and recycles buffers of one device. Thread-safe."""
+
+    def __init__(self, device: Device, max_cached_bytes: int | None = None):
+        v = vk()
+        self.device = device
+        self._lock = threading.Lock()
+        self._free: OrderedDict[tuple[Kind, int], list[Buffer]] = OrderedDict()
+        self.cached_bytes = 0
+        self.allocated_bytes = 0
+        self.allocations = 0
+        props = v.vkGetPhysicalDeviceMemoryProperties(device.physical)
+        self._types = [(props.memoryTypes[i].propertyFlags, props.memoryTypes[i].heapIndex)
+                       for i in range(props.memoryTypeCount)]
+        self._heaps = [(props.memoryHeaps[i].size, props.memoryHeaps[i].flags)
+                       for i in range(props.memoryHeapCount)]
+        want = DEVICE_LOCAL | HOST_VISIBLE | HOST_COHERENT
+        device_heap = max(self._heaps, key=lambda h: h[0] if h[1] & 1 else 0)
+        # Unified memory: a host-visible coherent type on the biggest device-local heap.
+        self.unified = device.info.device_type in ("CPU", "INTEGRATED_GPU") and any(
+            f & want == want and self._heaps[h] is device_heap for f, h in self._types)
+        self.device_heap_bytes = device_heap[0]
+        self.max_cached_bytes = max_cached_bytes if max_cached_bytes is not None else min(
+            1 << 30, self.device_heap_bytes // 4)
+
+    # -- choosing memory -------------------------------------------------------------
+    def _memory_type(self, kind: Kind, type_bits: int) -> int:
+        required, preferred = {
+            Kind.DEVICE: (DEVICE_LOCAL, 0),
+            Kind.UPLOAD: (HOST_VISIBLE | HOST_COHERENT, 0),
+            Kind.DOWNLOAD: (HOST_VISIBLE | HOST_COHERENT, HOST_CACHED),
+            Kind.SHARED: (DEVICE_LOCAL | HOST_VISIBLE | HOST_COHERENT, HOST_CACHED),
+        }[kind]
+        candidates = [i for i, (f, _) in enumerate(self._types)
+                      if type_bits & (1 << i) and f & required == required]
+        if not candidates:
+            raise OutOfDeviceMemoryError(f"the device has no memory type for {kind.value} buffers")
+        best = [i for i in candidates if self._types[i][0] & preferred == preferred]
+        return (best or candidates)[0]
+
+    def kinds(self) -> tuple[Kind, Kind, Kind]:
+        """(operand kind, upload kind, download kind) for this device."""
+        if self.unified:
+            return Kind.SHARED, Kind.SHARED, Kind.SHARED
+        return Kind.DEVICE, Kind.UPLOAD, Kind.DOWNLOAD
+
+    # -- allocation ------------------------------------------------------------------
+    def _allocate(self, kind: Kind, size: int) -> Buffer:
+        v = vk()
+        dev = self.device.handle
+        usage = BUFFER_USAGE_STORAGE | BUFFER_USAGE_TRANSFER_SRC | BUFFER_USAGE_TRANSFER_DST
+        handle = call(v.vkCreateBuffer, dev, v.VkBufferCreateInfo(
+            size=size, usage=usage, sharingMode=v.VK_SHARING_MODE_EXCLUSIVE), None)
+        memory = None
+        try:
+            req = v.vkGetBufferMemoryRequirements(dev, handle)
+            type_index = self._memory_type(kind, req.memoryTypeBits)
+            memory = call(v.vkAllocateMemory, dev, v.VkMemoryAllocateInfo(
+                allocationSize=req.size, memoryTypeIndex=type_index), None)
+            call(v.vkBindBufferMemory, dev, handle, memory, 0)
+            mapped = None
+            if kind is not Kind.DEVICE:
+                raw = call(v.vkMapMemory, dev, memory, 0, size, 0)
+                mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
+        except BaseException:
+            if memory is not None:
+                v.vkFreeMemory(dev, memory, None)
+            v.vkDestroyBuffer(dev, handle, None)
+            raise
+        self.allocated_bytes += size
+        self.allocations += 1
+        return Buffer(kind, size, handle, memory, mapped)
+
+    def _destroy(self, buf: Buffer) -> None:
+        v = vk()
+        dev = self.device.handle
+        if buf.mapped is not None:
+            v.vkUnmapMemory(dev, buf.memory)
+            buf.mapped = None
+        v.vkDestroyBuffer(dev, buf.handle, None)
+        v.vkFreeMemory(dev, buf.memory, None)
+        self.allocated_bytes -= buf.size
+
+    def acquire(self, kind: Kind, nbytes: int) -> Buffer:
+        size = size_class(nbytes)
+        with self._lock:
+            free = self._free.get((kind, size))
+            if free:
+                self._free.move_to_end((kind, size))
+                self.cached_bytes -= size
+                return free.pop()
+            try:
+                return self._allocate(kind, size)
+            except OutOfDeviceMemoryError:
+                # Cached buffers may be what fills the heap: drop them and try once more.
+                self._trim(0)
+                return self._allocate(kind, size)
+
+    def release(self, buf: Buffer) -> None:
+        with self._lock:
+            self._free.setdefault((buf.kind, buf.size), []).append(buf)
+            self._free.move_to_end((buf.kind, buf.size))
+            self.cached_bytes += buf.size
+            self._trim(self.max_cached_bytes)
+
+    def _trim(self, limit: int) -> None:
+        """Free least recently used cached buffers until at most `limit` bytes are cached."""
+        while self.cached_bytes > limit and self._free:
+            key, bufs = next(iter(self._free.items()))
+            buf = bufs.pop(0)
+            if not bufs:
+                del self._free[key]
+            self.cached_bytes -= buf.size
+            self._destroy(buf)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._trim(0)

@@ -1,0 +1,149 @@
+"""Compute pipelines for generated kernels, cached in memory and, through a
+VkPipelineCache, on disk so a new process skips the driver's shader compile."""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coopmat.device.logical import Device
+from coopmat.device.vkffi import vk
+from coopmat.dispatch.vkcall import call, check
+from coopmat.errors import MissingFeatureError
+
+SHADER_STAGE_COMPUTE = 0x20
+# VK_PIPELINE_SHADER_STAGE_CREATE_*: the WebGPU proposal's Vulkan mapping.
+ALLOW_VARYING_SUBGROUP_SIZE = 0x1
+REQUIRE_FULL_SUBGROUPS = 0x2
+PIPELINE_CREATE_DISPATCH_BASE = 0x10
+STRUCTURE_TYPE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO = 1000225001
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("COOPMAT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "coopmat")
+    return Path(base)
+
+
+@dataclass
+class Pipeline:
+    kernel: Any
+    handle: Any
+    layout: Any
+    set_layout: Any
+    module: Any
+
+
+class PipelineCache:
+    """Pipelines of one device, keyed by kernel binary."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        self._lock = threading.Lock()
+        self._pipelines: dict[bytes, Pipeline] = {}
+        self._dirty = False
+        v = vk()
+        props = v.vkGetPhysicalDeviceProperties(device.physical)
+        uuid = bytes(v.ffi.buffer(props.pipelineCacheUUID, 16)).hex()
+        self.path = cache_dir() / "pipelines" / f"{props.vendorID:04x}-{props.deviceID:04x}-{uuid}.bin"
+        initial = b""
+        try:
+            initial = self.path.read_bytes()
+        except OSError:
+            pass
+        data = v.ffi.new("char[]", initial) if initial else None
+        try:
+            self.handle = call(v.vkCreatePipelineCache, device.handle, v.VkPipelineCacheCreateInfo(
+                initialDataSize=len(initial), pInitialData=data), None)
+        except Exception:  # a stale or corrupt file: start empty
+            self.handle = call(v.vkCreatePipelineCache, device.handle,
+                               v.VkPipelineCacheCreateInfo(), None)
+        atexit.register(self.save)
+
+    def get(self, kernel: Any) -> Pipeline:
+        key = hashlib.sha256(kernel.spirv).digest()
+        with self._lock:
+            p = self._pipelines.get(key)
+            if p is None:
+                p = self._create(kernel)
+                self._pipelines[key] = p
+                self._dirty = True
+            return p
+
+    def _create(self, kernel: Any) -> Pipeline:
+        v = vk()
+        dev = self.device.handle
+        limits = self.device.info.limits
+        if kernel.shared_memory_bytes > limits.max_compute_shared_memory_size:
+            raise MissingFeatureError(
+                f"kernel needs {kernel.shared_memory_bytes} bytes of shared memory, the device "
+                f"offers {limits.max_compute_shared_memory_size}")
+        module = call(v.vkCreateShaderModule, dev, v.VkShaderModuleCreateInfo(
+            codeSize=len(kernel.spirv), pCode=kernel.spirv), None)
+        bindings = [v.VkDescriptorSetLayoutBinding(
+            binding=b, descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+            stageFlags=SHADER_STAGE_COMPUTE) for b in kernel.bindings]
+        set_layout = call(v.vkCreateDescriptorSetLayout, dev, v.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=len(bindings), pBindings=bindings), None)
+        ranges = [v.VkPushConstantRange(stageFlags=SHADER_STAGE_COMPUTE, offset=0,
+                                        size=kernel.push_constant_size)]
+        layout = call(v.vkCreatePipelineLayout, dev, v.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1,
+            pPushConstantRanges=ranges), None)
+
+        flags = REQUIRE_FULL_SUBGROUPS
+        next_ = None
+        size = kernel.required_subgroup_size
+        if size is not None and limits.min_subgroup_size != limits.max_subgroup_size:
+            if not limits.required_subgroup_size_stages & SHADER_STAGE_COMPUTE:
+                raise MissingFeatureError(
+                    "kernel needs a fixed subgroup size and the device cannot require one "
+                    "for compute shaders")
+            if not limits.min_subgroup_size <= size <= limits.max_subgroup_size:
+                raise MissingFeatureError(
+                    f"kernel needs subgroup size {size}, the device offers "
+                    f"{limits.min_subgroup_size}..{limits.max_subgroup_size}")
+            next_ = v.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(
+                sType=STRUCTURE_TYPE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO,
+                requiredSubgroupSize=size)
+        else:
+            # Without a required size the spec lets the size vary only with this flag
+            # (and the x size must then be a multiple of maxSubgroupSize).
+            flags |= ALLOW_VARYING_SUBGROUP_SIZE
+            if kernel.local_size[0] % limits.max_subgroup_size:
+                raise MissingFeatureError(
+                    f"workgroup x size {kernel.local_size[0]} is not a multiple of "
+                    f"maxSubgroupSize {limits.max_subgroup_size}")
+        stage = v.VkPipelineShaderStageCreateInfo(
+            pNext=next_, flags=flags, stage=SHADER_STAGE_COMPUTE, module=module, pName="main")
+        info = v.VkComputePipelineCreateInfo(
+            flags=PIPELINE_CREATE_DISPATCH_BASE, stage=stage, layout=layout,
+            basePipelineIndex=-1)
+        handle = call(v.vkCreateComputePipelines, dev, self.handle, 1, [info], None)[0]
+        return Pipeline(kernel, handle, layout, set_layout, module)
+
+    def save(self) -> None:
+        """Write the driver's cache blob to disk (atomically), if anything new was built."""
+        if not self._dirty or self.device.handle is None:
+            return
+        v = vk()
+        with self._lock:
+            size = v.ffi.new("size_t *")
+            check("vkGetPipelineCacheData",
+                  v.lib.vkGetPipelineCacheData(self.device.handle, self.handle, size, v.ffi.NULL))
+            buf = v.ffi.new("char[]", size[0])
+            check("vkGetPipelineCacheData",
+                  v.lib.vkGetPipelineCacheData(self.device.handle, self.handle, size, buf))
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(bytes(v.ffi.buffer(buf, size[0])))
+                tmp.replace(self.path)
+                self._dirty = False
+            except OSError:
+                pass  # a read-only cache directory only costs compile time

@@ -1,0 +1,36 @@
+"""Calling Vulkan so that failures become VulkanError naming the call and the VkResult."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from coopmat.device.vkffi import vk
+from coopmat.errors import OutOfDeviceMemoryError, VulkanError
+
+
+def result_of(exc: BaseException) -> str:
+    """VkErrorOutOfDeviceMemory -> VK_ERROR_OUT_OF_DEVICE_MEMORY."""
+    name = type(exc).__name__
+    words = re.findall(r"[A-Z][a-z0-9]*", name[2:] if name.startswith("Vk") else name)
+    return "VK_" + "_".join(w.upper() for w in words)
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """fn(*args) through the binding; a VkError becomes VulkanError(fn name, VkResult)."""
+    v = vk()
+    try:
+        return fn(*args)
+    except v.VkError as exc:
+        result = result_of(exc)
+        name = getattr(fn, "__name__", str(fn))
+        if result in ("VK_ERROR_OUT_OF_DEVICE_MEMORY", "VK_ERROR_OUT_OF_HOST_MEMORY"):
+            raise OutOfDeviceMemoryError(f"{name} failed with {result}") from exc
+        raise VulkanError(name, result) from exc
+
+
+def check(name: str, result: int) -> None:
+    """For raw `lib.` calls, which return a VkResult instead of raising."""
+    if result < 0:
+        from coopmat.device.vkffi import result_name
+        raise VulkanError(name, result_name(result))

@@ -1,0 +1,284 @@
+"""coopmat.matmul against numpy, on the device scripts/test runs on.
+
+Tolerances (documented in README):
+- integer results are exact;
+- float16 operands drawn from small integers (|x| <= 3) multiply and add exactly in both
+  f16 and f32 while |sums| <= 2048, so those results must equal numpy's exactly: any wrong
+  index, missing K step or stray write shows;
+- for general float data, the error bound is the classic worst-case for a K-term dot
+  product, |err| <= K * u_acc * (|A| @ |B|) + u_out * |ref|, with u = 2**-11 for an f16
+  accumulator or output, 2**-24 for f32 (and 2**-8 for a bfloat16 input rounding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import coopmat
+
+RNG = np.random.default_rng(1234)
+U = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.float32): 2.0 ** -24}
+
+
+@pytest.fixture(scope="module")
+def pairs(live_device_info):
+    return coopmat.supported_dtypes()
+
+
+def small_ints(shape, dtype):
+    return RNG.integers(-3, 4, size=shape).astype(dtype)
+
+
+def operands(dtype, M, N, K, batch=()):
+    dt = np.dtype(dtype)
+    if dt == np.int8:
+        a = RNG.integers(-128, 128, size=(*batch, M, K), dtype=np.int8)
+        b = RNG.integers(-128, 128, size=(*batch, K, N), dtype=np.int8)
+    elif dt == np.uint8:
+        a = RNG.integers(0, 256, size=(*batch, M, K), dtype=np.uint8)
+        b = RNG.integers(0, 256, size=(*batch, K, N), dtype=np.uint8)
+    else:
+        a = small_ints((*batch, M, K), dt)
+        b = small_ints((*batch, K, N), dt)
+    return a, b
+
+
+def reference(a, b, result_dtype):
+    if np.dtype(result_dtype).kind in "iu":
+        return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(result_dtype)
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def float_tolerance(a, b, acc, out):
+    K = a.shape[-1]
+    mag = np.matmul(np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64)))
+    return K * U[np.dtype(acc)] * mag + U[np.dtype(out)] * mag + 1e-30
+
+
+DTYPE_CASES = [
+    ("float16", None, np.float16),
+    ("float16", np.float32, np.float32),
+    ("int8", None, np.int32),
+    ("uint8", None, np.uint32),
+]
+
+
+def require(pairs, dtype, result):
+    name = f"{np.dtype(dtype).name}->{np.dtype(result).name}"
+    if name not in pairs and not (dtype == "float16" and result == np.float16
+                                  and "float16->float32" in pairs):
+        pytest.skip(f"the device does not offer {name} (it offers {pairs})")
+
+
+SIZES = [(1, 1, 1), (8, 8, 8), (37, 29, 53), (64, 48, 40), (65, 33, 17), (3, 130, 5),
+         (129, 7, 70)]
+
+
+@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES)
+@pytest.mark.parametrize("M,N,K", SIZES)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matches_numpy_exactly(pairs, dtype, out_dtype, result, M, N, K, ta, tb):
+    require(pairs, dtype, result)
+    a, b = operands(dtype, M, N, K)
+    if ta:  # a transposed view: the kernel reads it column-major, no copy
+        a = np.ascontiguousarray(a.T).T
+    if tb:
+        b = np.ascontiguousarray(b.T).T
+    d = coopmat.matmul(a, b, out_dtype=out_dtype)
+    assert d.dtype == np.dtype(result)
+    assert d.shape == (M, N)
+    np.testing.assert_array_equal(d, reference(a, b, result).astype(result))
+
+
+@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES[:2])
+def test_float_accumulation_error_within_bound(pairs, dtype, out_dtype, result):
+    require(pairs, dtype, result)
+    M, N, K = 24, 40, 1500
+    a = RNG.standard_normal((M, K)).astype(np.float16)
+    b = RNG.standard_normal((K, N)).astype(np.float16)
+    d = coopmat.matmul(a, b, out_dtype=out_dtype).astype(np.float64)
+    ref = reference(a, b, np.float64)
+    acc = np.float16 if result == np.float16 and "float16->float16" in pairs else np.float32
+    tol = float_tolerance(a, b, acc, result)
+    assert np.all(np.abs(d - ref) <= tol), np.max(np.abs(d - ref) / tol)
+    # The error is real accumulation error, not garbage: far below the data's scale.
+    assert np.max(np.abs(d - ref)) < 0.05 * np.max(np.abs(ref))
+
+
+def test_int8_extremes_exact(pairs):
+    require(pairs, "int8", np.int32)
+    a = np.full((17, 300), -128, dtype=np.int8)
+    b = np.full((300, 9), -128, dtype=np.int8)
+    b[::2] = 127
+    np.testing.assert_array_equal(coopmat.matmul(a, b), reference(a, b, np.int32))
+    ua = np.full((17, 300), 255, dtype=np.uint8)
+    ub = np.full((300, 9), 255, dtype=np.uint8)
+    if "uint8->uint32" in pairs:
+        np.testing.assert_array_equal(coopmat.matmul(ua, ub), reference(ua, ub, np.uint32))
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((3, 20, 12), (12, 9)),          # batched A, shared B
+    ((20, 12), (4, 12, 9)),          # shared A, batched B
+    ((2, 1, 20, 12), (3, 12, 9)),    # broadcast both ways
+    ((2, 3, 5, 7), (2, 3, 7, 4)),    # full batch
+    ((12,), (12, 9)),                # 1-D left
+    ((20, 12), (12,)),               # 1-D right
+    ((5, 20, 12), (12,)),            # batched with 1-D right
+    ((12,), (12,)),                  # 1-D @ 1-D
+])
+def test_shapes_like_numpy(pairs, a_shape, b_shape):
+    require(pairs, "int8", np.int32)
+    a = RNG.integers(-50, 50, size=a_shape, dtype=np.int8)
+    b = RNG.integers(-50, 50, size=b_shape, dtype=np.int8)
+    d = coopmat.matmul(a, b)
+    ref = np.matmul(a.astype(np.int32), b.astype(np.int32))
+    assert np.shape(d) == ref.shape
+    np.testing.assert_array_equal(d, ref)
+
+
+def test_batched_float16(pairs):
+    require(pairs, "float16", np.float16)
+    a = small_ints((4, 19, 23), np.float16)
+    b = small_ints((4, 23, 21), np.float16)
+    np.testing.assert_array_equal(coopmat.matmul(a, b), np.matmul(a, b))
+
+
+def test_c_alpha_beta_float(pairs):
+    require(pairs, "float16", np.float32)
+    a, b = operands("float16", 33, 18, 27)
+    c = small_ints((33, 18), np.float32)
+    d = coopmat.matmul(a, b, c=c, alpha=2.0, beta=-0.5, out_dtype=np.float32)
+    np.testing.assert_array_equal(d, 2.0 * reference(a, b, np.float32) - 0.5 * c)
+    crow = small_ints((18,), np.float32)  # broadcast over rows, like numpy's +
+    d = coopmat.matmul(a, b, c=crow, beta=1.0, out_dtype=np.float32)
+    np.testing.assert_array_equal(d, reference(a, b, np.float32) + crow)
+
+
+def test_c_alpha_beta_int(pairs):
+    require(pairs, "int8", np.int32)
+    a, b = operands("int8", 21, 30, 45)
+    c = RNG.integers(-1000, 1000, size=(21, 30)).astype(np.int32)
+    d = coopmat.matmul(a, b, c=c, alpha=3, beta=-2)
+    np.testing.assert_array_equal(d, 3 * reference(a, b, np.int32) - 2 * c)
+    a3, b3 = operands("int8", 10, 11, 12, batch=(3,))
+    c3 = RNG.integers(-9, 9, size=(3, 1, 11)).astype(np.int32)
+    np.testing.assert_array_equal(coopmat.matmul(a3, b3, c=c3, beta=1),
+                                  reference(a3, b3, np.int32) + c3)
+    with pytest.raises(TypeError, match="alpha=0.5 must be an integer"):
+        coopmat.matmul(a, b, alpha=0.5)
+
+
+def test_nan_and_inf_propagate(pairs):
+    require(pairs, "float16", np.float16)
+    for out_dtype in (None, np.float32):
+        if out_dtype is np.float32 and "float16->float32" not in pairs:
+            continue
+        a = small_ints((20, 16), np.float16)
+        b = np.abs(small_ints((16, 12), np.float16)) + np.float16(1)
+        a[3, 5] = np.nan
+        a[7, 0] = np.inf
+        a[7, 1:] = np.abs(a[7, 1:])
+        d = coopmat.matmul(a, b, out_dtype=out_dtype)
+        assert np.all(np.isnan(d[3]))
+        assert np.all(np.isposinf(d[7]))
+        rest = np.delete(np.arange(20), [3, 7])
+        np.testing.assert_array_equal(d[rest], np.matmul(a[rest], b).astype(d.dtype))
+
+
+def test_out_written_in_place(pairs):
+    require(pairs, "int8", np.int32)
+    a, b = operands("int8", 13, 14, 15)
+    out = np.full((13, 14), 7, dtype=np.int32)
+    r = coopmat.matmul(a, b, out=out)
+    assert r is out
+    np.testing.assert_array_equal(out, reference(a, b, np.int32))
+    big = np.zeros((13, 28), dtype=np.int32)
+    view = big[:, ::2]  # a non-contiguous out is filled too
+    coopmat.matmul(a, b, out=view)
+    np.testing.assert_array_equal(big[:, ::2], reference(a, b, np.int32))
+    assert np.all(big[:, 1::2] == 0)
+    with pytest.raises(ValueError, match="out has shape"):
+        coopmat.matmul(a, b, out=np.zeros((14, 13), dtype=np.int32))
+    with pytest.raises(TypeError, match="out has dtype"):
+        coopmat.matmul(a, b, out=np.zeros((13, 14), dtype=np.int64))
+
+
+def test_non_contiguous_inputs_copied_once(pairs):
+    require(pairs, "int8", np.int32)
+    base_a = RNG.integers(-9, 9, size=(40, 60), dtype=np.int8)
+    base_b = RNG.integers(-9, 9, size=(90, 30), dtype=np.int8)
+    a, b = base_a[::2, 5:50:3], base_b[::6, ::2]
+    np.testing.assert_array_equal(coopmat.matmul(a, b), reference(a, b, np.int32))
+
+
+def test_shape_mismatch_message_matches_numpy(pairs):
+    require(pairs, "int8", np.int32)
+    a = np.zeros((4, 5), np.int8)
+    b = np.zeros((6, 3), np.int8)
+    with pytest.raises(ValueError) as ours:
+        coopmat.matmul(a, b)
+    with pytest.raises(ValueError) as numpys:
+        np.matmul(a, b)
+    assert str(ours.value) == str(numpys.value)
+    with pytest.raises(ValueError) as ours:
+        coopmat.matmul(np.int8(3), b)
+    with pytest.raises(ValueError) as numpys:
+        np.matmul(np.int8(3), b)
+    assert str(ours.value) == str(numpys.value)
+    with pytest.raises(ValueError, match="could not be broadcast"):
+        coopmat.matmul(np.zeros((2, 4, 5), np.int8), np.zeros((3, 5, 3), np.int8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "int32", "complex64"])
+def test_unsupported_dtype_lists_what_device_supports(pairs, dtype):
+    a = np.zeros((4, 4), dtype)
+    with pytest.raises(TypeError) as e:
+        coopmat.matmul(a, a)
+    assert f"unsupported dtype {dtype}" in str(e.value)
+    for p in pairs:
+        assert p in str(e.value)
+
+
+def test_mixed_dtypes_rejected(pairs):
+    with pytest.raises(TypeError, match="different dtypes int8 and uint8"):
+        coopmat.matmul(np.zeros((4, 4), np.int8), np.zeros((4, 4), np.uint8))
+
+
+def test_empty_dimensions_like_numpy(pairs):
+    require(pairs, "int8", np.int32)
+    for a_shape, b_shape in [((0, 5), (5, 3)), ((4, 5), (5, 0)), ((0, 4, 5), (5, 3))]:
+        d = coopmat.matmul(np.ones(a_shape, np.int8), np.ones(b_shape, np.int8))
+        assert d.shape == np.matmul(np.ones(a_shape), np.ones(b_shape)).shape
+        assert d.dtype == np.int32
+    d = coopmat.matmul(np.ones((4, 0), np.int8), np.ones((0, 3), np.int8))
+    np.testing.assert_array_equal(d, np.zeros((4, 3), np.int32))
+    c = np.arange(12, dtype=np.int32).reshape(4, 3)
+    d = coopmat.matmul(np.ones((4, 0), np.int8), np.ones((0, 3), np.int8), c=c, beta=2)
+    np.testing.assert_array_equal(d, 2 * c)
+
+
+def test_problem_larger_than_device_memory(pairs):
+    require(pairs, "int8", np.int32)
+    # Broadcast views: 40 GB of operands that occupy no host memory.
+    a = np.broadcast_to(np.int8(1), (200_000, 200_000))
+    with pytest.raises(coopmat.OutOfDeviceMemoryError):
+        coopmat.matmul(a, a)
+    # The device is still usable afterwards.
+    x, y = operands("int8", 5, 6, 7)
+    np.testing.assert_array_equal(coopmat.matmul(x, y), reference(x, y, np.int32))
+
+
+def test_kernel_time_reported(pairs):
+    require(pairs, "int8", np.int32)
+    a, b = operands("int8", 32, 32, 32)
+    coopmat.matmul(a, b)
+    t = coopmat.last_kernel_time()
+    assert t is not None and 0 < t < 10
+
+
+def test_configs_and_devices_match_info(live_device_info):
+    from coopmat import device
+    assert coopmat.devices() == device.enumerate_devices()
+    assert coopmat.configs() == list(device.support(live_device_info).configs)
