@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from coopmat.device.enums import ComponentType
-from coopmat.dispatch.gemm import GemmResult, run_gemm
+from coopmat.dispatch.gemm import GemmResult, check_fits, run_gemm
 from coopmat.dispatch.runtime import DeviceArg, runtime
 from coopmat.dispatch.types import (
     DEFAULT_RESULT,
@@ -37,13 +37,17 @@ def last_kernel_traits() -> Any:
 
 def _resolve_types(rt: Any, a: np.ndarray, b: np.ndarray, out_dtype: Any) -> TypePair:
     pairs = supported_pairs(rt.device)
+    if a.dtype == b.dtype and out_dtype is None and component_type(a.dtype) is not None:
+        fast = TypePair(component_type(a.dtype), DEFAULT_RESULT.get(component_type(a.dtype)))
+        if fast in pairs:  # the common case, without building any message
+            return fast
     offered = ", ".join(p.describe() for p in pairs) or "nothing"
     where = f"device {rt.device.info.index} ({rt.device.info.name}) supports {offered}"
     if a.dtype != b.dtype:
         raise TypeError(f"matmul: operands have different dtypes {dtype_name(a.dtype)} and "
                         f"{dtype_name(b.dtype)}; {where}")
     operand = component_type(a.dtype)
-    if operand is None or operand not in DEFAULT_RESULT:
+    if operand is None or not any(p.operand == operand for p in pairs):
         raise TypeError(f"matmul: unsupported dtype {dtype_name(a.dtype)}; {where}")
     if out_dtype is None:
         result = DEFAULT_RESULT[operand]
@@ -141,6 +145,14 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
             raise ValueError(f"matmul: c of shape {c_arr.shape} does not broadcast to the "
                              f"result shape {shape}") from None
 
+    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    if M * N * K * batch:  # fail before allocating anything for a problem too big
+        def operand_bytes(x: np.ndarray, rows: int, cols: int) -> int:
+            n = int(np.prod(x.shape[:-2])) if x.ndim > 2 else 1
+            return (batch if n > 1 else 1) * rows * cols * x.itemsize
+        check_fits(rt, [operand_bytes(a2, M, K), operand_bytes(b2, K, N),
+                        batch * M * N * result_dtype.itemsize * (2 if c is not None else 1)])
+
     if out is not None:
         if not isinstance(out, np.ndarray):
             raise TypeError("matmul: out must be a numpy array")
@@ -153,7 +165,6 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     else:
         result = np.empty(shape, dtype=result_dtype)
 
-    batch = int(np.prod(batch_shape)) if batch_shape else 1
     if result.size == 0:
         return result
     if K == 0:  # an empty sum: zeros, plus beta * c

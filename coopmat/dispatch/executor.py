@@ -1,20 +1,25 @@
-"""Recording, submitting and timing one GEMM on a device.
+"""Recording, submitting and timing GEMM dispatches on a device.
 
-One Executor per logical device; it serialises submissions (one command buffer, one
-fence, one timestamp pair), which makes concurrent Python threads safe. Each call:
-staging uploads -> barrier -> timestamp -> dispatch -> timestamp -> barrier -> download.
+One Executor per logical device; it serialises submissions (one fence, one timestamp
+pair), which makes concurrent Python threads safe. A submission is: staging uploads ->
+barrier -> timestamp -> dispatches -> timestamp -> barrier -> downloads.
+
+Recorded command buffers are kept in a small LRU keyed by everything they name (buffers,
+pipeline, push constants, grid), so a repeated call of the same shape only submits: the
+Python cost of recording through the binding is most of a small matmul's time.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
-from coopmat.dispatch.memory import Buffer
+from coopmat.dispatch.memory import Buffer, MemoryPool
 from coopmat.dispatch.pipelines import SHADER_STAGE_COMPUTE, Pipeline
 from coopmat.dispatch.vkcall import call, check
 from coopmat.errors import VulkanError
@@ -34,6 +39,8 @@ QUERY_RESULT_64 = 0x1
 QUERY_RESULT_WAIT = 0x2
 FENCE_WAIT_SLICE_NS = 100_000_000
 FENCE_TIMEOUT_S = 600.0
+RECORDED_CACHE = 32
+DESCRIPTOR_POOL_FLAGS_FREE = 0x1
 
 
 @dataclass(frozen=True)
@@ -51,103 +58,155 @@ class Dispatch:
     groups: tuple[int, int, int]
 
 
+@dataclass
+class _Recorded:
+    cmd: Any
+    sets: list[Any]
+    submit: Any  # a VkSubmitInfo naming cmd, ready for vkQueueSubmit
+
+
+def _addr(handle: Any) -> int:
+    return int(vk().ffi.cast("uintptr_t", handle))
+
+
 class Executor:
-    def __init__(self, device: Device):
+    def __init__(self, device: Device, pool: MemoryPool):
         v = vk()
         self.device = device
+        self.pool = pool
         self.lock = threading.Lock()
         dev = device.handle
         self._cmd_pool = call(v.vkCreateCommandPool, dev, v.VkCommandPoolCreateInfo(
-            flags=v.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
             queueFamilyIndex=device.queue_family_index), None)
-        self._cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
-            commandPool=self._cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-            commandBufferCount=1))[0]
         self._fence = call(v.vkCreateFence, dev, v.VkFenceCreateInfo(), None)
+        self._fences = v.ffi.new("VkFence[1]", [self._fence])
         self._desc_pool = call(v.vkCreateDescriptorPool, dev, v.VkDescriptorPoolCreateInfo(
-            maxSets=4, poolSizeCount=1, pPoolSizes=[v.VkDescriptorPoolSize(
-                type=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=16)]), None)
+            flags=DESCRIPTOR_POOL_FLAGS_FREE, maxSets=2 * RECORDED_CACHE,
+            poolSizeCount=1, pPoolSizes=[v.VkDescriptorPoolSize(
+                type=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=8 * RECORDED_CACHE)]),
+            None)
         self.timestamps = device.timestamp_valid_bits > 0
         self._queries = call(v.vkCreateQueryPool, dev, v.VkQueryPoolCreateInfo(
             queryType=v.VK_QUERY_TYPE_TIMESTAMP, queryCount=2), None) if self.timestamps else None
+        self._ts = v.ffi.new("uint64_t[2]")
         self._period_ns = device.info.limits.timestamp_period
         self._ts_mask = (1 << device.timestamp_valid_bits) - 1 if self.timestamps else 0
         self._max_groups = device.info.limits.max_compute_work_group_count
+        self._recorded: OrderedDict[tuple[Any, ...], _Recorded] = OrderedDict()
+        self._generation = pool.generation
+
+    @staticmethod
+    def _key(uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
+             downloads: Sequence[Copy]) -> tuple[Any, ...]:
+        return (
+            tuple((_addr(c.src.handle), _addr(c.dst.handle), c.nbytes) for c in uploads),
+            tuple((_addr(d.pipeline.handle),
+                   tuple((b, _addr(buf.handle)) for b, buf in sorted(d.buffers.items())),
+                   d.push_constants, d.groups) for d in dispatches),
+            tuple((_addr(c.src.handle), _addr(c.dst.handle), c.nbytes) for c in downloads),
+        )
 
     def run(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
             downloads: Sequence[Copy]) -> float | None:
-        """Run one submission; returns the kernels' GPU time in seconds (None where the
+        """Run one submission; returns the dispatches' GPU time in seconds (None where the
         queue has no timestamps)."""
         v = vk()
-        lib, ffi = v.lib, v.ffi
+        lib = v.lib
         dev = self.device.handle
+        key = self._key(uploads, dispatches, downloads)
         with self.lock:
-            call(v.vkResetDescriptorPool, dev, self._desc_pool, 0)
-            sets = []
-            for d in dispatches:
-                s = call(v.vkAllocateDescriptorSets, dev, v.VkDescriptorSetAllocateInfo(
-                    descriptorPool=self._desc_pool, descriptorSetCount=1,
-                    pSetLayouts=[d.pipeline.set_layout]))[0]
-                infos = {b: v.VkDescriptorBufferInfo(buffer=buf.handle, offset=0,
-                                                     range=buf.size)
-                         for b, buf in d.buffers.items()}
-                writes = [v.VkWriteDescriptorSet(
-                    dstSet=s, dstBinding=b, descriptorCount=1,
-                    descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
-                    for b, info in infos.items()]
-                v.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
-                sets.append(s)
-
-            cmd = self._cmd
-            call(v.vkResetCommandBuffer, cmd, 0)
-            call(v.vkBeginCommandBuffer, cmd, v.VkCommandBufferBeginInfo(
-                flags=v.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-            # Host writes (mapped, coherent) are visible to the device at submit; the
-            # barrier below orders the staging copies before the shader reads.
-            for c in uploads:
-                v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
-                                  [v.VkBufferCopy(srcOffset=0, dstOffset=0, size=c.nbytes)])
-            self._barrier(cmd, STAGE_HOST | STAGE_TRANSFER, STAGE_COMPUTE,
-                          ACCESS_HOST_WRITE | ACCESS_TRANSFER_WRITE, ACCESS_SHADER_READ)
-            if self._queries is not None:
-                v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
-                v.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
-            for i, (d, s) in enumerate(zip(dispatches, sets)):
-                if i:
-                    self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE,
-                                  ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)
-                self._dispatch(cmd, d, s)
-            if self._queries is not None:
-                v.vkCmdWriteTimestamp(cmd, STAGE_BOTTOM, self._queries, 1)
-            self._barrier(cmd, STAGE_COMPUTE, STAGE_TRANSFER | STAGE_HOST,
-                          ACCESS_SHADER_WRITE, ACCESS_TRANSFER_READ | ACCESS_HOST_READ)
-            for c in downloads:
-                v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
-                                  [v.VkBufferCopy(srcOffset=0, dstOffset=0, size=c.nbytes)])
-            if downloads:
-                self._barrier(cmd, STAGE_TRANSFER, STAGE_HOST, ACCESS_TRANSFER_WRITE,
-                              ACCESS_HOST_READ)
-            call(v.vkEndCommandBuffer, cmd)
-
-            submit = v.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cmd])
+            if self._generation != self.pool.generation:
+                self._forget(len(self._recorded))  # a named buffer may be gone
+                self._generation = self.pool.generation
+            rec = self._recorded.get(key)
+            if rec is None:
+                self._forget(len(self._recorded) - RECORDED_CACHE + 1)
+                rec = self._record(uploads, dispatches, downloads)
+                self._recorded[key] = rec
+            else:
+                self._recorded.move_to_end(key)
             with self.device.queue_lock:
-                call(v.vkQueueSubmit, self.device.queue, 1, [submit], self._fence)
+                check("vkQueueSubmit", lib.vkQueueSubmit(self.device.queue, 1, rec.submit,
+                                                         self._fence))
             self._wait()
-            call(v.vkResetFences, dev, 1, [self._fence])
+            check("vkResetFences", lib.vkResetFences(dev, 1, self._fences))
             if self._queries is None:
                 return None
-            data = ffi.new("uint64_t[2]")
             check("vkGetQueryPoolResults", lib.vkGetQueryPoolResults(
-                dev, self._queries, 0, 2, 16, data, 8, QUERY_RESULT_64 | QUERY_RESULT_WAIT))
-            ticks = ((data[1] - data[0]) & self._ts_mask)
+                dev, self._queries, 0, 2, 16, self._ts, 8, QUERY_RESULT_64 | QUERY_RESULT_WAIT))
+            ticks = (self._ts[1] - self._ts[0]) & self._ts_mask
             return ticks * self._period_ns * 1e-9
+
+    def _record(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
+                downloads: Sequence[Copy]) -> _Recorded:
+        v = vk()
+        dev = self.device.handle
+        cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
+            commandPool=self._cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            commandBufferCount=1))[0]
+        sets = []
+        for d in dispatches:
+            s = call(v.vkAllocateDescriptorSets, dev, v.VkDescriptorSetAllocateInfo(
+                descriptorPool=self._desc_pool, descriptorSetCount=1,
+                pSetLayouts=[d.pipeline.set_layout]))[0]
+            writes = [v.VkWriteDescriptorSet(
+                dstSet=s, dstBinding=b, descriptorCount=1,
+                descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                pBufferInfo=[v.VkDescriptorBufferInfo(buffer=buf.handle, offset=0,
+                                                      range=buf.size)])
+                for b, buf in d.buffers.items()]
+            v.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
+            sets.append(s)
+
+        call(v.vkBeginCommandBuffer, cmd, v.VkCommandBufferBeginInfo())
+        # Host writes to coherent mapped memory are visible to the device at submit; this
+        # barrier orders the staging copies before the shaders read.
+        for c in uploads:
+            v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
+                              [v.VkBufferCopy(srcOffset=0, dstOffset=0, size=c.nbytes)])
+        self._barrier(cmd, STAGE_HOST | STAGE_TRANSFER, STAGE_COMPUTE,
+                      ACCESS_HOST_WRITE | ACCESS_TRANSFER_WRITE, ACCESS_SHADER_READ)
+        if self._queries is not None:
+            v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
+            v.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
+        for i, (d, s) in enumerate(zip(dispatches, sets)):
+            if i:
+                self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE,
+                              ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)
+            self._dispatch(cmd, d, s)
+        if self._queries is not None:
+            v.vkCmdWriteTimestamp(cmd, STAGE_BOTTOM, self._queries, 1)
+        self._barrier(cmd, STAGE_COMPUTE, STAGE_TRANSFER | STAGE_HOST,
+                      ACCESS_SHADER_WRITE, ACCESS_TRANSFER_READ | ACCESS_HOST_READ)
+        for c in downloads:
+            v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
+                              [v.VkBufferCopy(srcOffset=0, dstOffset=0, size=c.nbytes)])
+        if downloads:
+            self._barrier(cmd, STAGE_TRANSFER, STAGE_HOST, ACCESS_TRANSFER_WRITE,
+                          ACCESS_HOST_READ)
+        call(v.vkEndCommandBuffer, cmd)
+        cmds = v.ffi.new("VkCommandBuffer[1]", [cmd])
+        submit = v.ffi.new("VkSubmitInfo *", {
+            "sType": v.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
+            "pCommandBuffers": cmds})
+        rec = _Recorded(cmd, sets, submit)
+        rec.keep = cmds  # type: ignore[attr-defined]  # the submit info points into it
+        return rec
+
+    def _forget(self, count: int) -> None:
+        """Free the `count` least recently used recordings."""
+        v = vk()
+        dev = self.device.handle
+        for _ in range(max(0, count)):
+            _, rec = self._recorded.popitem(last=False)
+            v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
+            v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
 
     def _wait(self) -> None:
         v = vk()
-        fences = v.ffi.new("VkFence[1]", [self._fence])
         waited = 0.0
         while True:
-            r = v.lib.vkWaitForFences(self.device.handle, 1, fences, 1, FENCE_WAIT_SLICE_NS)
+            r = v.lib.vkWaitForFences(self.device.handle, 1, self._fences, 1, FENCE_WAIT_SLICE_NS)
             if r == v.VK_SUCCESS:
                 return
             if r != v.VK_TIMEOUT:
@@ -182,6 +241,8 @@ class Executor:
     def destroy(self) -> None:
         v = vk()
         dev = self.device.handle
+        with self.lock:
+            self._forget(len(self._recorded))
         if self._queries is not None:
             v.vkDestroyQueryPool(dev, self._queries, None)
         v.vkDestroyDescriptorPool(dev, self._desc_pool, None)

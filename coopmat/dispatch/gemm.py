@@ -81,7 +81,7 @@ class PreparedGemm:
         sc = _plan(c) if c is not None else None
         self.result_dtype = numpy_dtype(pair.result)
         self.d_bytes = batch * M * N * self.result_dtype.itemsize
-        _check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, self.d_bytes])
+        check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, self.d_bytes])
 
         params = GemmParams(
             M=M, N=N, K=K, lda=sa.ld, ldb=sb.ld, ldc=N, ldd=N,
@@ -144,15 +144,22 @@ class PreparedGemm:
         self._acquired = []
 
 
+_tiles: dict[tuple[object, ...], codegen.Tile] = {}
+
+
 def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
                    a_layout: Layout, b_layout: Layout, has_c: bool,
                    params: GemmParams) -> GemmTraits:
     """The kernel variant for this device, config and problem: default tile, and the
     aligned fast path where the problem meets its preconditions."""
     limits = rt.device.info.limits
-    tile = codegen.default_tile(pair.operand, pair.result, config.M, config.N, config.K,
-                                limits.subgroup_size, limits.max_compute_shared_memory_size,
-                                limits.max_compute_work_group_invocations)
+    tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
+                limits.max_compute_work_group_invocations)
+    tile = _tiles.get(tile_key)
+    if tile is None:
+        tile = _tiles[tile_key] = codegen.default_tile(
+            pair.operand, pair.result, config.M, config.N, config.K, limits.subgroup_size,
+            limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations)
     traits = GemmTraits(
         a_type=ComponentType(config.a_type), b_type=ComponentType(config.b_type),
         c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
@@ -175,7 +182,7 @@ def run_gemm(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
     return GemmResult(seconds, g.traits)
 
 
-def _check_fits(rt: Runtime, sizes: list[int]) -> None:
+def check_fits(rt: Runtime, sizes: list[int]) -> None:
     limits = rt.device.info.limits
     largest = max(sizes)
     if largest > limits.max_storage_buffer_range:

@@ -74,6 +74,9 @@ class MemoryPool:
         self._free: OrderedDict[tuple[Kind, int], list[Buffer]] = OrderedDict()
         self.cached_bytes = 0
         self.allocated_bytes = 0
+        # Bumped whenever a buffer is destroyed: recorded command buffers that name
+        # buffers are valid only within one generation.
+        self.generation = 0
         self.allocations = 0
         props = v.vkGetPhysicalDeviceMemoryProperties(device.physical)
         self._types = [(props.memoryTypes[i].propertyFlags, props.memoryTypes[i].heapIndex)
@@ -146,6 +149,7 @@ class MemoryPool:
         v.vkDestroyBuffer(dev, buf.handle, None)
         v.vkFreeMemory(dev, buf.memory, None)
         self.allocated_bytes -= buf.size
+        self.generation += 1
 
     def acquire(self, kind: Kind, nbytes: int) -> Buffer:
         size = size_class(nbytes)

@@ -4,7 +4,6 @@ VkPipelineCache, on disk so a new process skips the driver's shader compile."""
 from __future__ import annotations
 
 import atexit
-import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ class PipelineCache:
     def __init__(self, device: Device):
         self.device = device
         self._lock = threading.Lock()
-        self._pipelines: dict[bytes, Pipeline] = {}
+        self._pipelines: dict[Any, Pipeline] = {}
         self._dirty = False
         v = vk()
         props = v.vkGetPhysicalDeviceProperties(device.physical)
@@ -66,7 +65,7 @@ class PipelineCache:
         atexit.register(self.save)
 
     def get(self, kernel: Any) -> Pipeline:
-        key = hashlib.sha256(kernel.spirv).digest()
+        key = kernel.traits
         with self._lock:
             p = self._pipelines.get(key)
             if p is None:

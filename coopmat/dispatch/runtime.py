@@ -37,6 +37,7 @@ def runtime(selector: DeviceArg = None) -> Runtime:
     with _lock:
         rt = _runtimes.get(dev.info.index)
         if rt is None:
-            rt = Runtime(dev, MemoryPool(dev), PipelineCache(dev), Executor(dev))
+            pool = MemoryPool(dev)
+            rt = Runtime(dev, pool, PipelineCache(dev), Executor(dev, pool))
             _runtimes[dev.info.index] = rt
         return rt

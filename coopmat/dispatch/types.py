@@ -76,8 +76,18 @@ class TypePair:
         return f"{dtype_name(numpy_dtype(self.operand))}->{dtype_name(numpy_dtype(self.result))}"
 
 
+_usable: dict[int, list[CooperativeMatrixProperties]] = {}
+
+
 def usable_configs(device: Device) -> list[CooperativeMatrixProperties]:
     """Raw entries our KHR kernels can run on this device, in the driver's order."""
+    cached = _usable.get(id(device))
+    if cached is None:
+        cached = _usable[id(device)] = _usable_configs(device)
+    return cached
+
+
+def _usable_configs(device: Device) -> list[CooperativeMatrixProperties]:
     out = []
     for p in device.info.cooperative_matrix_properties:
         if p.scope != Scope.SUBGROUP or p.saturating_accumulation:

@@ -1,0 +1,24 @@
+"""SPIR-V generation for cooperative-matrix GEMM kernels.
+
+    traits = variants_for(configs, subgroup_size, max_shared, max_invocations)[0]
+    kernel = build_gemm(traits)            # cached in memory and on disk
+    kernel.spirv, kernel.local_size, kernel.push_constants(GemmParams(...)), ...
+
+Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
+arithmetic), khr_tiled (the KHR subgroup-scope kernel), family (kernel families),
+abi (bindings and push constants), kernel (Kernel), tiles (default tiles),
+variants (what a device implies), cache, tools (spirv-val/spirv-dis), __main__ (CLI).
+"""
+
+from coopmat.codegen.abi import aligned_ok
+from coopmat.codegen.cache import build_gemm
+from coopmat.codegen.family import KernelFamily, register_family
+from coopmat.codegen.kernel import Kernel
+from coopmat.codegen.tiles import default_tile
+from coopmat.codegen.traits import GemmParams, GemmTraits, Layout, Tile
+from coopmat.codegen.variants import variants_for
+
+__all__ = [
+    "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile", "aligned_ok",
+    "build_gemm", "default_tile", "register_family", "variants_for",
+]

@@ -1,0 +1,94 @@
+"""The interface between a GEMM kernel and its dispatcher, shared by every kernel family.
+
+Bindings (descriptor set 0, all storage buffers): A=0, B=1, D=2, C=3 (only with C).
+Push constants, 4 bytes each, in this order (offsets in PUSH_FIELDS):
+M, N, K, lda, ldb, ldc, ldd, batch strides of A, B, C, D, alpha, beta, flags.
+alpha/beta are float32 for float results and int32 for integer ones.
+Workgroup (x, y, z) covers (column tile, row tile, batch).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from coopmat.codegen.plan import element_bytes, plan_kernel
+from coopmat.codegen.traits import GemmParams, GemmTraits, Layout
+
+BINDING_A, BINDING_B, BINDING_D, BINDING_C = 0, 1, 2, 3
+
+PUSH_FIELDS = ("M", "N", "K", "lda", "ldb", "ldc", "ldd", "batch_stride_a", "batch_stride_b",
+               "batch_stride_c", "batch_stride_d", "alpha", "beta", "flags")
+PUSH_CONSTANT_SIZE = 4 * len(PUSH_FIELDS)
+
+# flags bit 0: C and D are aligned enough for direct cooperative-matrix loads and stores.
+FLAG_DIRECT_CD = 1
+
+U32_MAX = 0xFFFFFFFF
+
+
+def bindings(has_c: bool) -> tuple[int, ...]:
+    return (BINDING_A, BINDING_B, BINDING_D, BINDING_C) if has_c else (
+        BINDING_A, BINDING_B, BINDING_D)
+
+
+def cd_alignment_elems(traits: GemmTraits) -> int:
+    """Element alignment that cooperative-matrix loads/stores of C and D need.
+
+    Vulkan asks the pointer and the stride of such accesses to be aligned to the lesser
+    of 16 bytes and one row of the matrix.
+    """
+    es = element_bytes(traits.result_type)
+    return min(16, traits.n * es) // es
+
+
+def direct_cd_ok(traits: GemmTraits, p: GemmParams) -> bool:
+    al = cd_alignment_elems(traits)
+    vals = [p.ldd, p.batch_stride_d] + ([p.ldc, p.batch_stride_c] if traits.has_c else [])
+    return all(v % al == 0 for v in vals)
+
+
+def aligned_ok(traits: GemmTraits, p: GemmParams) -> bool:
+    """Whether `p` meets the preconditions of the aligned variant of `traits`' kernel.
+
+    The aligned variant loads A and B a whole vector at a time; each vector must be either
+    entirely inside the matrix or entirely outside, and start on a vector boundary. Its
+    interior output tiles use direct cooperative-matrix stores, which need C/D alignment.
+    """
+    plan = plan_kernel(GemmTraits(**{**traits.__dict__, "aligned": True}))
+    a_inner = p.K if traits.a_layout == Layout.ROW_MAJOR else p.M
+    b_inner = p.N if traits.b_layout == Layout.ROW_MAJOR else p.K
+    for s, inner, ld, bs in ((plan.a, a_inner, p.lda, p.batch_stride_a),
+                             (plan.b, b_inner, p.ldb, p.batch_stride_b)):
+        if inner % s.unit_elems or ld % s.unit_elems or bs % s.unit_elems:
+            return False
+    return direct_cd_ok(traits, p)
+
+
+def check_params(traits: GemmTraits, p: GemmParams) -> None:
+    """Raise ValueError for sizes the kernels do not handle (32-bit indexing, M,N,K >= 1)."""
+    if min(p.M, p.N, p.K) < 1:
+        raise ValueError("M, N and K must be at least 1")
+    a_lines = p.M if traits.a_layout == Layout.ROW_MAJOR else p.K
+    b_lines = p.K if traits.b_layout == Layout.ROW_MAJOR else p.N
+    if p.lda < (p.K if traits.a_layout == Layout.ROW_MAJOR else p.M):
+        raise ValueError("lda is smaller than A's contiguous dimension")
+    if p.ldb < (p.N if traits.b_layout == Layout.ROW_MAJOR else p.K):
+        raise ValueError("ldb is smaller than B's contiguous dimension")
+    if p.ldd < p.N or (traits.has_c and p.ldc < p.N):
+        raise ValueError("ldc/ldd are smaller than N")
+    for v in (a_lines * p.lda, b_lines * p.ldb, p.M * p.ldd, p.M * p.ldc,
+              p.batch_stride_a, p.batch_stride_b, p.batch_stride_c, p.batch_stride_d):
+        if v > U32_MAX:
+            raise ValueError("the kernels index with 32 bits; an operand is too large")
+
+
+def push_constants(traits: GemmTraits, p: GemmParams) -> bytes:
+    check_params(traits, p)
+    if traits.result_type.is_float:
+        scal = struct.pack("<ff", float(p.alpha), float(p.beta))
+    else:
+        scal = struct.pack("<II", int(p.alpha) & U32_MAX, int(p.beta) & U32_MAX)
+    flags = FLAG_DIRECT_CD if direct_cd_ok(traits, p) else 0
+    head = struct.pack("<11I", p.M, p.N, p.K, p.lda, p.ldb, p.ldc, p.ldd, p.batch_stride_a,
+                       p.batch_stride_b, p.batch_stride_c, p.batch_stride_d)
+    return head + scal + struct.pack("<I", flags)

@@ -1,0 +1,72 @@
+"""Kernel families: independent generators behind one `build_gemm` entry point.
+
+A family turns GemmTraits (whose `family` field names it) into a Kernel that follows the
+shared ABI in abi.py, so callers never depend on which family built a kernel. The KHR
+subgroup-scope tiled kernel is the one family today; an NV_cooperative_matrix2
+workgroup-scope family would register itself here beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from coopmat.codegen import abi
+from coopmat.codegen.kernel import Kernel
+from coopmat.codegen.plan import plan_kernel
+from coopmat.codegen.traits import GemmTraits
+from coopmat.codegen.types import vulkan_features
+
+
+class KernelFamily(Protocol):
+    name: str
+
+    def describe(self, traits: GemmTraits) -> Kernel:
+        """The kernel's metadata with empty `spirv` (cheap: no code generation).
+
+        Raise ValueError for traits this family cannot build."""
+        ...
+
+    def generate(self, traits: GemmTraits) -> bytes:
+        """The SPIR-V module for `traits`."""
+        ...
+
+
+class KhrTiledFamily:
+    """VK_KHR_cooperative_matrix, subgroup scope, shared-memory tiling (khr_tiled.py)."""
+
+    name = "khr"
+
+    def describe(self, traits: GemmTraits) -> Kernel:
+        from coopmat.codegen.khr_tiled import required_capabilities
+
+        plan = plan_kernel(traits)
+        return Kernel(
+            traits=traits, spirv=b"", local_size=(plan.invocations, 1, 1),
+            required_subgroup_size=traits.subgroup_size,
+            shared_memory_bytes=plan.shared_bytes,
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(traits.has_c),
+            tile_mn=(traits.tile.tile_m, traits.tile.tile_n),
+            features=vulkan_features(required_capabilities(plan)))
+
+    def generate(self, traits: GemmTraits) -> bytes:
+        from coopmat.codegen.khr_tiled import emit_tiled_gemm
+
+        return emit_tiled_gemm(plan_kernel(traits))
+
+
+_FAMILIES: dict[str, KernelFamily] = {}
+
+
+def register_family(family: KernelFamily) -> None:
+    _FAMILIES[family.name] = family
+
+
+def family_for(traits: GemmTraits) -> KernelFamily:
+    try:
+        return _FAMILIES[traits.family]
+    except KeyError:
+        raise ValueError(f"no kernel family named {traits.family!r}; "
+                         f"known: {sorted(_FAMILIES)}") from None
+
+
+register_family(KhrTiledFamily())

@@ -1,0 +1,37 @@
+"""A built kernel: its SPIR-V and what a dispatcher needs to run it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coopmat.codegen import abi
+from coopmat.codegen.traits import GemmParams, GemmTraits
+
+
+@dataclass(frozen=True)
+class Kernel:
+    traits: GemmTraits
+    spirv: bytes
+    local_size: tuple[int, int, int]
+    required_subgroup_size: int | None
+    shared_memory_bytes: int
+    push_constant_size: int
+    bindings: tuple[int, ...]
+    # The workgroup tile (rows, columns of D) one workgroup computes.
+    tile_mn: tuple[int, int] = (0, 0)
+    # Vulkan feature names (VkPhysicalDevice*Features members) the module needs.
+    features: tuple[str, ...] = ()
+
+    def workgroups(self, M: int, N: int, batch: int = 1) -> tuple[int, int, int]:
+        tm, tn = self.tile_mn
+        return (-(-N // tn), -(-M // tm), batch)
+
+    def aligned_ok(self, p: GemmParams) -> bool:
+        """Whether `p` may run on this kernel's aligned variant (see abi.aligned_ok)."""
+        return abi.aligned_ok(self.traits, p)
+
+    def push_constants(self, p: GemmParams) -> bytes:
+        if self.traits.aligned and not abi.aligned_ok(self.traits, p):
+            raise ValueError("these sizes/strides break the aligned variant's preconditions; "
+                             "use the general variant")
+        return abi.push_constants(self.traits, p)

@@ -1,0 +1,376 @@
+"""The tiled GEMM kernel on VK_KHR_cooperative_matrix (subgroup-scope matrices).
+
+Shape of the generated shader, per workgroup (tile_m x tile_n of D, batch = WorkgroupId.z):
+
+    prefetch K-step 0 of A and B into registers           (buffering 2)
+    for k0 in 0, tile_k, ...:
+        barrier; registers -> shared; barrier
+        prefetch K-step k0 + tile_k into registers        (in flight during the multiply)
+        per k step of the cooperative matrix: load A and B fragments from shared,
+            multiply-accumulate into this subgroup's grid of accumulators
+    per accumulator: D = alpha * acc + beta * C
+        workgroup tile inside D (and C/D aligned): direct cooperative-matrix load/store
+        workgroup tile straddling an edge: each block through a per-subgroup shared
+            scratch, then element by element with bounds checks
+
+Global loads of A and B are bounds-checked: an out-of-range unit reads index 0 instead
+(always in the buffer) and is replaced by zero, so the shader never reads outside the
+matrix and the zero padding makes partial K steps and edge tiles exact.
+"""
+
+from __future__ import annotations
+
+from coopmat.codegen import abi
+from coopmat.codegen.plan import KernelPlan, StagePlan, element_bytes
+from coopmat.codegen.shader import Buffer, ShaderContext, SharedArray
+from coopmat.codegen.spv import (
+    BuiltIn,
+    Capability,
+    CooperativeMatrixLayout,
+    CooperativeMatrixOperands,
+    CooperativeMatrixUse,
+    ExecutionMode,
+    ExecutionModel,
+    Op,
+    Scope,
+)
+from coopmat.codegen.traits import Layout
+from coopmat.codegen.types import RESULT_TYPES, scalar_type, type_capabilities
+from coopmat.device.enums import ComponentType
+
+
+class _Operand:
+    """Per-operand (A or B) state while emitting."""
+
+    def __init__(self, stage: StagePlan, buf: Buffer, shared: SharedArray, unit: int,
+                 zero: int, mat_type: int, layout: Layout) -> None:
+        self.stage, self.buf, self.shared, self.unit = stage, buf, shared, unit
+        self.zero, self.mat_type, self.layout = zero, mat_type, layout
+        self.regs: list[int] = []
+        # Runtime values set at the top of main():
+        self.base = 0  # batch offset (elements)
+        self.ld = 0
+        self.outer0 = 0  # workgroup tile origin along A's M or B's N dimension
+        self.k_is_inner = False  # K is the contiguous dimension (lines run along M/N)
+        self.outer_limit = 0
+        self.inner_limit = 0
+
+
+class TiledGemmEmitter:
+    def __init__(self, plan: KernelPlan) -> None:
+        self.plan = plan
+        self.t = plan.traits
+        self.s = ShaderContext()
+        self.caps: set[Capability] = set()
+
+    # -- declarations -------------------------------------------------------------------
+    def _declare_types(self) -> None:
+        t, mb = self.t, self.s.mb
+        if t.result_type not in RESULT_TYPES:
+            raise ValueError(f"unsupported result type {t.result_type!r}")
+        mb.extension("SPV_KHR_cooperative_matrix")
+        if ComponentType.BFLOAT16 in (t.a_type, t.b_type):
+            mb.extension("SPV_KHR_bfloat16")
+        self.caps = required_capabilities(self.plan)
+        mb.capability(*sorted(self.caps))
+        self.a_el = scalar_type(mb, t.a_type)
+        self.b_el = scalar_type(mb, t.b_type)
+        self.r_el = scalar_type(mb, t.result_type)
+        sub = int(Scope.Subgroup)
+        self.mat_a = mb.type_coopmat(self.a_el, sub, t.m, t.k, CooperativeMatrixUse.MatrixA)
+        self.mat_b = mb.type_coopmat(self.b_el, sub, t.k, t.n, CooperativeMatrixUse.MatrixB)
+        self.mat_acc = mb.type_coopmat(self.r_el, sub, t.m, t.n,
+                                       CooperativeMatrixUse.MatrixAccumulator)
+        self.float_result = t.result_type.is_float
+        self.alpha_t = mb.type_float(32) if self.float_result else self.r_el
+
+    def _unit_type(self, stage: StagePlan, elem: int) -> int:
+        if not stage.unit_words:
+            return elem
+        if stage.unit_words == 1:
+            return self.s.u32
+        return self.s.mb.type_vector(self.s.u32, stage.unit_words)
+
+    def _declare_resources(self) -> None:
+        s, t, p = self.s, self.t, self.plan
+        ops = []
+        for name, stage, elem, ct, binding, lay, mat in (
+                ("A", p.a, self.a_el, t.a_type, abi.BINDING_A, t.a_layout, self.mat_a),
+                ("B", p.b, self.b_el, t.b_type, abi.BINDING_B, t.b_layout, self.mat_b)):
+            unit = self._unit_type(stage, elem)
+            unit_bytes = 4 * stage.unit_words if stage.unit_words else element_bytes(ct)
+            buf = s.storage_buffer(binding, unit, unit_bytes, True, name, restrict=True)
+            sh = s.shared_array(unit, stage.shared_units, f"{name}_shared")
+            ops.append(_Operand(stage, buf, sh, unit, s.mb.const_null(unit), mat, lay))
+        self.A, self.B = ops
+        rb = element_bytes(t.result_type)
+        self.D = s.storage_buffer(abi.BINDING_D, self.r_el, rb, False, "D")
+        self.C = s.storage_buffer(abi.BINDING_C, self.r_el, rb, True, "C") if t.has_c else None
+        self.scratch = s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
+        types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
+        s.push_constants(abi.PUSH_FIELDS, types)
+
+    # -- setup of runtime values --------------------------------------------------------
+    def _setup(self) -> None:
+        s, t, tile = self.s, self.t, self.t.tile
+        v3 = s.mb.type_vector(s.u32, 3)
+        wg = s.builtin(BuiltIn.WorkgroupId, v3)
+        self.tid = s.builtin(BuiltIn.LocalInvocationIndex, s.u32)
+        self.sgid = s.builtin(BuiltIn.SubgroupId, s.u32)
+        self.lane = s.builtin(BuiltIn.SubgroupLocalInvocationId, s.u32)
+        wx, wy, batch = (s.f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(3))
+        P = {name: s.param(name) for name in abi.PUSH_FIELDS}
+        self.P = P
+        self.m0 = s.mul(wy, s.c(tile.tile_m))
+        self.n0 = s.mul(wx, s.c(tile.tile_n))
+        self.base_d = s.mul(batch, P["batch_stride_d"])
+        self.base_c = s.mul(batch, P["batch_stride_c"])
+        sg_m = s.udiv(self.sgid, s.c(tile.subgroups_n))
+        sg_n = s.umod(self.sgid, s.c(tile.subgroups_n))
+        wm, wn = tile.tile_m // tile.subgroups_m, tile.tile_n // tile.subgroups_n
+        self.sg_row = s.mul(sg_m, s.c(wm))  # subgroup block origin inside the tile
+        self.sg_col = s.mul(sg_n, s.c(wn))
+        if self.float_result and t.result_type != ComponentType.FLOAT32:
+            self.alpha = s.f.op(Op.FConvert, self.r_el, P["alpha"])
+            self.beta = s.f.op(Op.FConvert, self.r_el, P["beta"])
+        else:
+            self.alpha, self.beta = P["alpha"], P["beta"]
+        # A: lines are rows (row-major, K inner) or K columns (column-major, M inner).
+        A, B = self.A, self.B
+        A.base, A.ld = s.mul(batch, P["batch_stride_a"]), P["lda"]
+        A.k_is_inner = t.a_layout == Layout.ROW_MAJOR
+        A.outer0 = self.m0
+        A.outer_limit, A.inner_limit = (P["M"], P["K"]) if A.k_is_inner else (P["K"], P["M"])
+        B.base, B.ld = s.mul(batch, P["batch_stride_b"]), P["ldb"]
+        B.k_is_inner = t.b_layout == Layout.COLUMN_MAJOR
+        B.outer0 = self.n0
+        B.outer_limit, B.inner_limit = (P["N"], P["K"]) if B.k_is_inner else (P["K"], P["N"])
+
+    # -- global -> registers -> shared --------------------------------------------------
+    def _unit_coords(self, op: _Operand, r: int) -> tuple[int, int]:
+        """(line, element offset within the line) of this invocation's r-th unit."""
+        s, st = self.s, op.stage
+        u = s.add(self.tid, s.c(r * st.invocations))
+        line = s.udiv(u, s.c(st.units_per_line))
+        col = s.mul(s.umod(u, s.c(st.units_per_line)), s.c(st.unit_elems))
+        return line, col
+
+    def _global_unit(self, op: _Operand, k0: int, r: int) -> int:
+        """Load one unit of the operand's tile at K offset k0, zero outside the matrix."""
+        s, st = self.s, op.stage
+        line, col = self._unit_coords(op, r)
+        if op.k_is_inner:
+            outer, inner = s.add(op.outer0, line), s.add(k0, col)
+        else:
+            outer, inner = s.add(k0, line), s.add(op.outer0, col)
+        inside = s.and_(s.lt(outer, op.outer_limit), s.lt(inner, op.inner_limit))
+        index = s.add(s.add(op.base, s.mul(outer, op.ld)), inner)
+        if st.unit_elems > 1:  # aligned variant: every term is a multiple of the vector
+            index = s.shr(index, s.c(st.unit_elems.bit_length() - 1))
+        safe = s.select(s.u32, inside, index, s.c(0))
+        value = s.buffer_load(op.buf, safe)
+        return s.select(op.unit, inside, value, op.zero)
+
+    def _shared_index(self, op: _Operand, r: int) -> int:
+        s, st = self.s, op.stage
+        line, col = self._unit_coords(op, r)
+        unit_col = s.udiv(col, s.c(st.unit_elems)) if st.unit_elems > 1 else col
+        return s.add(s.mul(line, s.c(st.stride_units)), unit_col)
+
+    def _prefetch(self, k0: int) -> None:
+        for op in (self.A, self.B):
+            for r, reg in enumerate(op.regs):
+                self.s.f.emit(Op.Store, reg, self._global_unit(op, k0, r))
+
+    def _stage_to_shared(self, k0: int) -> None:
+        s = self.s
+        for op in (self.A, self.B):
+            for r in range(op.stage.units_per_invocation):
+                if op.regs:
+                    value = s.f.op(Op.Load, op.unit, op.regs[r])
+                else:
+                    value = self._global_unit(op, k0, r)
+                s.shared_store(op.shared, self._shared_index(op, r), value)
+
+    # -- multiply ------------------------------------------------------------------------
+    def _fragment(self, op: _Operand, kk: int, offset: int) -> int:
+        """Load the fragment at K offset kk (constant) and M/N offset `offset` (runtime)."""
+        s, st = self.s, op.stage
+        stride = s.c(st.stride_units)
+        if op.k_is_inner:  # lines run along M/N
+            index = s.add(s.mul(offset, stride), s.c(kk // st.unit_elems))
+        else:  # lines run along K
+            unit_off = s.udiv(offset, s.c(st.unit_elems)) if st.unit_elems > 1 else offset
+            index = s.add(s.c(kk * st.stride_units), unit_off)
+        # Shared memory keeps the global orientation, so the operand's layout applies.
+        return s.coop_load_shared(op.mat_type, op.shared, index, op.layout.value, stride)
+
+    def _mul_operands(self) -> int:
+        t = self.t
+        flags = CooperativeMatrixOperands.NONE
+        for ct, bit in ((t.a_type, CooperativeMatrixOperands.MatrixASigned),
+                        (t.b_type, CooperativeMatrixOperands.MatrixBSigned),
+                        (t.c_type, CooperativeMatrixOperands.MatrixCSigned),
+                        (t.result_type, CooperativeMatrixOperands.MatrixResultSigned)):
+            if not ct.is_float and ct.is_signed:
+                flags |= bit
+        return int(flags)
+
+    def _multiply(self) -> None:
+        s, t, p = self.s, self.t, self.plan
+        accs = [[s.f.op(Op.Load, self.mat_acc, v) for v in row] for row in self.acc_vars]
+        flags = self._mul_operands()
+        for kk in range(0, t.tile.tile_k, t.k):
+            a = [self._fragment(self.A, kk, s.add(self.sg_row, s.c(i * t.m)))
+                 for i in range(p.acc_rows)]
+            b = [self._fragment(self.B, kk, s.add(self.sg_col, s.c(j * t.n)))
+                 for j in range(p.acc_cols)]
+            for i in range(p.acc_rows):
+                for j in range(p.acc_cols):
+                    extra = (flags,) if flags else ()
+                    accs[i][j] = s.f.op(Op.CooperativeMatrixMulAddKHR, self.mat_acc, a[i],
+                                        b[j], accs[i][j], *extra)
+        for row_vars, row_vals in zip(self.acc_vars, accs, strict=True):
+            for var, val in zip(row_vars, row_vals, strict=True):
+                s.f.emit(Op.Store, var, val)
+
+    def _k_loop(self) -> None:
+        s, f, tile = self.s, self.s.f, self.t.tile
+        k_var = f.local(s.u32, s.c(0))
+        if tile.buffering == 2:
+            self._prefetch(s.c(0))
+
+        def body() -> None:
+            k0 = f.op(Op.Load, s.u32, k_var)
+            s.barrier(Scope.Workgroup)  # the previous step's fragments have been read
+            self._stage_to_shared(k0)
+            s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
+            if tile.buffering == 2:
+                self._prefetch(s.add(k0, s.c(tile.tile_k)))
+            self._multiply()
+
+        def step() -> None:
+            f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), s.c(tile.tile_k)))
+
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
+
+    # -- epilogue -------------------------------------------------------------------------
+    def _scale_matrix(self, mat: int, factor: int) -> int:
+        s = self.s
+        if self.float_result:
+            return s.f.op(Op.MatrixTimesScalar, self.mat_acc, mat, factor)
+        splat = s.f.op(Op.CompositeConstruct, self.mat_acc, factor)
+        return s.f.op(Op.IMul, self.mat_acc, mat, splat)
+
+    def _store_direct(self, acc: int, i0: int, j0: int) -> None:
+        s, P = self.s, self.P
+        row = CooperativeMatrixLayout.RowMajor
+        res = self._scale_matrix(acc, self.alpha)
+        if self.C is not None:
+            c_index = s.add(self.base_c, s.add(s.mul(i0, P["ldc"]), j0))
+            cmat = s.coop_load_buffer(self.mat_acc, self.C, c_index, row, P["ldc"])
+            add = Op.FAdd if self.float_result else Op.IAdd
+            res = s.f.op(add, self.mat_acc, res, self._scale_matrix(cmat, self.beta))
+        d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
+        s.coop_store_buffer(self.D, d_index, res, row, P["ldd"])
+
+    def _store_checked(self, acc: int, i0: int, j0: int) -> None:
+        """Through this subgroup's scratch: store the block, then copy element-wise.
+
+        Runs in workgroup-uniform control flow, so it can use workgroup barriers (a
+        subgroup barrier would do, but lavapipe treats those as workgroup barriers too, so
+        they are only safe where the whole workgroup takes the same path anyway).
+        """
+        s, t, P = self.s, self.t, self.P
+        n_el = self.plan.scratch_elems
+        base = s.mul(self.sgid, s.c(n_el))
+        s.coop_store_shared(self.scratch, base, acc, CooperativeMatrixLayout.RowMajor,
+                            s.c(t.n))
+        s.barrier(Scope.Workgroup)
+        mul = Op.FMul if self.float_result else Op.IMul
+        add = Op.FAdd if self.float_result else Op.IAdd
+        for e in range(n_el // t.subgroup_size):
+            idx = s.add(self.lane, s.c(e * t.subgroup_size))
+            gi = s.add(i0, s.udiv(idx, s.c(t.n)))
+            gj = s.add(j0, s.umod(idx, s.c(t.n)))
+
+            def copy(idx: int = idx, gi: int = gi, gj: int = gj) -> None:
+                v = s.f.op(mul, self.r_el, s.shared_load(self.scratch, s.add(base, idx)),
+                           self.alpha)
+                if self.C is not None:
+                    cv = s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(gi, P["ldc"]),
+                                                                        gj)))
+                    v = s.f.op(add, self.r_el, v, s.f.op(mul, self.r_el, cv, self.beta))
+                s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
+
+            s.f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), copy)
+        s.barrier(Scope.Workgroup)  # the scratch is free for the next block
+
+    def _blocks(self) -> list[tuple[int, int, int]]:
+        """(accumulator, row, column) of each of this subgroup's blocks of D."""
+        s, t, p = self.s, self.t, self.plan
+        out = []
+        for i in range(p.acc_rows):
+            for j in range(p.acc_cols):
+                i0 = s.add(self.m0, s.add(self.sg_row, s.c(i * t.m)))
+                j0 = s.add(self.n0, s.add(self.sg_col, s.c(j * t.n)))
+                out.append((s.f.op(Op.Load, self.mat_acc, self.acc_vars[i][j]), i0, j0))
+        return out
+
+    def _epilogue(self) -> None:
+        """Interior workgroups store directly; edge workgroups go element by element.
+
+        The choice is per workgroup (not per block) so that the edge path's barriers are
+        in workgroup-uniform control flow.
+        """
+        s, t, P = self.s, self.t, self.P
+        tile = t.tile
+        interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
+                          s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
+        if not t.aligned:  # the general variant checks C/D alignment at run time
+            flag = s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(abi.FLAG_DIRECT_CD))
+            interior = s.and_(interior, s.f.op(Op.INotEqual, s.bool, flag, s.c(0)))
+
+        def direct() -> None:
+            for acc, i0, j0 in self._blocks():
+                self._store_direct(acc, i0, j0)
+
+        def edge() -> None:
+            for acc, i0, j0 in self._blocks():
+                self._store_checked(acc, i0, j0)
+
+        s.f.if_(interior, direct, edge)
+
+    # -- the module ---------------------------------------------------------------------
+    def build(self) -> bytes:
+        self._declare_types()
+        self._declare_resources()
+        s, p = self.s, self.plan
+        self._setup()
+        zero = s.mb.const_null(self.r_el)
+        acc_zero = s.mb.const_composite(self.mat_acc, [zero])
+        self.acc_vars = [[s.f.local(self.mat_acc, acc_zero) for _ in range(p.acc_cols)]
+                         for _ in range(p.acc_rows)]
+        if p.tile.buffering == 2:
+            for op in (self.A, self.B):
+                op.regs = [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
+        self._k_loop()
+        self._epilogue()
+        s.f.finish()
+        s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
+        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, p.invocations, 1, 1)
+        return s.mb.assemble()
+
+
+def required_capabilities(plan: KernelPlan) -> set[Capability]:
+    t = plan.traits
+    caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,
+            Capability.GroupNonUniform}
+    for ct, stage in ((t.a_type, plan.a), (t.b_type, plan.b)):
+        caps.update(type_capabilities(ct, in_storage_buffer=not stage.unit_words))
+    caps.update(type_capabilities(t.result_type, in_storage_buffer=True))
+    return caps
+
+
+def emit_tiled_gemm(plan: KernelPlan) -> bytes:
+    return TiledGemmEmitter(plan).build()

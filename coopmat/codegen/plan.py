@@ -1,0 +1,143 @@
+"""The arithmetic of a tiled kernel: staging geometry, shared-memory use, invocation counts.
+
+Kept apart from emission so that tile selection can ask "does this fit?" without
+generating SPIR-V, and so that Kernel metadata and the emitted code agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coopmat.codegen.traits import GemmTraits, Layout, Tile
+from coopmat.device.enums import ComponentType
+
+# Shared rows are padded by 16 bytes: consecutive rows then start in different banks,
+# so the column-wise accesses of cooperative-matrix loads don't all hit one bank.
+SHARED_PAD_BYTES = 16
+# The widest global load the aligned variant issues (a uvec4).
+MAX_VECTOR_BYTES = 16
+
+
+def element_bytes(t: ComponentType) -> int:
+    return t.bits // 8
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """How one operand's workgroup tile moves from global to shared memory.
+
+    The tile is `lines` runs of `inner` elements that are contiguous in global memory
+    (rows for a row-major operand, columns for a column-major one). Shared memory keeps
+    the same orientation, so a run is copied unit by unit, where a unit is one element
+    (general variant) or a vector of `unit_elems` elements packed in 32-bit words
+    (aligned variant).
+    """
+
+    lines: int
+    inner: int
+    unit_elems: int
+    unit_words: int  # 0: the unit is one element of the operand's own type
+    pad_units: int
+    invocations: int
+
+    @property
+    def units_per_line(self) -> int:
+        return self.inner // self.unit_elems
+
+    @property
+    def stride_units(self) -> int:
+        return self.units_per_line + self.pad_units
+
+    @property
+    def total_units(self) -> int:
+        return self.lines * self.units_per_line
+
+    @property
+    def units_per_invocation(self) -> int:
+        return self.total_units // self.invocations
+
+    @property
+    def shared_units(self) -> int:
+        return self.lines * self.stride_units
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    traits: GemmTraits
+    a: StagePlan
+    b: StagePlan
+    acc_rows: int
+    acc_cols: int
+
+    @property
+    def tile(self) -> Tile:
+        return self.traits.tile
+
+    @property
+    def invocations(self) -> int:
+        return self.tile.subgroups * self.traits.subgroup_size
+
+    @property
+    def scratch_elems(self) -> int:
+        """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores."""
+        return self.traits.m * self.traits.n
+
+    @property
+    def shared_bytes(self) -> int:
+        t = self.traits
+        a = self.a.shared_units * _unit_bytes(self.a, t.a_type)
+        b = self.b.shared_units * _unit_bytes(self.b, t.b_type)
+        scratch = self.tile.subgroups * self.scratch_elems * element_bytes(t.result_type)
+        return a + b + scratch
+
+
+def _unit_bytes(s: StagePlan, t: ComponentType) -> int:
+    return 4 * s.unit_words if s.unit_words else element_bytes(t)
+
+
+def vector_elems(t: ComponentType, granularity: int) -> int:
+    """Elements per wide unit: as many as fit 16 bytes and divide the cooperative-matrix
+    granularity along the contiguous dimension (so fragment offsets land on whole units)."""
+    es = element_bytes(t)
+    v = MAX_VECTOR_BYTES // es
+    while v > 1 and (granularity % v or (v * es) % 4):
+        v //= 2
+    return v if (v * es) % 4 == 0 else 1
+
+
+def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_gran: int,
+           k_gran: int, aligned: bool, invocations: int, k_contiguous: Layout) -> StagePlan:
+    """Stage geometry; `k_contiguous` is the layout in which K is the contiguous dimension."""
+    if layout == k_contiguous:
+        lines, inner, gran = outer_dim, k_dim, k_gran
+    else:
+        lines, inner, gran = k_dim, outer_dim, outer_gran
+    es = element_bytes(t)
+    v = vector_elems(t, gran) if aligned else 1
+    words = v * es // 4 if aligned and v > 1 else 0
+    if not words:
+        v = 1
+    unit_bytes = 4 * words if words else es
+    return StagePlan(lines=lines, inner=inner, unit_elems=v, unit_words=words,
+                     pad_units=max(1, SHARED_PAD_BYTES // unit_bytes), invocations=invocations)
+
+
+def plan_kernel(traits: GemmTraits) -> KernelPlan:
+    """Raise ValueError where the tile does not fit the traits."""
+    t, tile = traits, traits.tile
+    tile.check(t.m, t.n, t.k)
+    if t.c_type != t.result_type:
+        raise ValueError("C and Result component types must match (accumulators double as C)")
+    inv = tile.subgroups * t.subgroup_size
+    a = _stage(t.a_type, t.a_layout, tile.tile_m, tile.tile_k, t.m, t.k, t.aligned, inv,
+               k_contiguous=Layout.ROW_MAJOR)
+    b = _stage(t.b_type, t.b_layout, tile.tile_n, tile.tile_k, t.n, t.k, t.aligned, inv,
+               k_contiguous=Layout.COLUMN_MAJOR)
+    for name, s in (("A", a), ("B", b)):
+        if s.total_units % inv:
+            raise ValueError(f"{name} tile of {s.total_units} units does not split evenly "
+                             f"over {inv} invocations ({tile.describe()})")
+    if (t.m * t.n) % t.subgroup_size:
+        raise ValueError("accumulator elements must split evenly over the subgroup")
+    rows, cols = tile.accumulators(t.m, t.n)
+    return KernelPlan(traits=t, a=a, b=b, acc_rows=rows, acc_cols=cols)

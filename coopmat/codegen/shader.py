@@ -1,0 +1,185 @@
+"""Shader-writing conveniences on top of the module builder.
+
+`ShaderContext` owns one compute module and its main function, and offers the handful of
+operations the kernels are written in: 32-bit index arithmetic, push-constant reads,
+storage-buffer and workgroup-memory access (with the Vulkan memory model operands that
+workgroup sharing needs), barriers and cooperative-matrix instructions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coopmat.codegen.builder import FunctionBuilder, ModuleBuilder
+from coopmat.codegen.spv import (
+    BuiltIn,
+    Capability,
+    Decoration,
+    MemoryAccess,
+    MemorySemantics,
+    Op,
+    Scope,
+    StorageClass,
+)
+
+# Workgroup memory is shared between invocations, so its accesses are non-private and
+# make their writes available / reads visible at workgroup scope (as glslang does for
+# `shared` under the Vulkan memory model); barriers then order them.
+_SHARED_STORE = MemoryAccess.MakePointerAvailable | MemoryAccess.NonPrivatePointer
+_SHARED_LOAD = MemoryAccess.MakePointerVisible | MemoryAccess.NonPrivatePointer
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A storage buffer declared as `struct { T data[]; }`."""
+
+    var: int
+    elem: int  # element type id
+
+
+@dataclass(frozen=True)
+class SharedArray:
+    var: int
+    elem: int
+
+
+class ShaderContext:
+    def __init__(self) -> None:
+        self.mb = ModuleBuilder((1, 6))
+        mb = self.mb
+        mb.capability(Capability.Shader, Capability.VulkanMemoryModel)
+        self.void = mb.type_void()
+        self.bool = mb.type_bool()
+        self.u32 = mb.type_int(32, False)
+        self.f = FunctionBuilder(mb, self.void, mb.type_function(self.void))
+        self._push: tuple[int, list[int], tuple[str, ...]] | None = None
+
+    # -- constants and arithmetic on 32-bit unsigned indices ----------------------------
+    def c(self, value: int) -> int:
+        return self.mb.const_u32(value)
+
+    def add(self, a: int, b: int) -> int:
+        return self.f.op(Op.IAdd, self.u32, a, b)
+
+    def mul(self, a: int, b: int) -> int:
+        return self.f.op(Op.IMul, self.u32, a, b)
+
+    def udiv(self, a: int, b: int) -> int:
+        return self.f.op(Op.UDiv, self.u32, a, b)
+
+    def umod(self, a: int, b: int) -> int:
+        return self.f.op(Op.UMod, self.u32, a, b)
+
+    def shr(self, a: int, b: int) -> int:
+        return self.f.op(Op.ShiftRightLogical, self.u32, a, b)
+
+    def lt(self, a: int, b: int) -> int:
+        return self.f.op(Op.ULessThan, self.bool, a, b)
+
+    def le(self, a: int, b: int) -> int:
+        return self.f.op(Op.ULessThanEqual, self.bool, a, b)
+
+    def and_(self, a: int, b: int) -> int:
+        return self.f.op(Op.LogicalAnd, self.bool, a, b)
+
+    def select(self, type_id: int, cond: int, a: int, b: int) -> int:
+        return self.f.op(Op.Select, type_id, cond, a, b)
+
+    # -- inputs -------------------------------------------------------------------------
+    def builtin(self, which: BuiltIn, type_id: int) -> int:
+        """Declare an Input builtin and load it."""
+        var = self.mb.variable(type_id, StorageClass.Input, which.name)
+        self.mb.decorate(var, Decoration.BuiltIn, which)
+        if which in (BuiltIn.SubgroupId, BuiltIn.SubgroupLocalInvocationId):
+            self.mb.capability(Capability.GroupNonUniform)
+        return self.f.op(Op.Load, type_id, var)
+
+    def push_constants(self, fields: tuple[str, ...], types: list[int]) -> None:
+        """Declare the push-constant block: one 4-byte member per field."""
+        mb = self.mb
+        block = mb.type_struct(types)
+        mb.decorate(block, Decoration.Block)
+        for i, name in enumerate(fields):
+            mb.member_decorate(block, i, Decoration.Offset, 4 * i)
+            mb.member_name(block, i, name)
+        var = mb.variable(block, StorageClass.PushConstant, "params")
+        self._push = (var, types, fields)
+
+    def param(self, name: str) -> int:
+        assert self._push is not None, "push constants not declared"
+        var, types, fields = self._push
+        i = fields.index(name)
+        ptr_t = self.mb.type_pointer(StorageClass.PushConstant, types[i])
+        ptr = self.f.op(Op.AccessChain, ptr_t, var, self.c(i))
+        return self.f.op(Op.Load, types[i], ptr)
+
+    # -- storage buffers ----------------------------------------------------------------
+    def storage_buffer(self, binding: int, elem: int, elem_bytes: int, readonly: bool,
+                       name: str, restrict: bool = False) -> Buffer:
+        """`restrict` promises no other binding aliases this one (never for C, which a
+        caller may bind to the same memory as D for an in-place update)."""
+        mb = self.mb
+        block = mb.type_struct([mb.type_runtime_array(elem, elem_bytes)])
+        mb.decorate(block, Decoration.Block)
+        mb.member_decorate(block, 0, Decoration.Offset, 0)
+        if readonly:
+            mb.member_decorate(block, 0, Decoration.NonWritable)
+        var = mb.variable(block, StorageClass.StorageBuffer, name)
+        mb.decorate(var, Decoration.DescriptorSet, 0)
+        mb.decorate(var, Decoration.Binding, binding)
+        if restrict:
+            mb.decorate(var, Decoration.Restrict)
+        return Buffer(var, elem)
+
+    def buffer_ptr(self, buf: Buffer, index: int) -> int:
+        ptr_t = self.mb.type_pointer(StorageClass.StorageBuffer, buf.elem)
+        return self.f.op(Op.AccessChain, ptr_t, buf.var, self.c(0), index)
+
+    def buffer_load(self, buf: Buffer, index: int) -> int:
+        return self.f.op(Op.Load, buf.elem, self.buffer_ptr(buf, index))
+
+    def buffer_store(self, buf: Buffer, index: int, value: int) -> None:
+        self.f.emit(Op.Store, self.buffer_ptr(buf, index), value)
+
+    # -- workgroup memory ---------------------------------------------------------------
+    def shared_array(self, elem: int, length: int, name: str) -> SharedArray:
+        arr = self.mb.type_array(elem, length)
+        return SharedArray(self.mb.variable(arr, StorageClass.Workgroup, name), elem)
+
+    def shared_ptr(self, arr: SharedArray, index: int) -> int:
+        ptr_t = self.mb.type_pointer(StorageClass.Workgroup, arr.elem)
+        return self.f.op(Op.AccessChain, ptr_t, arr.var, index)
+
+    def shared_load(self, arr: SharedArray, index: int) -> int:
+        return self.f.op(Op.Load, arr.elem, self.shared_ptr(arr, index), _SHARED_LOAD,
+                         self.c(Scope.Workgroup))
+
+    def shared_store(self, arr: SharedArray, index: int, value: int) -> None:
+        self.f.emit(Op.Store, self.shared_ptr(arr, index), value, _SHARED_STORE,
+                    self.c(Scope.Workgroup))
+
+    def barrier(self, scope: Scope) -> None:
+        """Execution + workgroup-memory barrier among the invocations of `scope`."""
+        sem = MemorySemantics.AcquireRelease | MemorySemantics.WorkgroupMemory
+        self.f.emit(Op.ControlBarrier, self.c(scope), self.c(scope), self.c(sem))
+
+    # -- cooperative matrices -----------------------------------------------------------
+    def coop_load_buffer(self, mat_type: int, buf: Buffer, index: int, layout: int,
+                         stride: int) -> int:
+        return self.f.op(Op.CooperativeMatrixLoadKHR, mat_type, self.buffer_ptr(buf, index),
+                         self.c(layout), stride)
+
+    def coop_store_buffer(self, buf: Buffer, index: int, value: int, layout: int,
+                          stride: int) -> None:
+        self.f.emit(Op.CooperativeMatrixStoreKHR, self.buffer_ptr(buf, index), value,
+                    self.c(layout), stride)
+
+    def coop_load_shared(self, mat_type: int, arr: SharedArray, index: int, layout: int,
+                         stride: int) -> int:
+        return self.f.op(Op.CooperativeMatrixLoadKHR, mat_type, self.shared_ptr(arr, index),
+                         self.c(layout), stride, _SHARED_LOAD, self.c(Scope.Workgroup))
+
+    def coop_store_shared(self, arr: SharedArray, index: int, value: int, layout: int,
+                          stride: int) -> None:
+        self.f.emit(Op.CooperativeMatrixStoreKHR, self.shared_ptr(arr, index), value,
+                    self.c(layout), stride, _SHARED_STORE, self.c(Scope.Workgroup))

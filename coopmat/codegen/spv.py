@@ -1,0 +1,192 @@
+"""SPIR-V numbers the generator uses: opcodes and enumerants.
+
+Values are from the SPIR-V 1.6 unified specification and the KHR extension specs
+(SPV_KHR_cooperative_matrix, SPV_KHR_bfloat16). Only what the kernels need is listed;
+`spirv-dis` on a generated module is the quickest check that a number is right.
+"""
+
+from __future__ import annotations
+
+import enum
+
+MAGIC = 0x07230203
+
+
+class Op(enum.IntEnum):
+    Name = 5
+    MemberName = 6
+    Extension = 10
+    MemoryModel = 14
+    EntryPoint = 15
+    ExecutionMode = 16
+    Capability = 17
+    TypeVoid = 19
+    TypeBool = 20
+    TypeInt = 21
+    TypeFloat = 22
+    TypeVector = 23
+    TypeArray = 28
+    TypeRuntimeArray = 29
+    TypeStruct = 30
+    TypePointer = 32
+    TypeFunction = 33
+    ConstantTrue = 41
+    ConstantFalse = 42
+    Constant = 43
+    ConstantComposite = 44
+    ConstantNull = 46
+    SpecConstantTrue = 48
+    SpecConstantFalse = 49
+    SpecConstant = 50
+    Function = 54
+    FunctionEnd = 56
+    Variable = 59
+    Load = 61
+    Store = 62
+    AccessChain = 65
+    Decorate = 71
+    MemberDecorate = 72
+    CompositeConstruct = 80
+    CompositeExtract = 81
+    FConvert = 115
+    Bitcast = 124
+    IAdd = 128
+    FAdd = 129
+    ISub = 130
+    IMul = 132
+    FMul = 133
+    UDiv = 134
+    UMod = 137
+    MatrixTimesScalar = 143
+    LogicalOr = 166
+    LogicalAnd = 167
+    LogicalNot = 168
+    Select = 169
+    IEqual = 170
+    INotEqual = 171
+    ULessThan = 176
+    ULessThanEqual = 178
+    ShiftRightLogical = 194
+    ShiftLeftLogical = 196
+    BitwiseAnd = 199
+    ControlBarrier = 224
+    LoopMerge = 246
+    SelectionMerge = 247
+    Label = 248
+    Branch = 249
+    BranchConditional = 250
+    Return = 253
+    # SPV_KHR_cooperative_matrix
+    TypeCooperativeMatrixKHR = 4456
+    CooperativeMatrixLoadKHR = 4457
+    CooperativeMatrixStoreKHR = 4458
+    CooperativeMatrixMulAddKHR = 4459
+    CooperativeMatrixLengthKHR = 4460
+
+
+class Capability(enum.IntEnum):
+    Shader = 1
+    Float16 = 9
+    Int16 = 22
+    Int8 = 39
+    GroupNonUniform = 61
+    StorageBuffer16BitAccess = 4433
+    StorageBuffer8BitAccess = 4448
+    BFloat16TypeKHR = 5116
+    BFloat16CooperativeMatrixKHR = 5118
+    VulkanMemoryModel = 5345
+    VulkanMemoryModelDeviceScope = 5346
+    CooperativeMatrixKHR = 6022
+
+
+class AddressingModel(enum.IntEnum):
+    Logical = 0
+
+
+class MemoryModel(enum.IntEnum):
+    Vulkan = 3
+
+
+class ExecutionModel(enum.IntEnum):
+    GLCompute = 5
+
+
+class ExecutionMode(enum.IntEnum):
+    LocalSize = 17
+
+
+class StorageClass(enum.IntEnum):
+    Input = 1
+    Workgroup = 4
+    Private = 6
+    Function = 7
+    PushConstant = 9
+    StorageBuffer = 12
+
+
+class Decoration(enum.IntEnum):
+    SpecId = 1
+    Block = 2
+    ArrayStride = 6
+    BuiltIn = 11
+    Restrict = 19
+    NonWritable = 24
+    NonReadable = 25
+    Binding = 33
+    DescriptorSet = 34
+    Offset = 35
+
+
+class BuiltIn(enum.IntEnum):
+    WorkgroupId = 26
+    LocalInvocationId = 27
+    LocalInvocationIndex = 29
+    SubgroupSize = 36
+    SubgroupId = 40
+    SubgroupLocalInvocationId = 41
+
+
+class Scope(enum.IntEnum):
+    Device = 1
+    Workgroup = 2
+    Subgroup = 3
+    Invocation = 4
+
+
+class MemorySemantics(enum.IntFlag):
+    NONE = 0
+    AcquireRelease = 0x8
+    UniformMemory = 0x40
+    WorkgroupMemory = 0x100
+
+
+class MemoryAccess(enum.IntFlag):
+    NONE = 0
+    Aligned = 0x2
+    MakePointerAvailable = 0x8
+    MakePointerVisible = 0x10
+    NonPrivatePointer = 0x20
+
+
+class FPEncoding(enum.IntEnum):
+    BFloat16KHR = 0
+
+
+class CooperativeMatrixUse(enum.IntEnum):
+    MatrixA = 0
+    MatrixB = 1
+    MatrixAccumulator = 2
+
+
+class CooperativeMatrixLayout(enum.IntEnum):
+    RowMajor = 0
+    ColumnMajor = 1
+
+
+class CooperativeMatrixOperands(enum.IntFlag):
+    NONE = 0
+    MatrixASigned = 0x1
+    MatrixBSigned = 0x2
+    MatrixCSigned = 0x4
+    MatrixResultSigned = 0x8
+    SaturatingAccumulation = 0x10

@@ -1,0 +1,93 @@
+"""Default workgroup tiles, per config and device.
+
+| device class          | subgroups     | accumulators / subgroup | tile_k           | buffering |
+|-----------------------|---------------|-------------------------|------------------|-----------|
+| subgroup >= 32 (GPUs) | 2 x 4 (256)   | 64 x 32 block of D      | 64 bytes of A/B  | 2         |
+| subgroup < 32 (CPUs)  | 2 x 2         | 2 x 2 matrices          | 2 x K            | 2         |
+
+Why:
+- GPU: 8 subgroups give each SM enough warps to hide latency while the 128 x 128 output
+  tile (for 16 x 16 matrices) reuses every staged A row 128 times and B column 128 times;
+  8 accumulators of 16 x 16 per subgroup (16 for 16 x 8) keep tensor cores busy between
+  shared-memory fragment loads without exhausting registers.
+- tile_k of 64 bytes per row (32 f16 / 64 int8): two cooperative-matrix K steps per
+  barrier pair, and one 16-byte vector load covers a quarter of a row, so 256 invocations
+  load a 128-row tile in two rounds.
+- buffering 2: the next K step's global loads are issued before the multiply, so their
+  latency overlaps it; the cost is a few registers per invocation (4 uvec4 here).
+- Shared use for f16 (128x128x32, f32 results): 10 KiB A + 8.5-10 KiB B + 8 KiB edge
+  scratch, well inside the 48 KiB Vulkan guarantees.
+- Small subgroups (lavapipe: 8 lanes, 8 x 8 x 8): a 32 x 32 tile keeps dispatches small and
+  still exercises several subgroups, accumulator grids, and multiple K steps per tile.
+Tiles shrink (tile_k first, then the accumulator grid, then the subgroup grid) until they
+fit the device's shared memory and invocation limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from coopmat.codegen.plan import element_bytes, plan_kernel
+from coopmat.codegen.traits import GemmTraits, Layout, Tile
+from coopmat.device.enums import ComponentType
+
+GPU_SUBGROUP = 32
+TILE_K_BYTES = 64
+
+
+def _fits(tile: Tile, a_type: ComponentType, result_type: ComponentType, m: int, n: int,
+          k: int, subgroup_size: int, max_shared_memory: int, max_invocations: int) -> bool:
+    if tile.subgroups * subgroup_size > max_invocations:
+        return False
+    for a_layout in Layout:
+        for b_layout in Layout:
+            for aligned in (False, True):
+                traits = GemmTraits(a_type, a_type, result_type, result_type, m, n, k,
+                                    subgroup_size, a_layout, b_layout, True, aligned, tile)
+                try:
+                    plan = plan_kernel(traits)
+                except ValueError:
+                    return False
+                if plan.shared_bytes > max_shared_memory:
+                    return False
+    return True
+
+
+def _candidates(a_type: ComponentType, m: int, n: int, k: int,
+                subgroup_size: int) -> Iterator[Tile]:
+    """Tiles from the preferred one downwards."""
+    if subgroup_size >= GPU_SUBGROUP:
+        sg_m, sg_n = 2, 4
+        acc_m, acc_n = max(1, 64 // m), max(1, 32 // n)
+        tile_k = max(k, TILE_K_BYTES // element_bytes(a_type) // k * k)
+    else:
+        sg_m, sg_n, acc_m, acc_n, tile_k = 2, 2, 2, 2, 2 * k
+    while True:
+        tk = tile_k
+        while tk >= k:
+            yield Tile(sg_m * acc_m * m, sg_n * acc_n * n, tk, sg_m, sg_n, 2)
+            tk //= 2
+        if acc_m > 1 or acc_n > 1:
+            if acc_m >= acc_n:
+                acc_m = max(1, acc_m // 2)
+            else:
+                acc_n = max(1, acc_n // 2)
+        elif sg_m > 1 or sg_n > 1:
+            if sg_n >= sg_m:
+                sg_n = max(1, sg_n // 2)
+            else:
+                sg_m = max(1, sg_m // 2)
+        else:
+            return
+
+
+def default_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
+                 subgroup_size: int, max_shared_memory: int, max_invocations: int) -> Tile:
+    """The preferred tile for a config that fits the device's limits (ValueError if none)."""
+    for tile in _candidates(a_type, m, n, k, subgroup_size):
+        if _fits(tile, a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+                 max_invocations):
+            return tile
+    raise ValueError(f"no tile fits {m}x{n}x{k} with subgroup {subgroup_size}, "
+                     f"{max_shared_memory} bytes of shared memory, "
+                     f"{max_invocations} invocations")

