@@ -132,7 +132,7 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
         shape = shape[:-1]
 
     c_arr = None
-    if c is not None:
+    if c is not None and beta != 0:  # BLAS convention: beta == 0 means C is not read
         c_arr = np.asarray(c)
         if c_arr.dtype != result_dtype:
             if not np.can_cast(c_arr.dtype, result_dtype, casting="same_kind"):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import coopmat
+from coopmat.dispatch.types import BFLOAT16
 
 RNG = np.random.default_rng(1234)
 U = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.float32): 2.0 ** -24}
@@ -27,7 +28,8 @@ def pairs(live_device_info):
 
 
 def small_ints(shape, dtype):
-    return RNG.integers(-3, 4, size=shape).astype(dtype)
+    # via float32: numpy casts integers to ml_dtypes' bfloat16 only through a float
+    return RNG.integers(-3, 4, size=shape).astype(np.float32).astype(dtype)
 
 
 def operands(dtype, M, N, K, batch=()):
@@ -61,6 +63,7 @@ DTYPE_CASES = [
     ("float16", np.float32, np.float32),
     ("int8", None, np.int32),
     ("uint8", None, np.uint32),
+    (BFLOAT16, None, np.float32),
 ]
 
 
@@ -75,7 +78,7 @@ SIZES = [(1, 1, 1), (8, 8, 8), (37, 29, 53), (64, 48, 40), (65, 33, 17), (3, 130
          (129, 7, 70)]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES)
+@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES, ids=lambda x: str(x))
 @pytest.mark.parametrize("M,N,K", SIZES)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 def test_matches_numpy_exactly(pairs, dtype, out_dtype, result, M, N, K, ta, tb):
@@ -268,6 +271,24 @@ def test_problem_larger_than_device_memory(pairs):
     # The device is still usable afterwards.
     x, y = operands("int8", 5, 6, 7)
     np.testing.assert_array_equal(coopmat.matmul(x, y), reference(x, y, np.int32))
+
+
+def test_staging_path(pairs):
+    """Discrete GPUs stage through host-visible buffers and copy on the device; a CPU
+    driver needs no staging, so force that path here to test it everywhere."""
+    require(pairs, "int8", np.int32)
+    from coopmat.dispatch.runtime import runtime
+    pool = runtime().pool
+    unified = pool.unified
+    pool.unified = False
+    try:
+        for M, N, K in [(37, 29, 53), (64, 64, 64), (1, 5, 3)]:
+            a, b = operands("int8", M, N, K)
+            c = RNG.integers(-100, 100, size=(M, N)).astype(np.int32)
+            d = coopmat.matmul(a, b, c=c, beta=1)
+            np.testing.assert_array_equal(d, reference(a, b, np.int32) + c)
+    finally:
+        pool.unified = unified
 
 
 def test_kernel_time_reported(pairs):

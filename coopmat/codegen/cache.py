@@ -8,6 +8,7 @@ Set COOPMAT_CACHE_DIR to move the disk cache, or to an empty string to turn it o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -22,10 +23,11 @@ from coopmat.codegen.traits import GemmTraits
 FALLBACK_VERSION = "0.1.0"
 
 _lock = threading.Lock()
-_memory: dict[str, Kernel] = {}
+_memory: dict[GemmTraits, Kernel] = {}
 _source_digest: str | None = None
 
 
+@functools.cache
 def package_version() -> str:
     try:
         from importlib.metadata import PackageNotFoundError, version
@@ -91,11 +93,11 @@ def _write_disk(key: str, data: bytes) -> None:
 
 def build_gemm(traits: GemmTraits) -> Kernel:
     """The kernel for `traits`, generated once per process and once per cache directory."""
-    key = cache_key(traits)
-    with _lock:
-        hit = _memory.get(key)
+    with _lock:  # keyed by the traits themselves: a hit costs one dict lookup
+        hit = _memory.get(traits)
     if hit is not None:
         return hit
+    key = cache_key(traits)
     family = family_for(traits)
     kernel = family.describe(traits)  # validates the traits before touching the disk
     data = _read_disk(key)
@@ -104,7 +106,7 @@ def build_gemm(traits: GemmTraits) -> Kernel:
         _write_disk(key, data)
     kernel = replace(kernel, spirv=data)
     with _lock:
-        _memory[key] = kernel
+        _memory[traits] = kernel
     return kernel
 
 

@@ -6,6 +6,8 @@ generating SPIR-V, and so that Kernel metadata and the emitted code agree by con
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 from coopmat.codegen.traits import GemmTraits, Layout, Tile
@@ -122,6 +124,7 @@ def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_g
                      pad_units=max(1, SHARED_PAD_BYTES // unit_bytes), invocations=invocations)
 
 
+@functools.cache  # traits are frozen; dispatch asks for the same plan every call
 def plan_kernel(traits: GemmTraits) -> KernelPlan:
     """Raise ValueError where the tile does not fit the traits."""
     t, tile = traits, traits.tile

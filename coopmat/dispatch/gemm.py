@@ -9,6 +9,8 @@ column-major path instead of being transposed.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,6 +21,7 @@ from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
+from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.types import TypePair, numpy_dtype
 from coopmat.errors import OutOfDeviceMemoryError
@@ -74,27 +77,24 @@ class PreparedGemm:
                  a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
                  alpha: float | int, beta: float | int, traits: GemmTraits | None = None):
         self.rt = rt
-        M, K = a.shape[1:]
-        N = b.shape[2]
-        self.shape = (batch, M, N)
-        sa, sb = _plan(a), _plan(b)
-        sc = _plan(c) if c is not None else None
-        self.result_dtype = numpy_dtype(pair.result)
-        self.d_bytes = batch * M * N * self.result_dtype.itemsize
-        check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, self.d_bytes])
-
-        params = GemmParams(
-            M=M, N=N, K=K, lda=sa.ld, ldb=sb.ld, ldc=N, ldd=N,
-            batch_stride_a=sa.batch_stride, batch_stride_b=sb.batch_stride,
-            batch_stride_c=sc.batch_stride if sc else 0, batch_stride_d=M * N,
-            alpha=alpha, beta=beta if c is not None else 0,
-        )
-        if traits is None:
-            traits = default_traits(rt, config, pair, sa.layout, sb.layout, c is not None,
-                                    params)
-        self.traits = traits
-        kernel = codegen.build_gemm(traits)
-        pipeline = rt.pipelines.get(kernel)
+        key = (id(rt), config, pair, a.shape, a.strides, b.shape, b.strides,
+               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits)
+        with _plans_lock:
+            plan = _plans.get(key)
+            if plan is not None:
+                _plans.move_to_end(key)
+        if plan is None:
+            plan = _make_plan(rt, config, pair, a, b, c, batch, alpha, beta, traits)
+            with _plans_lock:
+                _plans[key] = plan
+                while len(_plans) > PLAN_CACHE:
+                    _plans.popitem(last=False)
+        self.plan = plan
+        self.traits = plan.traits
+        self.shape = plan.shape
+        self.result_dtype = plan.result_dtype
+        self.d_bytes = plan.d_bytes
+        sa, sb, sc = plan.staged
 
         operand_kind, upload_kind, download_kind = rt.pool.kinds()
         self._acquired: list[Buffer] = []
@@ -120,8 +120,7 @@ class PreparedGemm:
         bindings = {0: device_bufs[0], 1: device_bufs[1], 2: d_buf}
         if c is not None:
             bindings[3] = device_bufs[2]
-        self.dispatch = Dispatch(pipeline, bindings, kernel.push_constants(params),
-                                 kernel.workgroups(M, N, batch))
+        self.dispatch = Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups)
 
     def _take(self, kind: Kind, nbytes: int) -> Buffer:
         buf = self.rt.pool.acquire(kind, nbytes)
@@ -145,6 +144,49 @@ class PreparedGemm:
 
 
 _tiles: dict[tuple[object, ...], codegen.Tile] = {}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything about a call that depends only on shapes, strides, types and scalars:
+    computed once and reused (a small matmul's Python cost is mostly this)."""
+
+    traits: GemmTraits
+    pipeline: Pipeline
+    staged: tuple[Staged, Staged, Staged | None]
+    shape: tuple[int, int, int]
+    result_dtype: np.dtype
+    d_bytes: int
+    push_constants: bytes
+    groups: tuple[int, int, int]
+
+
+PLAN_CACHE = 256
+_plans: OrderedDict[tuple[object, ...], Plan] = OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
+               a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
+               alpha: float | int, beta: float | int, traits: GemmTraits | None) -> Plan:
+    M, K = a.shape[1:]
+    N = b.shape[2]
+    sa, sb = _plan(a), _plan(b)
+    sc = _plan(c) if c is not None else None
+    result_dtype = numpy_dtype(pair.result)
+    d_bytes = batch * M * N * result_dtype.itemsize
+    check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes])
+    params = GemmParams(
+        M=M, N=N, K=K, lda=sa.ld, ldb=sb.ld, ldc=N, ldd=N,
+        batch_stride_a=sa.batch_stride, batch_stride_b=sb.batch_stride,
+        batch_stride_c=sc.batch_stride if sc else 0, batch_stride_d=M * N,
+        alpha=alpha, beta=beta if c is not None else 0,
+    )
+    if traits is None:
+        traits = default_traits(rt, config, pair, sa.layout, sb.layout, c is not None, params)
+    kernel = codegen.build_gemm(traits)
+    return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
+                d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch))
 
 
 def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
