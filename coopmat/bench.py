@@ -17,14 +17,17 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import coopmat
-from coopmat.dispatch.gemm import PreparedGemm
+from coopmat import codegen
+from coopmat.codegen import GemmParams, Layout
+from coopmat.dispatch import tuning
+from coopmat.dispatch.gemm import PreparedGemm, default_traits
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
 
@@ -93,6 +96,17 @@ def make_operands(dtype: np.dtype, M: int, N: int, K: int, layout: str,
     return mat(M, K, layout[0] == "t"), mat(K, N, layout[1] == "t")
 
 
+WARM_SECONDS = 0.25
+
+
+def spin(fn: Callable[[], Any], seconds: float = WARM_SECONDS) -> None:
+    """Keep the device busy for a while before timing: a GPU that idled (compiling the next
+    kernel, say) runs at low clocks for its first milliseconds of work."""
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        fn()
+
+
 def time_calls(fn: Callable[[], Any], repeat: int, warmup: int, budget: float) -> Timing:
     for _ in range(warmup):
         fn()
@@ -135,8 +149,7 @@ class TorchPeer:
 
     def time(self, fn: Callable[[], Any], repeat: int, budget: float) -> Timing:
         torch = self.torch
-        for _ in range(3):
-            fn()
+        spin(fn)
         torch.cuda.synchronize()
         xs = []
         t_end = time.perf_counter() + budget
@@ -185,6 +198,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     try:
         row.kernel = g.traits.describe()
         g.execute()  # warm-up: pipeline creation, first-touch of memory
+        spin(lambda: g.execute(transfers=False))
         xs = []
         t_end = time.perf_counter() + args.budget
         while len(xs) < args.repeat and (len(xs) < 3 or time.perf_counter() < t_end):
@@ -272,6 +286,67 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def candidates_for(rt: Any, pair: TypePair, config: Any) -> list[tuple[str, Any]]:
+    limits = rt.device.info.limits
+    tiles = codegen.tune_candidates(pair.operand, pair.result, config.M, config.N, config.K,
+                                    limits.subgroup_size, limits.max_compute_shared_memory_size,
+                                    limits.max_compute_work_group_invocations)
+    return [("khr", t) for t in tiles]
+
+
+def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
+    """Time every candidate kernel per dtype pair at one size; record the fastest."""
+    rt = runtime(args.device)
+    size = args.tune_size or (4096 if rt.device.info.device_type != "CPU" else 128)
+    rng = np.random.default_rng(1)
+    report = []
+    for dt in dtypes:
+        op_name, res_name = dt.split("->")
+        dtype, result = np_dtype(op_name), np_dtype(res_name)
+        op_t, res_t = component_type(dtype), component_type(result)
+        assert op_t is not None and res_t is not None
+        pair = TypePair(op_t, res_t)
+        config = config_for(rt.device, pair)
+        if config is None:
+            continue
+        a, b = make_operands(dtype, size, size, size, "nn", rng)
+        ref = np.matmul(a[:8].astype(np.float64), b.astype(np.float64))
+        best: tuple[float, str, Any] | None = None
+        for family, tile in candidates_for(rt, pair, config):
+            base = default_traits(rt, config, pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
+                                  GemmParams(size, size, size, size, size, size, size))
+            traits = replace(base, tile=tile, family=family)
+            entry: dict[str, Any] = {"dtype": dt, "family": family, "tile": tile.describe()}
+            try:
+                g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0,
+                                 traits=traits)
+            except (coopmat.CoopmatError, ValueError) as exc:
+                entry["error"] = str(exc)
+                report.append(entry)
+                continue
+            try:
+                g.execute()
+                spin(lambda: g.execute(transfers=False))
+                times = [g.execute(transfers=False) or 0.0 for _ in range(args.tune_repeat)]
+                out = np.empty((1, size, size), result)
+                g.read(out)
+            finally:
+                g.release()
+            t = statistics.median(times)
+            ok = np.allclose(out[0, :8], ref, rtol=2e-2, atol=2e-2 * np.sqrt(size))
+            entry.update(seconds=t, tops=2.0 * size ** 3 / t / 1e12 if t else None, correct=ok)
+            report.append(entry)
+            print(f"  tune {dt:<18} {family:<4} {tile.describe():<28} "
+                  f"{entry['tops'] or 0:8.1f} T*OP/s{'' if ok else '  WRONG RESULT'}",
+                  file=sys.stderr)
+            if ok and t and (best is None or t < best[0]):
+                best = (t, family, tile)
+        if best is not None:
+            tuning.record(rt.device.info, dt, best[1], best[2],
+                          {"size": size, "tops": 2.0 * size ** 3 / best[0] / 1e12})
+    return report
+
+
 def overhead(args: argparse.Namespace) -> dict[str, float]:
     """Per-call end-to-end time of a 64x64x64 float16 matmul."""
     rng = np.random.default_rng(0)
@@ -295,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the numpy peer above this many operations")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--tune", action="store_true",
+                    help="first time candidate kernels per dtype and keep the fastest on disk")
+    ap.add_argument("--tune-size", type=int, default=0, help="square size to tune at")
+    ap.add_argument("--tune-repeat", type=int, default=5)
     ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
     ap.add_argument("--plot", dest="plot_path", help="write a PNG plot here (matplotlib)")
     args = ap.parse_args(argv)
@@ -311,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         layouts = args.layouts.split(",")
     offered = coopmat.supported_dtypes(args.device)
     dtypes = args.dtypes.split(",") if args.dtypes else [d for d in sweeps.DTYPES if d in offered]
+    tune_report = tune(args, dtypes) if args.tune else []
     torch = None if args.no_peers else torch_peer()
     peers = (["numpy"] if not args.no_peers else []) + (["torch"] if torch else [])
 
@@ -342,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(["python -m coopmat.bench", *(argv or sys.argv[1:])]),
             "peers": {"torch": torch.name if torch else None, "numpy": np.__version__},
             "overhead_64_f16": ov,
+            "tuning": tune_report,
             "results": [dict(asdict(r), kernel_tops=r.rate(r.kernel_time),
                              e2e_tops=r.rate(r.e2e_time),
                              peer_tops={p: r.rate(t) for p, t in r.peers.items()})

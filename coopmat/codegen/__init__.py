@@ -14,11 +14,11 @@ from coopmat.codegen.abi import aligned_ok
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
-from coopmat.codegen.tiles import default_tile
+from coopmat.codegen.tiles import default_tile, tune_candidates
 from coopmat.codegen.traits import GemmParams, GemmTraits, Layout, Tile
 from coopmat.codegen.variants import variants_for
 
 __all__ = [
     "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile", "aligned_ok",
-    "build_gemm", "default_tile", "register_family", "variants_for",
+    "build_gemm", "default_tile", "register_family", "tune_candidates", "variants_for",
 ]

@@ -91,3 +91,32 @@ def default_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: i
     raise ValueError(f"no tile fits {m}x{n}x{k} with subgroup {subgroup_size}, "
                      f"{max_shared_memory} bytes of shared memory, "
                      f"{max_invocations} invocations")
+
+
+def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
+                    subgroup_size: int, max_shared_memory: int,
+                    max_invocations: int) -> list[Tile]:
+    """Tiles worth timing on a device (`python -m coopmat.bench --tune`): the default plus
+    other subgroup grids, accumulator grids and K depths that fit its limits."""
+    out: list[Tile] = []
+    if subgroup_size >= GPU_SUBGROUP:
+        sg_grids = [(2, 2), (2, 4), (4, 2), (4, 4)]
+        acc_grids = [(2, 2), (4, 2), (2, 4), (4, 4)]
+        k_bytes = [32, 64, 128]
+    else:
+        sg_grids = [(1, 1), (2, 2)]
+        acc_grids = [(1, 1), (2, 2)]
+        k_bytes = [k * element_bytes(a_type), 2 * k * element_bytes(a_type)]
+    for sg_m, sg_n in sg_grids:
+        for acc_m, acc_n in acc_grids:
+            for kb in k_bytes:
+                tk = max(k, kb // element_bytes(a_type) // k * k)
+                tile = Tile(sg_m * acc_m * m, sg_n * acc_n * n, tk, sg_m, sg_n, 2)
+                if tile not in out and _fits(tile, a_type, result_type, m, n, k, subgroup_size,
+                                             max_shared_memory, max_invocations):
+                    out.append(tile)
+    default = default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+                           max_invocations)
+    if default in out:
+        out.remove(default)
+    return [default, *out]

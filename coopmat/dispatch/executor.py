@@ -12,6 +12,7 @@ Python cost of recording through the binding is most of a small matmul's time.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ QUERY_RESULT_64 = 0x1
 QUERY_RESULT_WAIT = 0x2
 FENCE_WAIT_SLICE_NS = 100_000_000
 FENCE_TIMEOUT_S = 600.0
+SPIN_SECONDS = 0.0005
 RECORDED_CACHE = 32
 DESCRIPTOR_POOL_FLAGS_FREE = 0x1
 
@@ -63,10 +65,6 @@ class _Recorded:
     cmd: Any
     sets: list[Any]
     submit: Any  # a VkSubmitInfo naming cmd, ready for vkQueueSubmit
-
-
-def _addr(handle: Any) -> int:
-    return int(vk().ffi.cast("uintptr_t", handle))
 
 
 class Executor:
@@ -99,11 +97,10 @@ class Executor:
     def _key(uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
              downloads: Sequence[Copy]) -> tuple[Any, ...]:
         return (
-            tuple((_addr(c.src.handle), _addr(c.dst.handle), c.nbytes) for c in uploads),
-            tuple((_addr(d.pipeline.handle),
-                   tuple((b, _addr(buf.handle)) for b, buf in sorted(d.buffers.items())),
+            tuple((c.src.addr, c.dst.addr, c.nbytes) for c in uploads),
+            tuple((d.pipeline.addr, tuple((b, buf.addr) for b, buf in d.buffers.items()),
                    d.push_constants, d.groups) for d in dispatches),
-            tuple((_addr(c.src.handle), _addr(c.dst.handle), c.nbytes) for c in downloads),
+            tuple((c.src.addr, c.dst.addr, c.nbytes) for c in downloads),
         )
 
     def run(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
@@ -203,10 +200,20 @@ class Executor:
             v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
 
     def _wait(self) -> None:
+        """Poll the fence briefly (a small dispatch is done within microseconds, and a
+        blocking wait's wake-up can cost more than that), then block in slices."""
         v = vk()
+        lib, dev = v.lib, self.device.handle
+        t_poll = time.perf_counter() + SPIN_SECONDS
+        while time.perf_counter() < t_poll:
+            r = lib.vkGetFenceStatus(dev, self._fence)
+            if r == v.VK_SUCCESS:
+                return
+            if r != v.VK_NOT_READY:
+                check("vkGetFenceStatus", r)
         waited = 0.0
         while True:
-            r = v.lib.vkWaitForFences(self.device.handle, 1, self._fences, 1, FENCE_WAIT_SLICE_NS)
+            r = lib.vkWaitForFences(dev, 1, self._fences, 1, FENCE_WAIT_SLICE_NS)
             if r == v.VK_SUCCESS:
                 return
             if r != v.VK_TIMEOUT:

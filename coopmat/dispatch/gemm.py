@@ -20,6 +20,7 @@ from coopmat.codegen import GemmParams, GemmTraits, Layout
 from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties
 from coopmat.dispatch.executor import Copy, Dispatch
+from coopmat.dispatch import tuning
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
@@ -195,18 +196,25 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
     """The kernel variant for this device, config and problem: default tile, and the
     aligned fast path where the problem meets its preconditions."""
     limits = rt.device.info.limits
-    tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
+    family = "khr"
+    found = tuning.tuned(rt.device.info, pair.describe())
+    if found is not None and found[0] == "khr":
+        tile = found[1]
+    else:
+        tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
+                    limits.max_compute_work_group_invocations)
+        tile = _tiles.get(tile_key)
+        if tile is None:
+            tile = _tiles[tile_key] = codegen.default_tile(
+                pair.operand, pair.result, config.M, config.N, config.K, limits.subgroup_size,
+                limits.max_compute_shared_memory_size,
                 limits.max_compute_work_group_invocations)
-    tile = _tiles.get(tile_key)
-    if tile is None:
-        tile = _tiles[tile_key] = codegen.default_tile(
-            pair.operand, pair.result, config.M, config.N, config.K, limits.subgroup_size,
-            limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations)
     traits = GemmTraits(
         a_type=ComponentType(config.a_type), b_type=ComponentType(config.b_type),
         c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
         m=config.M, n=config.N, k=config.K, subgroup_size=limits.subgroup_size,
-        a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile)
+        a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile,
+        family=family)
     aligned = replace(traits, aligned=True)
     return aligned if codegen.aligned_ok(aligned, params) else traits
 

@@ -46,6 +46,7 @@ class Buffer:
     handle: Any
     memory: Any
     mapped: np.ndarray | None  # uint8 view of the mapping, for host-visible kinds
+    addr: int = 0  # the VkBuffer handle as an int, a cheap cache key
 
     def view(self, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
         assert self.mapped is not None
@@ -138,7 +139,7 @@ class MemoryPool:
             raise
         self.allocated_bytes += size
         self.allocations += 1
-        return Buffer(kind, size, handle, memory, mapped)
+        return Buffer(kind, size, handle, memory, mapped, int(v.ffi.cast("uintptr_t", handle)))
 
     def _destroy(self, buf: Buffer) -> None:
         v = vk()

@@ -36,6 +36,7 @@ class Pipeline:
     layout: Any
     set_layout: Any
     module: Any
+    addr: int = 0  # the VkPipeline handle as an int, a cheap cache key
 
 
 class PipelineCache:
@@ -124,7 +125,8 @@ class PipelineCache:
             flags=PIPELINE_CREATE_DISPATCH_BASE, stage=stage, layout=layout,
             basePipelineIndex=-1)
         handle = call(v.vkCreateComputePipelines, dev, self.handle, 1, [info], None)[0]
-        return Pipeline(kernel, handle, layout, set_layout, module)
+        return Pipeline(kernel, handle, layout, set_layout, module,
+                        int(v.ffi.cast("uintptr_t", handle)))
 
     def save(self) -> None:
         """Write the driver's cache blob to disk (atomically), if anything new was built."""

@@ -1,0 +1,63 @@
+"""Tuned kernel choices per device, found by `python -m coopmat.bench --tune` and kept on
+disk. A tuned choice names the kernel family and its tile for one dtype pair; where none
+is recorded, the codegen's default tile is used."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from coopmat.codegen import Tile
+from coopmat.device.model import PhysicalDeviceInfo
+from coopmat.dispatch.pipelines import cache_dir
+
+ENV_DISABLE = "COOPMAT_NO_TUNING"
+_lock = threading.Lock()
+_loaded: dict[str, dict[str, Any]] = {}
+
+
+def device_key(info: PhysicalDeviceInfo) -> str:
+    return f"{info.vendor_id:04x}-{info.device_id:04x}-{info.driver_version}"
+
+
+def path_for(info: PhysicalDeviceInfo) -> Path:
+    return cache_dir() / "tuning" / f"{device_key(info)}.json"
+
+
+def _table(info: PhysicalDeviceInfo) -> dict[str, Any]:
+    key = device_key(info)
+    with _lock:
+        if key not in _loaded:
+            try:
+                _loaded[key] = json.loads(path_for(info).read_text())
+            except (OSError, ValueError):
+                _loaded[key] = {}
+        return _loaded[key]
+
+
+def tuned(info: PhysicalDeviceInfo, pair_name: str) -> tuple[str, Tile] | None:
+    """(family, tile) recorded for the dtype pair (e.g. 'float16->float32'), if any."""
+    if os.environ.get(ENV_DISABLE) == "1":
+        return None
+    entry = _table(info).get(pair_name)
+    if not entry:
+        return None
+    return entry["family"], Tile(*entry["tile"])
+
+
+def record(info: PhysicalDeviceInfo, pair_name: str, family: str, tile: Tile,
+           evidence: dict[str, Any]) -> None:
+    table = dict(_table(info))
+    table[pair_name] = {"family": family, "tile": [tile.tile_m, tile.tile_n, tile.tile_k,
+                                                   tile.subgroups_m, tile.subgroups_n,
+                                                   tile.buffering], **evidence}
+    path = path_for(info)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1))
+    tmp.replace(path)
+    with _lock:
+        _loaded[device_key(info)] = table
