@@ -10,6 +10,7 @@ int8). Sweep definitions live in benchmarks/gemm.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import platform
@@ -30,6 +31,7 @@ from coopmat.dispatch import tuning
 from coopmat.dispatch.gemm import PreparedGemm, default_traits
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
+from coopmat.linalg import matmul, supported_dtypes
 
 
 def _load_sweeps() -> Any:
@@ -151,7 +153,7 @@ class TorchPeer:
         torch = self.torch
         spin(fn)
         torch.cuda.synchronize()
-        xs = []
+        xs: list[float] = []
         t_end = time.perf_counter() + budget
         while len(xs) < repeat and (len(xs) < 3 or time.perf_counter() < t_end):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -199,7 +201,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
         row.kernel = g.traits.describe()
         g.execute()  # warm-up: pipeline creation, first-touch of memory
         spin(lambda: g.execute(transfers=False))
-        xs = []
+        xs: list[float] = []
         t_end = time.perf_counter() + args.budget
         while len(xs) < args.repeat and (len(xs) < 3 or time.perf_counter() < t_end):
             t = g.execute(transfers=False)
@@ -215,7 +217,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
             row.error = "result does not match numpy"
     finally:
         g.release()
-    row.e2e_time = time_calls(lambda: coopmat.matmul(a, b, out_dtype=result, device=args.device),
+    row.e2e_time = time_calls(lambda: matmul(a, b, out_dtype=result, device=args.device),
                               max(3, args.repeat // 4), 1, args.budget)
     if not args.no_peers:
         if row.ops <= args.numpy_max_ops:
@@ -267,7 +269,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
     dtypes = sorted({r.dtype for r in rows})
     fig, axes = plt.subplots(1, len(dtypes), figsize=(5 * len(dtypes), 4), squeeze=False)
-    for ax, dt in zip(axes[0], dtypes):
+    for ax, dt in zip(axes[0], dtypes, strict=False):
         sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
         sel.sort(key=lambda r: r.M)
         xs = [r.M for r in sel]
@@ -326,7 +328,7 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
                 continue
             try:
                 g.execute()
-                spin(lambda: g.execute(transfers=False))
+                spin(functools.partial(g.execute, transfers=False))
                 times = [g.execute(transfers=False) or 0.0 for _ in range(args.tune_repeat)]
                 out = np.empty((1, size, size), result)
                 g.read(out)
@@ -352,7 +354,7 @@ def overhead(args: argparse.Namespace) -> dict[str, float]:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((64, 64)).astype(np.float16)
     b = rng.standard_normal((64, 64)).astype(np.float16)
-    t = time_calls(lambda: coopmat.matmul(a, b, device=args.device), 200, 20, 10.0)
+    t = time_calls(lambda: matmul(a, b, device=args.device), 200, 20, 10.0)
     return {"median_s": t.median, "min_s": t.min}
 
 
@@ -388,13 +390,13 @@ def main(argv: list[str] | None = None) -> int:
                  for s in args.sizes.split(",")]
     if args.layouts:
         layouts = args.layouts.split(",")
-    offered = coopmat.supported_dtypes(args.device)
+    offered = supported_dtypes(args.device)
     dtypes = args.dtypes.split(",") if args.dtypes else [d for d in sweeps.DTYPES if d in offered]
     tune_report = tune(args, dtypes) if args.tune else []
     torch = None if args.no_peers else torch_peer()
     peers = (["numpy"] if not args.no_peers else []) + (["torch"] if torch else [])
 
-    cases = [Row(dt, *s, lay) for dt in dtypes for s in sizes for lay in layouts]
+    cases = [Row(dt, s[0], s[1], s[2], lay) for dt in dtypes for s in sizes for lay in layouts]
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     for i, row in enumerate(cases):

@@ -144,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     sups = [device.support(d, shader_f16=not args.no_shader_f16) for d in shown]
     if args.json:
         out = {"schemaVersion": JSON_SCHEMA_VERSION, "selectedDevice": selected,
-               "devices": [device_dict(d, s) for d, s in zip(shown, sups)]}
+               "devices": [device_dict(d, s) for d, s in zip(shown, sups, strict=False)]}
         print(json.dumps(out, indent=2))
     else:
-        print("\n\n".join(render(d, s, d.index == selected) for d, s in zip(shown, sups)))
+        pages = [render(d, s, d.index == selected) for d, s in zip(shown, sups, strict=True)]
+        print("\n\n".join(pages))
     return 0
 
 

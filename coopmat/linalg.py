@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -37,8 +38,9 @@ def last_kernel_traits() -> Any:
 
 def _resolve_types(rt: Any, a: np.ndarray, b: np.ndarray, out_dtype: Any) -> TypePair:
     pairs = supported_pairs(rt.device)
-    if a.dtype == b.dtype and out_dtype is None and component_type(a.dtype) is not None:
-        fast = TypePair(component_type(a.dtype), DEFAULT_RESULT.get(component_type(a.dtype)))
+    op = component_type(a.dtype)
+    if a.dtype == b.dtype and out_dtype is None and op is not None and op in DEFAULT_RESULT:
+        fast = TypePair(op, DEFAULT_RESULT[op])
         if fast in pairs:  # the common case, without building any message
             return fast
     offered = ", ".join(p.describe() for p in pairs) or "nothing"
@@ -145,10 +147,10 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
             raise ValueError(f"matmul: c of shape {c_arr.shape} does not broadcast to the "
                              f"result shape {shape}") from None
 
-    batch = int(np.prod(batch_shape)) if batch_shape else 1
+    batch = math.prod(batch_shape) if batch_shape else 1
     if M * N * K * batch:  # fail before allocating anything for a problem too big
         def operand_bytes(x: np.ndarray, rows: int, cols: int) -> int:
-            n = int(np.prod(x.shape[:-2])) if x.ndim > 2 else 1
+            n = math.prod(x.shape[:-2]) if x.ndim > 2 else 1
             return (batch if n > 1 else 1) * rows * cols * x.itemsize
         check_fits(rt, [operand_bytes(a2, M, K), operand_bytes(b2, K, N),
                         batch * M * N * result_dtype.itemsize * (2 if c is not None else 1)])
@@ -175,7 +177,7 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
 
     def as3d(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         lead = x.shape[:-2]
-        if int(np.prod(lead)) == 1:
+        if math.prod(lead) == 1:
             return x.reshape(1, rows, cols) if x.ndim != 3 else x
         if lead == batch_shape:
             return x.reshape(batch, rows, cols)

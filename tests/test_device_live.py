@@ -31,7 +31,8 @@ def test_lavapipe_reports_exactly_the_four_configs(live_device_info):
     assert list(s.configs) == [Cfg("f16", "f16", 8, 8, 8), Cfg("f16", "f32", 8, 8, 8),
                                Cfg("u8", "u32", 8, 8, 8), Cfg("i8", "i32", 8, 8, 8)]
     assert s.available and s.unmet == ()
-    assert live_device_info.limits.min_subgroup_size == live_device_info.limits.max_subgroup_size == 8
+    limits = live_device_info.limits
+    assert limits.min_subgroup_size == limits.max_subgroup_size == 8
     # The raw list matches what was recorded from Mesa 26 lavapipe, in driver order.
     recorded = [CooperativeMatrixProperties.from_record(d)
                 for d in load_record("lavapipe-mesa26-khr-coopmat.json")["configs"]]

@@ -135,7 +135,8 @@ def test_unknown_enum_value_kept_as_number():
     props = [entry(8, 8, 8, 4242, c=CT.FLOAT32), entry(8, 8, 8, CT.FLOAT32, scope=77)]
     entries = filter_configs(props, shader_f16=True, device_shader_float16=True)
     assert [e.reasons for e in entries] == [
-        ("A type 4242 is not a WebGPU component type", "B type 4242 is not a WebGPU component type"),
+        ("A type 4242 is not a WebGPU component type",
+         "B type 4242 is not a WebGPU component type"),
         ("scope is 77, not SUBGROUP",),
     ]
     assert entries[0].properties.to_dict()["AType"] == 4242

@@ -5,20 +5,24 @@
     kernel.spirv, kernel.local_size, kernel.push_constants(GemmParams(...)), ...
 
 Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
-arithmetic), khr_tiled (the KHR subgroup-scope kernel), family (kernel families),
-abi (bindings and push constants), kernel (Kernel), tiles (default tiles),
-variants (what a device implies), cache, tools (spirv-val/spirv-dis), __main__ (CLI).
+arithmetic), khr_tiled (the KHR subgroup-scope kernel), nv2_workgroup (the
+VK_NV_cooperative_matrix2 workgroup-scope kernel), family (kernel families),
+abi (bindings and push constants), kernel (Kernel), tiles and nv2_tiles (default tiles),
+flexdims (flexible-dimensions lists), variants (what a device implies), cache,
+tools (spirv-val/spirv-dis), __main__ (CLI).
 """
 
 from coopmat.codegen.abi import aligned_ok
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
+from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_tile_candidates, nv2_traits
 from coopmat.codegen.tiles import default_tile, tune_candidates
 from coopmat.codegen.traits import GemmParams, GemmTraits, Layout, Tile
-from coopmat.codegen.variants import variants_for
+from coopmat.codegen.variants import nv2_variants_for, variants_for
 
 __all__ = [
     "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile", "aligned_ok",
-    "build_gemm", "default_tile", "register_family", "tune_candidates", "variants_for",
+    "build_gemm", "default_nv2_tile", "default_tile", "nv2_tile_candidates", "nv2_traits",
+    "nv2_variants_for", "register_family", "tune_candidates", "variants_for",
 ]

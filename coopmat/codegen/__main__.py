@@ -8,16 +8,22 @@ import sys
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.tools import disassemble, validate
 from coopmat.codegen.traits import GemmTraits
-from coopmat.codegen.variants import DeviceRecord, current_device, load_properties, variants_for
+from coopmat.codegen.variants import (
+    DeviceRecord,
+    current_device,
+    load_properties,
+    record_variants,
+)
 
 
 def _variants(properties: str | None) -> list[GemmTraits]:
+    """khr variants of the configs, and nv2 ones where the device offers workgroup-scope
+    matrices (for a recorded JSON: its flexible-dimensions list, or the .txt beside it)."""
     records: list[DeviceRecord] = (load_properties(properties) if properties
                                    else [current_device()])
     out: list[GemmTraits] = []
     for r in records:
-        out += [t for t in variants_for(r.configs, r.subgroup_size, r.max_shared_memory,
-                                        r.max_invocations) if t not in out]
+        out += [t for t in record_variants(r) if t not in out]
     return out
 
 
@@ -29,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--list", action="store_true", help="print the variant names")
     what.add_argument("--dump", metavar="VARIANT", help="print one variant's disassembly")
     ap.add_argument("--properties", metavar="FILE",
-                    help="recorded property list (JSON) instead of the current device")
+                    help="recorded property list (JSON) instead of the current device; "
+                         "NAME-khr-coopmat.json takes its VK_NV_cooperative_matrix2 "
+                         "flexible-dimensions list from NAME-nv-coopmat2-flexible-dims.txt "
+                         "beside it")
     args = ap.parse_args(argv)
 
     variants = _variants(args.properties)

@@ -54,6 +54,8 @@ def aligned_ok(traits: GemmTraits, p: GemmParams) -> bool:
     entirely inside the matrix or entirely outside, and start on a vector boundary. Its
     interior output tiles use direct cooperative-matrix stores, which need C/D alignment.
     """
+    if traits.family != "khr":
+        return False  # only the khr family has an aligned variant
     plan = plan_kernel(GemmTraits(**{**traits.__dict__, "aligned": True}))
     a_inner = p.K if traits.a_layout == Layout.ROW_MAJOR else p.M
     b_inner = p.N if traits.b_layout == Layout.ROW_MAJOR else p.K

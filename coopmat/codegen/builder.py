@@ -160,6 +160,20 @@ class ModuleBuilder:
         return self._declare(("coopmat", component, *ids), Op.TypeCooperativeMatrixKHR,
                              component, *ids)
 
+    def type_tensor_layout(self, dim: int, clamp_mode: int) -> int:
+        """SPV_NV_tensor_addressing's OpTypeTensorLayoutNV (dimensions, TensorClampMode)."""
+        d, c = self.const_u32(dim), self.const_u32(clamp_mode)
+        return self._declare(("tensor_layout", d, c), Op.TypeTensorLayoutNV, d, c)
+
+    def type_tensor_view(self, dim: int, has_dimensions: bool,
+                         permutation: Sequence[int]) -> int:
+        """OpTypeTensorViewNV; `permutation` reorders the view's coordinates (see the spec)."""
+        if sorted(permutation) != list(range(dim)):
+            raise ValueError(f"{permutation} is not a permutation of range({dim})")
+        d, h = self.const_u32(dim), self.const_bool(has_dimensions)
+        ps = [self.const_u32(p) for p in permutation]
+        return self._declare(("tensor_view", d, h, *ps), Op.TypeTensorViewNV, d, h, *ps)
+
     # -- constants ----------------------------------------------------------------------
     def _literal_words(self, type_id: int, value: float | int) -> list[int]:
         info = self._scalars[type_id]

@@ -2,8 +2,8 @@
 
 A family turns GemmTraits (whose `family` field names it) into a Kernel that follows the
 shared ABI in abi.py, so callers never depend on which family built a kernel. The KHR
-subgroup-scope tiled kernel is the one family today; an NV_cooperative_matrix2
-workgroup-scope family would register itself here beside it.
+subgroup-scope tiled kernel ("khr") and the VK_NV_cooperative_matrix2 workgroup-scope
+kernel ("nv2") register themselves here.
 """
 
 from __future__ import annotations
@@ -54,6 +54,42 @@ class KhrTiledFamily:
         return emit_tiled_gemm(plan_kernel(traits))
 
 
+class Nv2WorkgroupFamily:
+    """VK_NV_cooperative_matrix2 workgroup-scope matrices through tensor layouts
+    (nv2_workgroup.py); tiles from nv2_tiles.py."""
+
+    name = "nv2"
+
+    def describe(self, traits: GemmTraits) -> Kernel:
+        from coopmat.codegen.nv2_workgroup import (
+            NV2_FEATURES,
+            check_traits,
+            invocations,
+            required_capabilities,
+        )
+
+        check_traits(traits)
+        return Kernel(
+            traits=traits, spirv=b"", local_size=(invocations(traits), 1, 1),
+            required_subgroup_size=None,
+            # The module declares no Workgroup variables. The implementation stages
+            # workgroup-scope matrices in shared memory of its own: the device's
+            # cooperativeMatrixWorkgroupScopeReservedSharedMemory, which it takes out of
+            # maxComputeSharedMemorySize, so that a pipeline may use at most
+            # maxComputeSharedMemorySize - reserved bytes. This kernel uses 0 of those
+            # (nv2_tiles checks that the reservation itself fits).
+            shared_memory_bytes=0,
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(traits.has_c),
+            tile_mn=(traits.tile.tile_m, traits.tile.tile_n),
+            features=tuple(sorted(set(vulkan_features(required_capabilities(traits)))
+                                  | set(NV2_FEATURES))))
+
+    def generate(self, traits: GemmTraits) -> bytes:
+        from coopmat.codegen.nv2_workgroup import emit_nv2_gemm
+
+        return emit_nv2_gemm(traits)
+
+
 _FAMILIES: dict[str, KernelFamily] = {}
 
 
@@ -70,3 +106,4 @@ def family_for(traits: GemmTraits) -> KernelFamily:
 
 
 register_family(KhrTiledFamily())
+register_family(Nv2WorkgroupFamily())

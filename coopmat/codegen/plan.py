@@ -7,7 +7,6 @@ generating SPIR-V, and so that Kernel metadata and the emitted code agree by con
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 from coopmat.codegen.traits import GemmTraits, Layout, Tile

@@ -20,6 +20,7 @@ from coopmat.codegen.spv import (
     Op,
     Scope,
     StorageClass,
+    TensorAddressingOperands,
 )
 
 # Workgroup memory is shared between invocations, so its accesses are non-private and
@@ -183,3 +184,45 @@ class ShaderContext:
                           stride: int) -> None:
         self.f.emit(Op.CooperativeMatrixStoreKHR, self.shared_ptr(arr, index), value,
                     self.c(layout), stride, _SHARED_STORE, self.c(Scope.Workgroup))
+
+    # -- tensor layouts and views (SPV_NV_tensor_addressing) ----------------------------
+    def tensor_layout(self, layout_type: int, dims: list[int], strides: list[int] | None = None,
+                      clamp_value: int | None = None) -> int:
+        """A fresh layout with `dims` (outermost first), then `strides` if given.
+
+        OpTensorLayoutSetDimensionNV also sets packed strides and zero offsets, so it goes
+        first; the clamp value is a 32-bit id (the bits of the element value)."""
+        f = self.f
+        layout = f.op(Op.CreateTensorLayoutNV, layout_type)
+        layout = f.op(Op.TensorLayoutSetDimensionNV, layout_type, layout, *dims)
+        if strides is not None:
+            layout = f.op(Op.TensorLayoutSetStrideNV, layout_type, layout, *strides)
+        if clamp_value is not None:
+            layout = f.op(Op.TensorLayoutSetClampValueNV, layout_type, layout, clamp_value)
+        return layout
+
+    def tensor_slice(self, layout_type: int, layout: int,
+                     ranges: list[tuple[int, int]]) -> int:
+        """OpTensorLayoutSliceNV: (offset, span) per dimension, outermost first."""
+        operands = [x for pair in ranges for x in pair]
+        return self.f.op(Op.TensorLayoutSliceNV, layout_type, layout, *operands)
+
+    def tensor_view(self, view_type: int) -> int:
+        return self.f.op(Op.CreateTensorViewNV, view_type)
+
+    @staticmethod
+    def _tensor_operands(view: int | None) -> tuple[int, ...]:
+        if view is None:
+            return (int(MemoryAccess.NONE), int(TensorAddressingOperands.NONE))
+        return (int(MemoryAccess.NONE), int(TensorAddressingOperands.TensorView), view)
+
+    def coop_load_tensor(self, mat_type: int, buf: Buffer, index: int, obj: int, layout: int,
+                         view: int | None = None) -> int:
+        """OpCooperativeMatrixLoadTensorNV from &buf[index]; `obj` supplies clipped elements."""
+        return self.f.op(Op.CooperativeMatrixLoadTensorNV, mat_type, self.buffer_ptr(buf, index),
+                         obj, layout, *self._tensor_operands(view))
+
+    def coop_store_tensor(self, buf: Buffer, index: int, value: int, layout: int,
+                          view: int | None = None) -> None:
+        self.f.emit(Op.CooperativeMatrixStoreTensorNV, self.buffer_ptr(buf, index), value,
+                    layout, *self._tensor_operands(view))

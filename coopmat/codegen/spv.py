@@ -1,8 +1,10 @@
 """SPIR-V numbers the generator uses: opcodes and enumerants.
 
-Values are from the SPIR-V 1.6 unified specification and the KHR extension specs
-(SPV_KHR_cooperative_matrix, SPV_KHR_bfloat16). Only what the kernels need is listed;
-`spirv-dis` on a generated module is the quickest check that a number is right.
+Values are from the SPIR-V 1.6 unified specification, the KHR extension specs
+(SPV_KHR_cooperative_matrix, SPV_KHR_bfloat16) and the NV ones (SPV_NV_cooperative_matrix2,
+SPV_NV_tensor_addressing; numbers as in SPIRV-Headers' spirv.core.grammar.json). Only
+what the kernels need is listed; `spirv-dis` on a generated module is the quickest check
+that a number is right.
 """
 
 from __future__ import annotations
@@ -82,6 +84,22 @@ class Op(enum.IntEnum):
     CooperativeMatrixStoreKHR = 4458
     CooperativeMatrixMulAddKHR = 4459
     CooperativeMatrixLengthKHR = 4460
+    # SPV_NV_cooperative_matrix2
+    CooperativeMatrixLoadTensorNV = 5367
+    CooperativeMatrixStoreTensorNV = 5368
+    # SPV_NV_tensor_addressing
+    TypeTensorLayoutNV = 5370
+    TypeTensorViewNV = 5371
+    CreateTensorLayoutNV = 5372
+    TensorLayoutSetDimensionNV = 5373
+    TensorLayoutSetStrideNV = 5374
+    TensorLayoutSliceNV = 5375
+    TensorLayoutSetClampValueNV = 5376
+    CreateTensorViewNV = 5377
+    TensorViewSetDimensionNV = 5378
+    TensorViewSetStrideNV = 5379
+    TensorViewSetClipNV = 5382
+    TensorLayoutSetBlockSizeNV = 5384
 
 
 class Capability(enum.IntEnum):
@@ -96,6 +114,8 @@ class Capability(enum.IntEnum):
     BFloat16CooperativeMatrixKHR = 5118
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
+    CooperativeMatrixTensorAddressingNV = 5433
+    TensorAddressingNV = 5439
     CooperativeMatrixKHR = 6022
 
 
@@ -190,3 +210,19 @@ class CooperativeMatrixOperands(enum.IntFlag):
     MatrixCSigned = 0x4
     MatrixResultSigned = 0x8
     SaturatingAccumulation = 0x10
+
+
+class TensorClampMode(enum.IntEnum):
+    """SPV_NV_tensor_addressing: what loads/stores do at coordinates outside the tensor."""
+
+    Undefined = 0
+    Constant = 1  # loads give the layout's clamp value; stores are discarded
+    ClampToEdge = 2
+    Repeat = 3
+    RepeatMirrored = 4
+
+
+class TensorAddressingOperands(enum.IntFlag):
+    NONE = 0
+    TensorView = 0x1
+    DecodeFunc = 0x2

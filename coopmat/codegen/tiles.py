@@ -107,6 +107,8 @@ def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n
         sg_grids = [(1, 1), (2, 2)]
         acc_grids = [(1, 1), (2, 2)]
         k_bytes = [k * element_bytes(a_type), 2 * k * element_bytes(a_type)]
+    if subgroup_size >= GPU_SUBGROUP and element_bytes(result_type) == 2:
+        acc_grids += [(8, 4), (4, 8)]  # 16-bit accumulators leave registers for more of them
     for sg_m, sg_n in sg_grids:
         for acc_m, acc_n in acc_grids:
             for kb in k_bytes:

@@ -56,5 +56,9 @@ def vulkan_features(caps: set[Capability]) -> tuple[str, ...]:
         Capability.BFloat16CooperativeMatrixKHR: "shaderBFloat16CooperativeMatrix",
         Capability.VulkanMemoryModel: "vulkanMemoryModel",
         Capability.CooperativeMatrixKHR: "cooperativeMatrix",
+        Capability.CooperativeMatrixTensorAddressingNV: "cooperativeMatrixTensorAddressing",
+        # TensorAddressingNV (layout/view types) has no feature of its own: Vulkan enables
+        # it with cooperativeMatrixTensorAddressing.
+        Capability.TensorAddressingNV: "cooperativeMatrixTensorAddressing",
     }
     return tuple(sorted({names[c] for c in caps if c in names}))

@@ -106,7 +106,7 @@ def chain(*structs: Any) -> Any:
 
     Each element is a cdata pointer of either FFI. The caller keeps them alive.
     """
-    for cur, nxt in zip(structs, structs[1:]):
+    for cur, nxt in zip(structs, structs[1:], strict=False):
         try:
             cur.pNext = as_vk_pointer(nxt)
         except TypeError:  # a structure of our own FFI wants its own pointer type

@@ -166,7 +166,7 @@ class Executor:
         if self._queries is not None:
             v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
             v.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
-        for i, (d, s) in enumerate(zip(dispatches, sets)):
+        for i, (d, s) in enumerate(zip(dispatches, sets, strict=False)):
             if i:
                 self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE,
                               ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)

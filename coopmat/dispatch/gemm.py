@@ -9,6 +9,7 @@ column-major path instead of being transposed.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -19,8 +20,8 @@ from coopmat import codegen
 from coopmat.codegen import GemmParams, GemmTraits, Layout
 from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties
-from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch import tuning
+from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
@@ -134,7 +135,7 @@ class PreparedGemm:
                                     self.downloads if transfers else [])
 
     def read(self, out: np.ndarray) -> None:
-        count = int(np.prod(self.shape))
+        count = math.prod(self.shape)
         np.copyto(out, self.d_host.view(self.result_dtype, count).reshape(self.shape),
                   casting="unsafe")
 
@@ -203,12 +204,13 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
     else:
         tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
                     limits.max_compute_work_group_invocations)
-        tile = _tiles.get(tile_key)
-        if tile is None:
-            tile = _tiles[tile_key] = codegen.default_tile(
+        cached = _tiles.get(tile_key)
+        if cached is None:
+            cached = _tiles[tile_key] = codegen.default_tile(
                 pair.operand, pair.result, config.M, config.N, config.K, limits.subgroup_size,
                 limits.max_compute_shared_memory_size,
                 limits.max_compute_work_group_invocations)
+        tile = cached
     traits = GemmTraits(
         a_type=ComponentType(config.a_type), b_type=ComponentType(config.b_type),
         c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),

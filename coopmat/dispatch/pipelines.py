@@ -50,7 +50,8 @@ class PipelineCache:
         v = vk()
         props = v.vkGetPhysicalDeviceProperties(device.physical)
         uuid = bytes(v.ffi.buffer(props.pipelineCacheUUID, 16)).hex()
-        self.path = cache_dir() / "pipelines" / f"{props.vendorID:04x}-{props.deviceID:04x}-{uuid}.bin"
+        name = f"{props.vendorID:04x}-{props.deviceID:04x}-{uuid}.bin"
+        self.path = cache_dir() / "pipelines" / name
         initial = b""
         try:
             initial = self.path.read_bytes()

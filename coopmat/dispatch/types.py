@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,7 @@ try:  # bfloat16 arrays come from ml_dtypes (the dtype JAX and TensorFlow use)
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency; be lenient anyway
     BFLOAT16 = None
 
-_COMPONENT = {
+_COMPONENT: dict[np.dtype[Any], ComponentType] = {
     np.dtype(np.float16): ComponentType.FLOAT16,
     np.dtype(np.float32): ComponentType.FLOAT32,
     np.dtype(np.int8): ComponentType.SINT8,
