@@ -27,8 +27,9 @@ import numpy as np
 import coopmat
 from coopmat import codegen
 from coopmat.codegen import GemmParams, Layout
+from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
 from coopmat.dispatch import tuning
-from coopmat.dispatch.gemm import PreparedGemm, default_traits
+from coopmat.dispatch.gemm import PreparedGemm, default_traits, nv2_available
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
 from coopmat.linalg import matmul, supported_dtypes
@@ -63,6 +64,7 @@ class Row:
     N: int
     K: int
     layout: str
+    family: str = "auto"
     kernel: str = ""
     kernel_time: Timing | None = None
     e2e_time: Timing | None = None
@@ -196,7 +198,8 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     if config is None:
         row.error = "not offered by the device"
         return
-    g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0)
+    family = None if row.family == "auto" else row.family
+    g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0, family=family)
     try:
         row.kernel = g.traits.describe()
         g.execute()  # warm-up: pipeline creation, first-touch of memory
@@ -217,7 +220,8 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
             row.error = "result does not match numpy"
     finally:
         g.release()
-    row.e2e_time = time_calls(lambda: matmul(a, b, out_dtype=result, device=args.device),
+    row.e2e_time = time_calls(lambda: matmul(a, b, out_dtype=result, device=args.device,
+                                             family=family),
                               max(3, args.repeat // 4), 1, args.budget)
     if not args.no_peers:
         if row.ops <= args.numpy_max_ops:
@@ -229,7 +233,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
 
 
 def fmt_rate(x: float | None) -> str:
-    return f"{x:8.2f}" if x is not None else "       -"
+    return f"{x:8.3g}" if x is not None else "       -"
 
 
 def fmt_time(t: Timing | None) -> str:
@@ -240,7 +244,8 @@ def fmt_time(t: Timing | None) -> str:
 
 
 def table(rows: list[Row], peers: list[str]) -> str:
-    head = (f"{'dtype':<18}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'kernel':>10}{'T*OP/s':>9}"
+    head = (f"{'dtype':<18}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}{'kernel':>10}"
+            f"{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
     for p in peers:
         head += f"{p + ' T*OP/s':>16}{'ratio':>7}"
@@ -250,7 +255,8 @@ def table(rows: list[Row], peers: list[str]) -> str:
         spread = ""
         if r.kernel_time:
             spread = f"{(r.kernel_time.max - r.kernel_time.min) / r.kernel_time.median:7.0%}"
-        line = (f"{r.dtype:<18}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}"
+        fam = r.kernel.split("-")[0] if r.kernel else r.family
+        line = (f"{r.dtype:<18}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
                 f"{fmt_time(r.kernel_time):>10}{fmt_rate(rate):>9}{spread:>8}"
                 f"{fmt_time(r.e2e_time):>10}")
         for p in peers:
@@ -293,7 +299,18 @@ def candidates_for(rt: Any, pair: TypePair, config: Any) -> list[tuple[str, Any]
     tiles = codegen.tune_candidates(pair.operand, pair.result, config.M, config.N, config.K,
                                     limits.subgroup_size, limits.max_compute_shared_memory_size,
                                     limits.max_compute_work_group_invocations)
-    return [("khr", t) for t in tiles]
+    out: list[tuple[str, Any]] = [("khr", t) for t in tiles]
+    if nv2_available(rt):
+        info = rt.device.info
+        wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
+            limits.max_compute_work_group_invocations
+        out += [("nv2", t) for t in nv2_tile_candidates(
+            pair.operand, pair.result, info.flexible_dimensions_properties, limits.subgroup_size,
+            limits.max_compute_shared_memory_size, wg_max,
+            reserved_shared_memory=(
+                limits.cooperative_matrix_workgroup_scope_reserved_shared_memory or 0),
+            max_dimension=limits.cooperative_matrix_flexible_dimensions_max_dimension)]
+    return out
 
 
 def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
@@ -315,9 +332,16 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
         ref = np.matmul(a[:8].astype(np.float64), b.astype(np.float64))
         best: tuple[float, str, Any] | None = None
         for family, tile in candidates_for(rt, pair, config):
-            base = default_traits(rt, config, pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
-                                  GemmParams(size, size, size, size, size, size, size))
-            traits = replace(base, tile=tile, family=family)
+            params = GemmParams(size, size, size, size, size, size, size)
+            if family == "nv2":
+                traits = nv2_traits(pair.operand, pair.result,
+                                    rt.device.info.flexible_dimensions_properties,
+                                    rt.device.info.limits.subgroup_size, Layout.ROW_MAJOR,
+                                    Layout.ROW_MAJOR, False, tile)
+            else:
+                base = default_traits(rt, config, pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR,
+                                      False, params, family="khr")
+                traits = replace(base, tile=tile)
             entry: dict[str, Any] = {"dtype": dt, "family": family, "tile": tile.describe()}
             try:
                 g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0,
@@ -372,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the numpy peer above this many operations")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--families", default="auto",
+                    help="comma list of kernel families to run side by side: auto, khr, nv2")
     ap.add_argument("--tune", action="store_true",
                     help="first time candidate kernels per dtype and keep the fastest on disk")
     ap.add_argument("--tune-size", type=int, default=0, help="square size to tune at")
@@ -396,7 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     torch = None if args.no_peers else torch_peer()
     peers = (["numpy"] if not args.no_peers else []) + (["torch"] if torch else [])
 
-    cases = [Row(dt, s[0], s[1], s[2], lay) for dt in dtypes for s in sizes for lay in layouts]
+    families = args.families.split(",")
+    if "nv2" in families and not nv2_available(rt):
+        print("coopmat.bench: the device lacks the nv2 family's features; running without it",
+              file=sys.stderr)
+        families = [f for f in families if f != "nv2"] or ["auto"]
+    cases = [Row(dt, s[0], s[1], s[2], lay, fam) for dt in dtypes for s in sizes
+             for lay in layouts for fam in families]
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     for i, row in enumerate(cases):

@@ -78,7 +78,7 @@ def _core_dims_error(operand: int, dim: int, got: int, want: int) -> ValueError:
 
 def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float | int = 0,
            out: np.ndarray | None = None, out_dtype: Any = None,
-           device: DeviceArg = None) -> np.ndarray:
+           device: DeviceArg = None, family: str | None = None) -> np.ndarray:
     """alpha * (a @ b) + beta * c on the GPU, with numpy.matmul's shape rules.
 
     - a, b: float16, int8, uint8 or bfloat16 (ml_dtypes.bfloat16) arrays of one dtype;
@@ -90,6 +90,9 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     - out: written in place; it must have the result's shape and dtype.
     - device: index, name substring, or a device object; default $COOPMAT_DEVICE or the
       first discrete GPU with VK_KHR_cooperative_matrix.
+    - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope) or
+      'nv2' (VK_NV_cooperative_matrix2, workgroup scope); default $COOPMAT_FAMILY, else
+      the tuned or measured-faster one the device offers.
     """
     a = np.asarray(a)
     b = np.asarray(b)
@@ -194,7 +197,7 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     target = out3 if out3 is not None else np.empty((batch, M, N), dtype=result_dtype)
     config = config_for(rt.device, pair)
     assert config is not None
-    _last.result = run_gemm(rt, config, pair, a3, b3, c3, target, alpha, beta)
+    _last.result = run_gemm(rt, config, pair, a3, b3, c3, target, alpha, beta, family)
     if out3 is None:
         np.copyto(result, target.reshape(shape))
     return result

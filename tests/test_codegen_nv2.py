@@ -410,3 +410,87 @@ def test_live_batched_with_broadcast(nv2_runtime: Any, pair: tuple[CT, CT],
                                      with_c: bool) -> None:
     _run_live(nv2_runtime, *pair, 67, 45, 39, False, True, with_c, batch=3, broadcast_b=True)
     _run_live(nv2_runtime, *pair, 64, 64, 96, True, False, with_c, batch=2)
+
+
+# -- the emitted modules, executed per the SPIR-V specs (no driver runs them here) ---------
+def _emulate(traits: GemmTraits, M: int, N: int, K: int, batch: int = 1,
+             broadcast_b: bool = False, pad: int = 3) -> None:
+    """Run the module on the spec-level interpreter with padded leading dimensions (pad
+    elements past each line, filled with a sentinel in D that must survive) and compare
+    with numpy."""
+    from nv2_emulator import Nv2Emulator
+
+    from coopmat.dispatch.types import BFLOAT16, numpy_dtype
+
+    if traits.a_type == CT.BFLOAT16 and BFLOAT16 is None:
+        pytest.skip("bfloat16 arrays need ml_dtypes")
+    dt, rdt = numpy_dtype(traits.a_type), numpy_dtype(traits.result_type)
+    a_rows, a_cols = (M, K) if traits.a_layout == Layout.ROW_MAJOR else (K, M)
+    b_rows, b_cols = (K, N) if traits.b_layout == Layout.ROW_MAJOR else (N, K)
+    a_mem = _operand(dt, (batch, a_rows, a_cols + pad))
+    b_mem = _operand(dt, (1 if broadcast_b else batch, b_rows, b_cols + pad))
+    a = a_mem[:, :, :a_cols] if traits.a_layout == Layout.ROW_MAJOR else \
+        a_mem[:, :, :a_cols].transpose(0, 2, 1)
+    b = b_mem[:, :, :b_cols] if traits.b_layout == Layout.ROW_MAJOR else \
+        b_mem[:, :, :b_cols].transpose(0, 2, 1)
+    c_mem = _operand(rdt, (batch, M, N + pad)) if traits.has_c else None
+    sentinel = 77
+    d_mem = np.full((batch, M, N + pad), sentinel, rdt)
+    alpha, beta = (3, 2) if rdt.kind in "iu" else (0.5, -1.0) if rdt.itemsize == 2 else (
+        2.0, -1.0)
+    p = GemmParams(M, N, K, a_cols + pad, b_cols + pad, N + pad, N + pad,
+                   a_mem[0].size if batch > 1 else 0,
+                   0 if broadcast_b else b_mem[0].size, M * (N + pad), M * (N + pad),
+                   alpha, beta if traits.has_c else 0)
+    kernel = build_gemm(traits)
+    emu = Nv2Emulator(kernel.spirv)
+    flat = {0: a_mem.reshape(-1), 1: b_mem.reshape(-1), 2: d_mem.reshape(-1)}
+    if c_mem is not None:
+        flat[3] = c_mem.reshape(-1)
+    gx, gy, gz = kernel.workgroups(M, N, batch)
+    for z in range(gz):
+        for y in range(gy):
+            for x in range(gx):
+                emu.run(flat, kernel.push_constants(p), (x, y, z))
+    d = flat[2].reshape(batch, M, N + pad)
+    wide = np.int64 if rdt.kind in "iu" else np.float64
+    ref = alpha * np.matmul(a.astype(wide), b.astype(wide))
+    if c_mem is not None:
+        ref = ref + beta * c_mem[:, :, :N].astype(wide)
+    np.testing.assert_array_equal(d[:, :, :N], ref.astype(rdt))
+    assert np.all(d[:, :, N:] == sentinel), "a store landed outside the M x N matrix"
+
+
+EMU_TILE = {  # small tiles keep the interpreter quick; the code path is the same
+    (CT.FLOAT16, CT.FLOAT16): Tile(64, 64, 32, 2, 4, 1),
+    (CT.FLOAT16, CT.FLOAT32): Tile(64, 32, 16, 2, 4, 1),
+    (CT.BFLOAT16, CT.FLOAT32): Tile(32, 64, 16, 2, 4, 1),
+    (CT.SINT8, CT.SINT32): Tile(32, 32, 32, 2, 4, 1),
+    (CT.UINT8, CT.UINT32): Tile(64, 32, 64, 2, 4, 1),
+}
+
+
+@pytest.mark.parametrize("pair", LIVE_PAIRS, ids=lambda p: f"{p[0].name}-{p[1].name}")
+@pytest.mark.parametrize("a_layout", list(Layout), ids=lambda x: x.name[0])
+@pytest.mark.parametrize("b_layout", list(Layout), ids=lambda x: x.name[0])
+def test_emulated_edges_layouts_and_c(pair: tuple[CT, CT], a_layout: Layout,
+                                      b_layout: Layout) -> None:
+    has_c = a_layout == b_layout
+    traits = _traits(*pair, a_layout, b_layout, has_c, EMU_TILE[pair])
+    _emulate(traits, 70, 45, 100)  # partial tiles in M, N and the last K step
+
+
+@pytest.mark.parametrize("pair", LIVE_PAIRS[:2] + LIVE_PAIRS[3:4],
+                         ids=lambda p: f"{p[0].name}-{p[1].name}")
+def test_emulated_batches_broadcast_and_prefetch(pair: tuple[CT, CT]) -> None:
+    tile = EMU_TILE[pair]
+    for buffering in (1, 2):
+        t = _traits(*pair, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True,
+                    Tile(**{**tile.__dict__, "buffering": buffering}))
+        _emulate(t, 33, 40, 70, batch=3, broadcast_b=True)
+    _emulate(_traits(*pair, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, False, tile), 1, 1, 1)
+
+
+def test_emulated_default_tile() -> None:
+    _emulate(_traits(CT.FLOAT16, CT.FLOAT32, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, True),
+             150, 140, 40)

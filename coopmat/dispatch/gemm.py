@@ -10,6 +10,7 @@ column-major path instead of being transposed.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -17,7 +18,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coopmat import codegen
-from coopmat.codegen import GemmParams, GemmTraits, Layout
+from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile
+from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_traits
 from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties
 from coopmat.dispatch import tuning
@@ -26,7 +28,7 @@ from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.types import TypePair, numpy_dtype
-from coopmat.errors import OutOfDeviceMemoryError
+from coopmat.errors import MissingFeatureError, OutOfDeviceMemoryError
 
 
 @dataclass
@@ -77,16 +79,18 @@ class PreparedGemm:
 
     def __init__(self, rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
                  a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
-                 alpha: float | int, beta: float | int, traits: GemmTraits | None = None):
+                 alpha: float | int, beta: float | int, traits: GemmTraits | None = None,
+                 family: str | None = None):
         self.rt = rt
+        family = family or os.environ.get(FAMILY_ENV) or None
         key = (id(rt), config, pair, a.shape, a.strides, b.shape, b.strides,
-               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits)
+               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits, family)
         with _plans_lock:
             plan = _plans.get(key)
             if plan is not None:
                 _plans.move_to_end(key)
         if plan is None:
-            plan = _make_plan(rt, config, pair, a, b, c, batch, alpha, beta, traits)
+            plan = _make_plan(rt, config, pair, a, b, c, batch, alpha, beta, traits, family)
             with _plans_lock:
                 _plans[key] = plan
                 while len(_plans) > PLAN_CACHE:
@@ -170,7 +174,8 @@ _plans_lock = threading.Lock()
 
 def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
                a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
-               alpha: float | int, beta: float | int, traits: GemmTraits | None) -> Plan:
+               alpha: float | int, beta: float | int, traits: GemmTraits | None,
+               family: str | None) -> Plan:
     M, K = a.shape[1:]
     N = b.shape[2]
     sa, sb = _plan(a), _plan(b)
@@ -185,23 +190,73 @@ def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
         alpha=alpha, beta=beta if c is not None else 0,
     )
     if traits is None:
-        traits = default_traits(rt, config, pair, sa.layout, sb.layout, c is not None, params)
+        traits = default_traits(rt, config, pair, sa.layout, sb.layout, c is not None, params,
+                                family)
     kernel = codegen.build_gemm(traits)
     return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
                 d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch))
 
 
+FAMILY_ENV = "COOPMAT_FAMILY"
+NV2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
+                "cooperativeMatrixTensorAddressing")
+# Where no tuning is recorded: the family that measured faster on a device that offers
+# both (NVIDIA H200, driver 580, `python -m coopmat.bench --families khr,nv2`; README).
+PREFERRED_FAMILY: dict[str, str] = {}
+
+
+def nv2_available(rt: Runtime) -> bool:
+    return all(rt.device.has(f) for f in NV2_FEATURES)
+
+
+def choose_family(rt: Runtime, pair: TypePair, family: str | None) -> tuple[str, Tile | None]:
+    """(family, tuned tile or None). `family` (or $COOPMAT_FAMILY) forces one: 'khr' or
+    'nv2'; otherwise a tuned choice, then PREFERRED_FAMILY, then 'khr'."""
+    forced = family or os.environ.get(FAMILY_ENV) or None
+    if forced not in (None, "auto", "khr", "nv2"):
+        raise ValueError(f"unknown kernel family {forced!r}: use 'khr', 'nv2' or 'auto'")
+    if forced == "nv2" and not nv2_available(rt):
+        lacking = [f for f in NV2_FEATURES if not rt.device.has(f)]
+        raise MissingFeatureError(
+            f"the nv2 kernel family needs VK_NV_cooperative_matrix2 with "
+            f"{', '.join(lacking)}, which device {rt.device.info.index} "
+            f"({rt.device.info.name}) lacks")
+    found = tuning.tuned(rt.device.info, pair.describe())
+    if forced in ("khr", "nv2"):
+        return forced, found[1] if found and found[0] == forced else None
+    if found and (found[0] == "khr" or nv2_available(rt)):
+        return found
+    preferred = PREFERRED_FAMILY.get(pair.describe(), "khr")
+    return ("nv2" if preferred == "nv2" and nv2_available(rt) else "khr"), None
+
+
 def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
                    a_layout: Layout, b_layout: Layout, has_c: bool,
-                   params: GemmParams) -> GemmTraits:
-    """The kernel variant for this device, config and problem: default tile, and the
-    aligned fast path where the problem meets its preconditions."""
+                   params: GemmParams, family: str | None = None) -> GemmTraits:
+    """The kernel variant for this device, config and problem: the family and tile
+    (tuned, or the default), and for khr the aligned fast path where the problem meets
+    its preconditions."""
     limits = rt.device.info.limits
-    family = "khr"
-    found = tuning.tuned(rt.device.info, pair.describe())
-    if found is not None and found[0] == "khr":
-        tile = found[1]
-    else:
+    fam, tile = choose_family(rt, pair, family)
+    if fam == "nv2":
+        info = rt.device.info
+        flex = info.flexible_dimensions_properties
+        wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
+            limits.max_compute_work_group_invocations
+        if tile is None:
+            tile = default_nv2_tile(
+                pair.operand, pair.result, flex, limits.subgroup_size,
+                limits.max_compute_shared_memory_size, wg_max,
+                reserved_shared_memory=(
+                    limits.cooperative_matrix_workgroup_scope_reserved_shared_memory or 0),
+                max_dimension=limits.cooperative_matrix_flexible_dimensions_max_dimension)
+        if tile is None:
+            raise MissingFeatureError(
+                f"device {info.index} ({info.name}) lists no workgroup-scope matrix for "
+                f"{pair.describe()}")
+        return nv2_traits(pair.operand, pair.result, flex, limits.subgroup_size, a_layout,
+                          b_layout, has_c, tile)
+    if tile is None:
         tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
                     limits.max_compute_work_group_invocations)
         cached = _tiles.get(tile_key)
@@ -215,17 +270,16 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
         a_type=ComponentType(config.a_type), b_type=ComponentType(config.b_type),
         c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
         m=config.M, n=config.N, k=config.K, subgroup_size=limits.subgroup_size,
-        a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile,
-        family=family)
+        a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile)
     aligned = replace(traits, aligned=True)
     return aligned if codegen.aligned_ok(aligned, params) else traits
 
 
 def run_gemm(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
              a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: np.ndarray,
-             alpha: float | int, beta: float | int) -> GemmResult:
+             alpha: float | int, beta: float | int, family: str | None = None) -> GemmResult:
     """out[i] = alpha * a[i] @ b[i] (+ beta * c[i]); 3-D arrays, batch 1 broadcasts."""
-    g = PreparedGemm(rt, config, pair, a, b, c, out.shape[0], alpha, beta)
+    g = PreparedGemm(rt, config, pair, a, b, c, out.shape[0], alpha, beta, family=family)
     try:
         seconds = g.execute()
         g.read(out)
