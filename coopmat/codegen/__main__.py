@@ -1,4 +1,5 @@
-"""python -m coopmat.codegen --validate-all [--properties FILE] | --list | --dump VARIANT"""
+"""python -m coopmat.codegen --validate-all [--properties FILE] [--family NAME] | --list |
+--dump VARIANT"""
 
 from __future__ import annotations
 
@@ -39,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
                          "NAME-khr-coopmat.json takes its VK_NV_cooperative_matrix2 "
                          "flexible-dimensions list from NAME-nv-coopmat2-flexible-dims.txt "
                          "beside it")
+    ap.add_argument("--family", metavar="NAME",
+                    help="only this kernel family's variants (khr, nv2)")
     args = ap.parse_args(argv)
 
     variants = _variants(args.properties)
+    if args.family:
+        variants = [t for t in variants if t.family == args.family]
     if args.list:
         for t in variants:
             print(t.describe())
