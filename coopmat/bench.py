@@ -29,7 +29,7 @@ from coopmat import codegen
 from coopmat.codegen import GemmParams, Layout
 from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
 from coopmat.dispatch import tuning
-from coopmat.dispatch.gemm import PreparedGemm, default_traits, nv2_available
+from coopmat.dispatch.gemm import PreparedGemm, default_traits, nv2_available, shape_class
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
 from coopmat.linalg import matmul, supported_dtypes
@@ -278,11 +278,20 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     for ax, dt in zip(axes[0], dtypes, strict=False):
         sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
         sel.sort(key=lambda r: r.M)
-        xs = [r.M for r in sel]
-        ax.plot(xs, [r.rate(r.kernel_time) or np.nan for r in sel], "o-", label="coopmat kernel")
-        ax.plot(xs, [r.rate(r.e2e_time) or np.nan for r in sel], "o--", label="coopmat end-to-end")
+        for fam in sorted({r.kernel.split("-")[0] for r in sel if r.kernel}):
+            mine = [r for r in sel if r.kernel.startswith(fam + "-")]
+            xs = [r.M for r in mine]
+            ax.plot(xs, [r.rate(r.kernel_time) or np.nan for r in mine], "o-",
+                    label=f"coopmat {fam} kernel")
+            ax.plot(xs, [r.rate(r.e2e_time) or np.nan for r in mine], "o--",
+                    label=f"coopmat {fam} end-to-end")
+        first: dict[int, Row] = {}  # peers are the same for every family: one per size
+        for r in sel:
+            first.setdefault(r.M, r)
         for p in sorted({p for r in sel for p in r.peers}):
-            ax.plot(xs, [r.rate(r.peers.get(p)) or np.nan for r in sel], "s-", label=p)
+            pts = sorted(first.values(), key=lambda r: r.M)
+            ax.plot([r.M for r in pts], [r.rate(r.peers.get(p)) or np.nan for r in pts], "s-",
+                    label=p)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M = N = K")
         ax.set_ylabel("TOPS" if "int" in dt else "TFLOP/s")
@@ -294,13 +303,14 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def candidates_for(rt: Any, pair: TypePair, config: Any) -> list[tuple[str, Any]]:
+def candidates_for(rt: Any, pair: TypePair, config: Any,
+                   small_m: bool = False) -> list[tuple[str, Any]]:
     limits = rt.device.info.limits
     tiles = codegen.tune_candidates(pair.operand, pair.result, config.M, config.N, config.K,
                                     limits.subgroup_size, limits.max_compute_shared_memory_size,
-                                    limits.max_compute_work_group_invocations)
+                                    limits.max_compute_work_group_invocations, small_m=small_m)
     out: list[tuple[str, Any]] = [("khr", t) for t in tiles]
-    if nv2_available(rt):
+    if nv2_available(rt) and not small_m:
         info = rt.device.info
         wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
             limits.max_compute_work_group_invocations
@@ -314,11 +324,12 @@ def candidates_for(rt: Any, pair: TypePair, config: Any) -> list[tuple[str, Any]
 
 
 def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
-    """Time every candidate kernel per dtype pair at one size; record the fastest."""
+    """Time every candidate kernel per dtype pair and shape class (square, and few rows:
+    M = 16 against a square B); record the fastest of each."""
     rt = runtime(args.device)
     size = args.tune_size or (4096 if rt.device.info.device_type != "CPU" else 128)
     rng = np.random.default_rng(1)
-    report = []
+    report: list[dict[str, Any]] = []
     for dt in dtypes:
         op_name, res_name = dt.split("->")
         dtype, result = np_dtype(op_name), np_dtype(res_name)
@@ -328,48 +339,60 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
         config = config_for(rt.device, pair)
         if config is None:
             continue
-        a, b = make_operands(dtype, size, size, size, "nn", rng)
-        ref = np.matmul(a[:8].astype(np.float64), b.astype(np.float64))
-        best: tuple[float, str, Any] | None = None
-        for family, tile in candidates_for(rt, pair, config):
-            params = GemmParams(size, size, size, size, size, size, size)
-            if family == "nv2":
-                traits = nv2_traits(pair.operand, pair.result,
-                                    rt.device.info.flexible_dimensions_properties,
-                                    rt.device.info.limits.subgroup_size, Layout.ROW_MAJOR,
-                                    Layout.ROW_MAJOR, False, tile)
-            else:
-                base = default_traits(rt, config, pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR,
-                                      False, params, family="khr")
-                traits = replace(base, tile=tile)
-            entry: dict[str, Any] = {"dtype": dt, "family": family, "tile": tile.describe()}
-            try:
-                g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0,
-                                 traits=traits)
-            except (coopmat.CoopmatError, ValueError) as exc:
-                entry["error"] = str(exc)
-                report.append(entry)
-                continue
-            try:
-                g.execute()
-                spin(functools.partial(g.execute, transfers=False))
-                times = [g.execute(transfers=False) or 0.0 for _ in range(args.tune_repeat)]
-                out = np.empty((1, size, size), result)
-                g.read(out)
-            finally:
-                g.release()
-            t = statistics.median(times)
-            ok = np.allclose(out[0, :8], ref, rtol=2e-2, atol=2e-2 * np.sqrt(size))
-            entry.update(seconds=t, tops=2.0 * size ** 3 / t / 1e12 if t else None, correct=ok)
+        for M in (size, 16):
+            report += tune_class(args, rt, pair, config, dt, dtype, result, M, size, rng)
+    return report
+
+
+def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, dt: str,
+               dtype: np.dtype, result: np.dtype, M: int, size: int,
+               rng: np.random.Generator) -> list[dict[str, Any]]:
+    small = M <= codegen.SMALL_M
+    key = shape_class(pair, M)
+    a, b = make_operands(dtype, M, size, size, "nn", rng)
+    ref = np.matmul(a[:8].astype(np.float64), b.astype(np.float64))
+    ops = 2.0 * M * size * size
+    best: tuple[float, str, Any] | None = None
+    report = []
+    for family, tile in candidates_for(rt, pair, config, small_m=small):
+        params = GemmParams(M, size, size, size, size, size, size)
+        if family == "nv2":
+            traits = nv2_traits(pair.operand, pair.result,
+                                rt.device.info.flexible_dimensions_properties,
+                                rt.device.info.limits.subgroup_size, Layout.ROW_MAJOR,
+                                Layout.ROW_MAJOR, False, tile)
+        else:
+            base = default_traits(rt, config, pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR,
+                                  False, params, family="khr")
+            traits = replace(base, tile=tile)
+        entry: dict[str, Any] = {"class": key, "family": family, "tile": tile.describe(),
+                                 "M": M, "N": size, "K": size}
+        try:
+            g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0, traits=traits)
+        except (coopmat.CoopmatError, ValueError) as exc:
+            entry["error"] = str(exc)
             report.append(entry)
-            print(f"  tune {dt:<18} {family:<4} {tile.describe():<28} "
-                  f"{entry['tops'] or 0:8.1f} T*OP/s{'' if ok else '  WRONG RESULT'}",
-                  file=sys.stderr)
-            if ok and t and (best is None or t < best[0]):
-                best = (t, family, tile)
-        if best is not None:
-            tuning.record(rt.device.info, dt, best[1], best[2],
-                          {"size": size, "tops": 2.0 * size ** 3 / best[0] / 1e12})
+            continue
+        try:
+            g.execute()
+            spin(functools.partial(g.execute, transfers=False))
+            times = [g.execute(transfers=False) or 0.0 for _ in range(args.tune_repeat)]
+            out = np.empty((1, M, size), result)
+            g.read(out)
+        finally:
+            g.release()
+        t = statistics.median(times)
+        ok = bool(np.allclose(out[0, :8], ref, rtol=2e-2, atol=2e-2 * np.sqrt(size)))
+        entry.update(seconds=t, tops=ops / t / 1e12 if t else None, correct=ok)
+        report.append(entry)
+        print(f"  tune {key:<28} {family:<4} {tile.describe():<28} "
+              f"{entry['tops'] or 0:8.2f} T*OP/s{'' if ok else '  WRONG RESULT'}",
+              file=sys.stderr)
+        if ok and t and (best is None or t < best[0]):
+            best = (t, family, tile)
+    if best is not None:
+        tuning.record(rt.device.info, key, best[1], best[2],
+                      {"M": M, "N": size, "K": size, "tops": ops / best[0] / 1e12})
     return report
 
 

@@ -17,12 +17,13 @@ from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_tile_candidates, nv2_traits
-from coopmat.codegen.tiles import default_tile, tune_candidates
+from coopmat.codegen.tiles import SMALL_M, default_tile, small_m_tile, tune_candidates
 from coopmat.codegen.traits import GemmParams, GemmTraits, Layout, Tile
 from coopmat.codegen.variants import nv2_variants_for, variants_for
 
 __all__ = [
-    "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile", "aligned_ok",
-    "build_gemm", "default_nv2_tile", "default_tile", "nv2_tile_candidates", "nv2_traits",
-    "nv2_variants_for", "register_family", "tune_candidates", "variants_for",
+    "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile",
+    "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "nv2_tile_candidates",
+    "nv2_traits", "nv2_variants_for", "register_family", "small_m_tile", "tune_candidates",
+    "variants_for",
 ]

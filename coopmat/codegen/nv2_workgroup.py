@@ -65,6 +65,17 @@ NV2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDim
 TRANSPOSE = (0, 2, 1)
 LAYOUT_DIMS = 3
 
+# The interior fast path (see the module docstring) uses 2-D layouts (lines, line length);
+# its view swaps the two coordinates.
+TRANSPOSE_2D = (1, 0)
+# Byte alignment the fast path proves to the driver's compiler (16 B vector accesses).
+FAST_ALIGN_BYTES = 16
+# K steps written out straight-line per iteration of the fast path's K loop (the
+# remainder runs one step at a time). The reference kernels let the compiler see this:
+# llama.cpp's mul_mm_cm2 unrolls 8 steps by hand; the peer benchmark's trip count is a
+# specialization constant. A codegen parameter: Nv2GemmEmitter(traits, unroll=...).
+DEFAULT_UNROLL = 8
+
 
 def required_capabilities(traits: GemmTraits) -> set[Capability]:
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,

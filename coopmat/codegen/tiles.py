@@ -93,12 +93,48 @@ def default_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: i
                      f"{max_invocations} invocations")
 
 
+SMALL_M = 64  # problems with at most this many rows form their own shape class
+
+
+def small_m_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
+                 subgroup_size: int, max_shared_memory: int, max_invocations: int) -> Tile:
+    """For few rows (LLM decode shapes, M <= SMALL_M): a narrow, deep tile. Such a GEMM is
+    a stream over B; a 128-wide tile would leave most of a GPU's cores idle, so tiles are
+    2 x 2 matrices wide (many workgroups) and 128 bytes deep (few K steps)."""
+    if subgroup_size < GPU_SUBGROUP:
+        return default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+                            max_invocations)
+    tk = max(k, 128 // element_bytes(a_type) // k * k)
+    tile = Tile(2 * m, 2 * 2 * n, tk, 1, 2, 2)
+    if _fits(tile, a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+             max_invocations):
+        return tile
+    return default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+                        max_invocations)
+
+
 def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
                     subgroup_size: int, max_shared_memory: int,
-                    max_invocations: int) -> list[Tile]:
+                    max_invocations: int, small_m: bool = False) -> list[Tile]:
     """Tiles worth timing on a device (`python -m coopmat.bench --tune`): the default plus
-    other subgroup grids, accumulator grids and K depths that fit its limits."""
+    other subgroup grids, accumulator grids and K depths that fit its limits. `small_m`
+    asks for the candidates of the few-rows shape class instead."""
     out: list[Tile] = []
+    if small_m and subgroup_size >= GPU_SUBGROUP:
+        for sg_m, sg_n in [(1, 1), (1, 2), (1, 4), (2, 2)]:
+            for acc_m, acc_n in [(1, 1), (1, 2), (2, 2), (1, 4), (2, 1)]:
+                for kb in (64, 128, 256):
+                    tk = max(k, kb // element_bytes(a_type) // k * k)
+                    tile = Tile(sg_m * acc_m * m, sg_n * acc_n * n, tk, sg_m, sg_n, 2)
+                    if tile not in out and _fits(tile, a_type, result_type, m, n, k,
+                                                 subgroup_size, max_shared_memory,
+                                                 max_invocations):
+                        out.append(tile)
+        first = small_m_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+                             max_invocations)
+        big = default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
+                           max_invocations)
+        return [first, *[t for t in [big, *out] if t != first]]
     if subgroup_size >= GPU_SUBGROUP:
         sg_grids = [(2, 2), (2, 4), (4, 2), (4, 4)]
         acc_grids = [(2, 2), (4, 2), (2, 4), (4, 4)]

@@ -209,7 +209,13 @@ def nv2_available(rt: Runtime) -> bool:
     return all(rt.device.has(f) for f in NV2_FEATURES)
 
 
-def choose_family(rt: Runtime, pair: TypePair, family: str | None) -> tuple[str, Tile | None]:
+def shape_class(pair: TypePair, M: int) -> str:
+    """The key tuning results are kept under: the pair, and '@small-m' for few rows."""
+    return pair.describe() + ("@small-m" if M <= codegen.SMALL_M else "")
+
+
+def choose_family(rt: Runtime, pair: TypePair, family: str | None,
+                  M: int = 1 << 30) -> tuple[str, Tile | None]:
     """(family, tuned tile or None). `family` (or $COOPMAT_FAMILY) forces one: 'khr' or
     'nv2'; otherwise a tuned choice, then PREFERRED_FAMILY, then 'khr'."""
     forced = family or os.environ.get(FAMILY_ENV) or None
@@ -221,7 +227,7 @@ def choose_family(rt: Runtime, pair: TypePair, family: str | None) -> tuple[str,
             f"the nv2 kernel family needs VK_NV_cooperative_matrix2 with "
             f"{', '.join(lacking)}, which device {rt.device.info.index} "
             f"({rt.device.info.name}) lacks")
-    found = tuning.tuned(rt.device.info, pair.describe())
+    found = tuning.tuned(rt.device.info, shape_class(pair, M))
     if forced in ("khr", "nv2"):
         return forced, found[1] if found and found[0] == forced else None
     if found and (found[0] == "khr" or nv2_available(rt)):
@@ -237,7 +243,7 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
     (tuned, or the default), and for khr the aligned fast path where the problem meets
     its preconditions."""
     limits = rt.device.info.limits
-    fam, tile = choose_family(rt, pair, family)
+    fam, tile = choose_family(rt, pair, family, params.M)
     if fam == "nv2":
         info = rt.device.info
         flex = info.flexible_dimensions_properties
@@ -257,11 +263,13 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
         return nv2_traits(pair.operand, pair.result, flex, limits.subgroup_size, a_layout,
                           b_layout, has_c, tile)
     if tile is None:
+        small = params.M <= codegen.SMALL_M
         tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
-                    limits.max_compute_work_group_invocations)
+                    limits.max_compute_work_group_invocations, small)
         cached = _tiles.get(tile_key)
         if cached is None:
-            cached = _tiles[tile_key] = codegen.default_tile(
+            pick = codegen.small_m_tile if small else codegen.default_tile
+            cached = _tiles[tile_key] = pick(
                 pair.operand, pair.result, config.M, config.N, config.K, limits.subgroup_size,
                 limits.max_compute_shared_memory_size,
                 limits.max_compute_work_group_invocations)

@@ -107,16 +107,26 @@ def _usable_configs(device: Device) -> list[CooperativeMatrixProperties]:
     return out
 
 
-def supported_pairs(device: Device) -> list[TypePair]:
-    seen: dict[TypePair, None] = {}
-    for p in usable_configs(device):
-        seen[TypePair(ComponentType(p.a_type), ComponentType(p.result_type))] = None
-    return list(seen)
+_pairs: dict[int, tuple[TypePair, ...]] = {}
+_configs: dict[tuple[int, TypePair], CooperativeMatrixProperties | None] = {}
+
+
+def supported_pairs(device: Device) -> tuple[TypePair, ...]:
+    """Operand->result pairs in the driver's order (cached: asked on every matmul)."""
+    cached = _pairs.get(id(device))
+    if cached is None:
+        seen: dict[TypePair, None] = {}
+        for p in usable_configs(device):
+            seen[TypePair(ComponentType(p.a_type), ComponentType(p.result_type))] = None
+        cached = _pairs[id(device)] = tuple(seen)
+    return cached
 
 
 def config_for(device: Device, pair: TypePair) -> CooperativeMatrixProperties | None:
     """The driver's preferred entry (first listed) for the pair."""
-    for p in usable_configs(device):
-        if p.a_type == pair.operand and p.result_type == pair.result:
-            return p
-    return None
+    key = (id(device), pair)
+    if key not in _configs:
+        _configs[key] = next((p for p in usable_configs(device)
+                              if p.a_type == pair.operand and p.result_type == pair.result),
+                             None)
+    return _configs[key]
