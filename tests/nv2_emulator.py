@@ -77,6 +77,7 @@ class Nv2Emulator:
                 continue
             self._declare(op, w)
         self.labels = {w[0]: i for i, (op, w) in enumerate(self.body) if op == Op.Label}
+        self.loads = {0: 0, 1: 0}  # tensor loads run, by clamp mode (Undefined, Constant)
 
     # -- module-level declarations ------------------------------------------------------
     def _declare(self, op: int, w: list[int]) -> None:
@@ -262,8 +263,19 @@ class Nv2Emulator:
             return res - (1 << 32) if self.types[rt][2] and res >> 31 else res
         if op == Op.IEqual:
             return v[a[0]] == v[a[1]]
+        if op == Op.INotEqual:
+            return v[a[0]] != v[a[1]]
         if op == Op.ULessThan:
             return (v[a[0]] & MASK) < (v[a[1]] & MASK)
+        if op == Op.ULessThanEqual:
+            return (v[a[0]] & MASK) <= (v[a[1]] & MASK)
+        if op == Op.LogicalAnd:
+            return bool(v[a[0]]) and bool(v[a[1]])
+        if op == Op.BitwiseAnd:
+            return v[a[0]] & v[a[1]] & MASK
+        if op in (Op.UDiv, Op.UMod):
+            x, y = v[a[0]] & MASK, v[a[1]] & MASK
+            return x // y if op == Op.UDiv else x % y
         if op == Op.Select:
             return v[a[1]] if v[a[0]] else v[a[2]]
         if op == Op.FConvert:
@@ -325,9 +337,15 @@ class Nv2Emulator:
         _, binding, base = self.values[a[0]]
         obj, layout = self.values[a[1]], self.values[a[2]]
         view = self._tensor_operands(a[3:])
-        assert layout.clamp_mode == 1, "the generator uses clamp mode Constant"
+        assert layout.clamp_mode in (0, 1), "the generator uses clamp modes Undefined, Constant"
         rows, cols = obj.shape
         index, inside = self._element_index(layout, view, rows, cols)
+        self.loads[layout.clamp_mode] += 1
+        # Undefined: the spec leaves coordinates outside the tensor undefined; the generator
+        # must only use it where the whole slice lies inside.
+        assert layout.clamp_mode or inside.all(), "unclamped load outside the tensor"
+        # 16-byte aligned base (SPV_NV_cooperative_matrix2's Pointer requirement).
+        assert base * obj.dtype.itemsize % 16 == 0, f"unaligned Pointer (element {base})"
         buf = buffers[binding]
         out = np.full((rows, cols), layout.clamp_value, dtype=obj.dtype)
         out[inside] = buf[base + index[inside]]  # IndexError: read outside the buffer

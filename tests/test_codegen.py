@@ -20,6 +20,8 @@ from coopmat.codegen import (
     variants_for,
 )
 from coopmat.codegen import __main__ as cli
+from coopmat.codegen.plan import plan_kernel
+from coopmat.codegen.tiles import MAX_TUNE_CANDIDATES, tune_candidates
 from coopmat.codegen.tools import disassemble, find_tool, validate
 from coopmat.codegen.variants import load_properties
 from coopmat.device.enums import ComponentType as CT
@@ -44,6 +46,29 @@ def _variants(path: Path) -> list[GemmTraits]:
                         rec.max_invocations)
 
 
+def _staged_variants(path: Path) -> list[GemmTraits]:
+    """Per config: its first buffering-3 tune candidate in every layout pair (C and aligned
+    alternating) and its first buffering-4 one in two."""
+    (rec,) = load_properties(path)
+    out: list[GemmTraits] = []
+    for t in _variants(path):
+        if t.a_layout != Layout.ROW_MAJOR or t.b_layout != Layout.ROW_MAJOR or t.has_c \
+                or t.aligned:
+            continue
+        tiles = tune_candidates(t.a_type, t.result_type, t.m, t.n, t.k, t.subgroup_size,
+                                rec.max_shared_memory, rec.max_invocations)
+        for buffering, layouts in ((3, LAYOUTS), (4, LAYOUTS[1:3])):
+            tile = next(x for x in tiles if x.buffering == buffering)
+            for i, (a_layout, b_layout) in enumerate(layouts):
+                out.append(GemmTraits(**{**t.__dict__, "a_layout": a_layout,
+                                         "b_layout": b_layout, "has_c": i % 2 == 1,
+                                         "aligned": i // 2 == 0, "tile": tile}))
+    return out
+
+
+LAYOUTS = [(a, b) for a in Layout for b in Layout]
+
+
 def test_variant_counts() -> None:
     # 11 H200 configs and 4 lavapipe ones, each x 2 x 2 layouts x C or not x aligned or not.
     assert len(_variants(H200)) == 11 * 16
@@ -56,6 +81,48 @@ def test_variant_counts() -> None:
 def test_spirv_val(traits: GemmTraits) -> None:
     result = validate(build_gemm(traits).spirv)
     assert result.ok, result.message
+
+
+@needs_spirv_tools
+@pytest.mark.parametrize("traits", _staged_variants(H200), ids=lambda t: t.describe())
+def test_spirv_val_staged(traits: GemmTraits) -> None:
+    """Buffering 3 (two shared stages) and 4 (streamed B fragments) on the H200's configs."""
+    result = validate(build_gemm(traits).spirv)
+    assert result.ok, result.message
+
+
+def test_two_stages_double_the_staging() -> None:
+    """Buffering 3 holds two copies of the A/B staging (the edge scratch stays single), and
+    tile selection counts them: every GPU candidate fits 48 KiB, and 256x256x16 does not."""
+    def traits(tile: Tile) -> GemmTraits:
+        return GemmTraits(CT.FLOAT16, CT.FLOAT16, CT.FLOAT16, CT.FLOAT16, 16, 16, 16, 32,
+                          Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, True, True, tile)
+    one, two = (plan_kernel(traits(Tile(128, 128, 32, 2, 2, b))) for b in (2, 3))
+    scratch = 4 * 16 * 16 * 2
+    staging = (128 * (32 + 8) * 2) * 2  # A and B: 128 lines of 32 halves + 8 halves of pad
+    assert one.shared_bytes == staging + scratch
+    assert two.shared_bytes == 2 * staging + scratch
+    assert plan_kernel(traits(Tile(128, 128, 32, 2, 2, 4))).shared_bytes == one.shared_bytes
+    for a, r, k in ((CT.FLOAT16, CT.FLOAT16, 16), (CT.FLOAT16, CT.FLOAT32, 16),
+                    (CT.SINT8, CT.SINT32, 32)):
+        tiles = tune_candidates(a, r, 16, 16, k, 32, 49152, 1024)
+        assert len(tiles) <= MAX_TUNE_CANDIDATES and len(set(tiles)) == len(tiles)
+        assert {t.buffering for t in tiles} == {2, 3, 4}
+        assert tiles[0] == default_tile(a, r, 16, 16, k, 32, 49152, 1024)
+        for tile in tiles:
+            for al in Layout:
+                for bl in Layout:
+                    for aligned in (False, True):
+                        plan = plan_kernel(GemmTraits(a, a, r, r, 16, 16, k, 32, al, bl, True,
+                                                      aligned, tile))
+                        assert plan.shared_bytes <= 49152, tile
+    assert Tile(256, 256, 16, 2, 4, 3) not in tune_candidates(CT.FLOAT16, CT.FLOAT16, 16, 16,
+                                                              16, 32, 49152, 1024)
+    # CPU-sized subgroups keep the buffering-2 list.
+    assert {t.buffering for t in tune_candidates(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, 49152,
+                                                 1024)} == {2}
+    with pytest.raises(ValueError):
+        Tile(32, 32, 16, 2, 2, 5).check(8, 8, 8)
 
 
 @needs_spirv_tools

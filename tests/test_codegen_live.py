@@ -193,6 +193,26 @@ def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tup
     run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
 
 
+@pytest.mark.parametrize("buffering", [3, 4], ids=lambda b: f"buf{b}")
+@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
+                                 layouts: tuple[Layout, Layout], has_c: bool, aligned: bool,
+                                 buffering: int) -> None:
+    """test_every_variant with two shared stages (buffering 3) and with streamed B fragments
+    (buffering 4); K spans several steps, so the stages alternate and wrap."""
+    ab, res = config
+    tr = traits(ab, res, *layouts, has_c, aligned, Tile(32, 32, 16, 2, 2, buffering))
+    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
+    if aligned:
+        case = Case(48, 80, 80, pad=16, alpha=alpha, beta=beta)
+    else:
+        case = Case(37, 29, 71, pad=3, alpha=alpha, beta=beta)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
+
+
 @pytest.mark.parametrize("size", [(1, 1, 1), (1, 19, 3), (23, 1, 7), (8, 8, 8), (9, 7, 1),
                                   (32, 32, 16), (33, 31, 17), (5, 70, 40), (64, 3, 100)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -202,24 +222,35 @@ def test_sizes_general(runner: KernelRunner, size: tuple[int, int, int],
                        layouts: tuple[Layout, Layout]) -> None:
     tr = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False)
     run_case(runner, tr, Case(*size, alpha=1.0, beta=1.0))
+    staged = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False, Tile(32, 32, 16, 2, 2, 3))
+    run_case(runner, staged, Case(*size, alpha=1.0, beta=1.0))
 
 
 @pytest.mark.parametrize("config", CONFIGS[1:3], ids=_id)
 @pytest.mark.parametrize("broadcast", ["a", "b", "c", "ab"])
-def test_batch_with_broadcast(runner: KernelRunner, config: tuple[CT, CT], broadcast: str) -> None:
+@pytest.mark.parametrize("buffering", [2, 3], ids=lambda b: f"buf{b}")
+def test_batch_with_broadcast(runner: KernelRunner, config: tuple[CT, CT], broadcast: str,
+                              buffering: int) -> None:
     ab, res = config
-    tr = traits(ab, res, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, True, False)
+    tr = traits(ab, res, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, True, False,
+                Tile(32, 32, 16, 2, 2, buffering))
     run_case(runner, tr, Case(19, 21, 35, batch=3, pad=2, broadcast=broadcast, alpha=2,
                               beta=1))
 
 
-def test_batch_aligned(runner: KernelRunner) -> None:
-    tr = traits(CT.SINT8, CT.SINT32, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True, True)
+@pytest.mark.parametrize("buffering", [2, 3], ids=lambda b: f"buf{b}")
+def test_batch_aligned(runner: KernelRunner, buffering: int) -> None:
+    tr = traits(CT.SINT8, CT.SINT32, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True, True,
+                Tile(32, 32, 16, 2, 2, buffering))
     run_case(runner, tr, Case(40, 24, 32, batch=2, pad=16, broadcast="b", alpha=-1, beta=2))
 
 
 @pytest.mark.parametrize("tile", [Tile(8, 8, 8, 1, 1, 1), Tile(16, 32, 8, 1, 2, 1),
-                                  Tile(64, 16, 32, 4, 1, 2), Tile(24, 40, 24, 1, 1, 2)],
+                                  Tile(64, 16, 32, 4, 1, 2), Tile(24, 40, 24, 1, 1, 2),
+                                  Tile(8, 8, 8, 1, 1, 3), Tile(16, 32, 8, 1, 2, 3),
+                                  Tile(64, 16, 32, 4, 1, 3), Tile(24, 40, 24, 1, 1, 3),
+                                  Tile(32, 64, 16, 2, 2, 3), Tile(16, 32, 8, 1, 2, 4),
+                                  Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4)],
                          ids=lambda t: t.describe().replace(" ", "-"))
 @pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
 def test_other_tiles(runner: KernelRunner, tile: Tile, aligned: bool) -> None:

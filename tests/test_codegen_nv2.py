@@ -33,6 +33,7 @@ from coopmat.codegen.flexdims import (
     parse_flexible_dims_text,
 )
 from coopmat.codegen.nv2_tiles import NV2_TYPES, entry_for_tile
+from coopmat.codegen.nv2_workgroup import DEFAULT_UNROLL
 from coopmat.codegen.tools import disassemble, find_tool, validate
 from coopmat.codegen.variants import load_properties, record_variants
 from coopmat.device.enums import ComponentType as CT
@@ -230,15 +231,22 @@ def test_module_uses_workgroup_scope_tensor_loads_and_clamped_layouts() -> None:
     assert "Subgroup" not in text and "OpTypeCooperativeMatrixKHR %half %uint_3" not in text
     # 3-D layouts with clamp mode 1 (Constant), clamp value 0; the transposing view.
     assert "OpTypeTensorLayoutNV %uint_3 %uint_1" in text
-    assert text.count("OpTensorLayoutSetClampValueNV") == 4  # A, B, C, D
+    # The interior fast path: 2-D layouts, unclamped (mode 0) and clamped for the K tail.
+    assert "OpTypeTensorLayoutNV %uint_2 %uint_0" in text
+    assert "OpTypeTensorLayoutNV %uint_2 %uint_1" in text
+    assert text.count("OpTensorLayoutSetClampValueNV") == 6  # A, B, C, D; fast A, B tail
     assert all(line.endswith("%uint_0") for line in text.splitlines()
                if "OpTensorLayoutSetClampValueNV" in line)
     assert "OpTypeTensorViewNV %uint_3 %false %uint_0 %uint_2 %uint_1" in text
+    assert "OpTypeTensorViewNV %uint_2 %false %uint_1 %uint_0" in text
+    assert "OpBitwiseAnd" in text  # the alignment hints
     loads = [ln for ln in text.splitlines() if "OpCooperativeMatrixLoadTensorNV" in ln]
-    assert len(loads) == 3  # A (through the view), B, C
-    assert sum("TensorView" in ln for ln in loads) == 1
+    # clamped path A, B; C; fast path A, B per unrolled step, remainder step and K tail
+    u = DEFAULT_UNROLL
+    assert len(loads) == 3 + 2 * (u + 2)
+    assert sum("TensorView" in ln for ln in loads) == 1 + u + 2  # every A
     assert text.count("OpCooperativeMatrixStoreTensorNV") == 1
-    assert text.count("OpCooperativeMatrixMulAddKHR") == 1
+    assert text.count("OpCooperativeMatrixMulAddKHR") == 1 + u + 2
     assert "OpTensorLayoutSliceNV" in text and "LocalSize 256 1 1" in text
     # No shared memory of its own: the implementation stages workgroup-scope loads.
     assert not [ln for ln in text.splitlines() if "OpVariable" in ln and
@@ -417,36 +425,45 @@ def test_live_batched_with_broadcast(nv2_runtime: Any, pair: tuple[CT, CT],
 
 # -- the emitted modules, executed per the SPIR-V specs (no driver runs them here) ---------
 def _emulate(traits: GemmTraits, M: int, N: int, K: int, batch: int = 1,
-             broadcast_b: bool = False, pad: int = 3) -> None:
+             broadcast_b: bool = False, pad: int = 3,
+             emitter: dict[str, Any] | None = None) -> dict[int, int]:
     """Run the module on the spec-level interpreter with padded leading dimensions (pad
     elements past each line, filled with a sentinel in D that must survive) and compare
-    with numpy."""
+    with numpy. pad < 0 pads each line to a multiple of 16 elements instead (at least one
+    element), so leading dimensions and batch strides are 16-byte aligned and interior
+    tiles take the fast path. `emitter` passes codegen parameters to emit_nv2_gemm.
+    Returns the tensor loads run, by clamp mode (0 Undefined, 1 Constant)."""
     from nv2_emulator import Nv2Emulator
 
+    from coopmat.codegen.nv2_workgroup import emit_nv2_gemm
     from coopmat.dispatch.types import BFLOAT16, numpy_dtype
 
     if traits.a_type == CT.BFLOAT16 and BFLOAT16 is None:
         pytest.skip("bfloat16 arrays need ml_dtypes")
     dt, rdt = numpy_dtype(traits.a_type), numpy_dtype(traits.result_type)
+
+    def ld(cols: int) -> int:
+        return cols + pad if pad >= 0 else (cols // 16 + 1) * 16
+
     a_rows, a_cols = (M, K) if traits.a_layout == Layout.ROW_MAJOR else (K, M)
     b_rows, b_cols = (K, N) if traits.b_layout == Layout.ROW_MAJOR else (N, K)
-    a_mem = _operand(dt, (batch, a_rows, a_cols + pad))
-    b_mem = _operand(dt, (1 if broadcast_b else batch, b_rows, b_cols + pad))
+    a_mem = _operand(dt, (batch, a_rows, ld(a_cols)))
+    b_mem = _operand(dt, (1 if broadcast_b else batch, b_rows, ld(b_cols)))
     a = a_mem[:, :, :a_cols] if traits.a_layout == Layout.ROW_MAJOR else \
         a_mem[:, :, :a_cols].transpose(0, 2, 1)
     b = b_mem[:, :, :b_cols] if traits.b_layout == Layout.ROW_MAJOR else \
         b_mem[:, :, :b_cols].transpose(0, 2, 1)
-    c_mem = _operand(rdt, (batch, M, N + pad)) if traits.has_c else None
+    c_mem = _operand(rdt, (batch, M, ld(N))) if traits.has_c else None
     sentinel = 77
-    d_mem = np.full((batch, M, N + pad), sentinel, rdt)
+    d_mem = np.full((batch, M, ld(N)), sentinel, rdt)
     alpha, beta = (3, 2) if rdt.kind in "iu" else (0.5, -1.0) if rdt.itemsize == 2 else (
         2.0, -1.0)
-    p = GemmParams(M, N, K, a_cols + pad, b_cols + pad, N + pad, N + pad,
+    p = GemmParams(M, N, K, ld(a_cols), ld(b_cols), ld(N), ld(N),
                    a_mem[0].size if batch > 1 else 0,
-                   0 if broadcast_b else b_mem[0].size, M * (N + pad), M * (N + pad),
+                   0 if broadcast_b else b_mem[0].size, M * ld(N), M * ld(N),
                    alpha, beta if traits.has_c else 0)
     kernel = build_gemm(traits)
-    emu = Nv2Emulator(kernel.spirv)
+    emu = Nv2Emulator(emit_nv2_gemm(traits, **emitter) if emitter else kernel.spirv)
     flat = {0: a_mem.reshape(-1), 1: b_mem.reshape(-1), 2: d_mem.reshape(-1)}
     if c_mem is not None:
         flat[3] = c_mem.reshape(-1)
@@ -455,13 +472,14 @@ def _emulate(traits: GemmTraits, M: int, N: int, K: int, batch: int = 1,
         for y in range(gy):
             for x in range(gx):
                 emu.run(flat, kernel.push_constants(p), (x, y, z))
-    d = flat[2].reshape(batch, M, N + pad)
+    d = flat[2].reshape(batch, M, ld(N))
     wide = np.int64 if rdt.kind in "iu" else np.float64
     ref = alpha * np.matmul(a.astype(wide), b.astype(wide))
     if c_mem is not None:
         ref = ref + beta * c_mem[:, :, :N].astype(wide)
     np.testing.assert_array_equal(d[:, :, :N], ref.astype(rdt))
     assert np.all(d[:, :, N:] == sentinel), "a store landed outside the M x N matrix"
+    return emu.loads
 
 
 EMU_TILE = {  # small tiles keep the interpreter quick; the code path is the same
@@ -492,6 +510,41 @@ def test_emulated_batches_broadcast_and_prefetch(pair: tuple[CT, CT]) -> None:
                     Tile(**{**tile.__dict__, "buffering": buffering}))
         _emulate(t, 33, 40, 70, batch=3, broadcast_b=True)
     _emulate(_traits(*pair, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, False, tile), 1, 1, 1)
+
+
+@pytest.mark.parametrize("pair", LIVE_PAIRS, ids=lambda p: f"{p[0].name}-{p[1].name}")
+@pytest.mark.parametrize("a_layout", list(Layout), ids=lambda x: x.name[0])
+@pytest.mark.parametrize("b_layout", list(Layout), ids=lambda x: x.name[0])
+def test_emulated_fast_path_with_edges(pair: tuple[CT, CT], a_layout: Layout,
+                                       b_layout: Layout) -> None:
+    """16-byte aligned operands: interior tiles run unclamped (the emulator asserts those
+    loads stay inside the tensor and start 16-byte aligned), edge tiles clamped."""
+    tile = EMU_TILE[pair]
+    traits = _traits(*pair, a_layout, b_layout, a_layout == b_layout, tile)
+    # Two tiles and a partial one in M and N; K: 9 full steps (8 unrolled, 1 more) + a tail.
+    M, N, K = 2 * tile.tile_m + 5, 2 * tile.tile_n + 3, 9 * tile.tile_k + 5
+    loads = _emulate(traits, M, N, K, pad=-1)
+    assert loads[0] == 4 * 2 * 9  # 4 interior tiles, A and B, 9 full steps each
+    assert loads[1] > 0  # the K tails and the edge tiles
+
+
+@pytest.mark.parametrize("pair", LIVE_PAIRS[:2] + LIVE_PAIRS[3:4],
+                         ids=lambda p: f"{p[0].name}-{p[1].name}")
+def test_emulated_fast_path_batches_and_codegen_parameters(pair: tuple[CT, CT]) -> None:
+    tile = EMU_TILE[pair]
+    M, N, K = tile.tile_m, 2 * tile.tile_n, 5 * tile.tile_k
+    for buffering in (1, 2):
+        t = _traits(*pair, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True,
+                    Tile(**{**tile.__dict__, "buffering": buffering}))
+        for unroll in (1, 2, 3, 8):
+            loads = _emulate(t, M, N, K, batch=3, broadcast_b=unroll == 2, pad=-1,
+                             emitter={"unroll": unroll})
+            assert loads == {0: 3 * 2 * 2 * 5, 1: 3 * 2}  # all fast; C clamped
+        loads = _emulate(t, M, N, K, batch=2, pad=-1, emitter={"fast_path": False})
+        assert loads[0] == 0
+    # Unaligned leading dimensions: every tile takes the clamped path.
+    assert _emulate(_traits(*pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False, tile),
+                    M, N, K, pad=3)[0] == 0
 
 
 def test_emulated_default_tile() -> None:

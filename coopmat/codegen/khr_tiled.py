@@ -2,12 +2,25 @@
 
 Shape of the generated shader, per workgroup (tile_m x tile_n of D, batch = WorkgroupId.z):
 
-    prefetch K-step 0 of A and B into registers           (buffering 2)
+    prefetch K-step 0 of A and B into registers           (buffering 2 and 4)
     for k0 in 0, tile_k, ...:
         barrier; registers -> shared; barrier
         prefetch K-step k0 + tile_k into registers        (in flight during the multiply)
         per k step of the cooperative matrix: load A and B fragments from shared,
             multiply-accumulate into this subgroup's grid of accumulators
+
+Buffering 3 keeps two copies (stages) of the shared tiles and needs one barrier per step:
+
+    prefetch K-step 0; registers -> stage 0; prefetch K-step tile_k; barrier
+    for k0 in 0, tile_k, ...:                             (stage s = step number & 1)
+        registers (K-step k0 + tile_k) -> stage s ^ 1     (last read before the barrier
+                                                           that ended the previous step)
+        prefetch K-step k0 + 2 tile_k into registers
+        multiply from stage s
+        barrier                                           (stage s ^ 1 written, s read)
+
+Buffering 3 and 4 multiply a k step as: load its A fragments, then per B fragment load it
+and multiply-accumulate it with every A fragment, so one B fragment is live at a time.
     per accumulator: D = alpha * acc + beta * C
         workgroup tile inside D (and C/D aligned): direct cooperative-matrix load/store
         workgroup tile straddling an edge: each block through a per-subgroup shared
@@ -47,6 +60,9 @@ class _Operand:
         self.stage, self.buf, self.shared, self.unit = stage, buf, shared, unit
         self.zero, self.mat_type, self.layout = zero, mat_type, layout
         self.regs: list[int] = []
+        # Buffering 3: runtime offsets (in units) of the stage being read / written.
+        self.read_off: int | None = None
+        self.write_off: int | None = None
         # Runtime values set at the top of main():
         self.base = 0  # batch offset (elements)
         self.ld = 0
@@ -100,7 +116,7 @@ class TiledGemmEmitter:
             unit = self._unit_type(stage, elem)
             unit_bytes = 4 * stage.unit_words if stage.unit_words else element_bytes(ct)
             buf = s.storage_buffer(binding, unit, unit_bytes, True, name, restrict=True)
-            sh = s.shared_array(unit, stage.shared_units, f"{name}_shared")
+            sh = s.shared_array(unit, p.stages * stage.shared_units, f"{name}_shared")
             ops.append(_Operand(stage, buf, sh, unit, s.mb.const_null(unit), mat, lay))
         self.A, self.B = ops
         rb = element_bytes(t.result_type)
@@ -175,7 +191,8 @@ class TiledGemmEmitter:
         s, st = self.s, op.stage
         line, col = self._unit_coords(op, r)
         unit_col = s.udiv(col, s.c(st.unit_elems)) if st.unit_elems > 1 else col
-        return s.add(s.mul(line, s.c(st.stride_units)), unit_col)
+        index = s.add(s.mul(line, s.c(st.stride_units)), unit_col)
+        return index if op.write_off is None else s.add(op.write_off, index)
 
     def _prefetch(self, k0: int) -> None:
         for op in (self.A, self.B):
@@ -202,6 +219,8 @@ class TiledGemmEmitter:
         else:  # lines run along K
             unit_off = s.udiv(offset, s.c(st.unit_elems)) if st.unit_elems > 1 else offset
             index = s.add(s.c(kk * st.stride_units), unit_off)
+        if op.read_off is not None:
+            index = s.add(op.read_off, index)
         # Shared memory keeps the global orientation, so the operand's layout applies.
         return s.coop_load_shared(op.mat_type, op.shared, index, op.layout.value, stride)
 
@@ -217,9 +236,20 @@ class TiledGemmEmitter:
         return int(flags)
 
     def _multiply(self) -> None:
-        s, t, p = self.s, self.t, self.plan
+        s, t = self.s, self.t
         accs = [[s.f.op(Op.Load, self.mat_acc, v) for v in row] for row in self.acc_vars]
         flags = self._mul_operands()
+        if t.tile.buffering in (3, 4):
+            self._multiply_streamed(accs, flags)
+        else:
+            self._multiply_all_fragments(accs, flags)
+        for row_vars, row_vals in zip(self.acc_vars, accs, strict=True):
+            for var, val in zip(row_vars, row_vals, strict=True):
+                s.f.emit(Op.Store, var, val)
+
+    def _multiply_all_fragments(self, accs: list[list[int]], flags: int) -> None:
+        """Per k step: every A and B fragment, then the multiply-accumulates."""
+        s, t, p = self.s, self.t, self.plan
         for kk in range(0, t.tile.tile_k, t.k):
             a = [self._fragment(self.A, kk, s.add(self.sg_row, s.c(i * t.m)))
                  for i in range(p.acc_rows)]
@@ -230,14 +260,74 @@ class TiledGemmEmitter:
                     extra = (flags,) if flags else ()
                     accs[i][j] = s.f.op(Op.CooperativeMatrixMulAddKHR, self.mat_acc, a[i],
                                         b[j], accs[i][j], *extra)
-        for row_vars, row_vals in zip(self.acc_vars, accs, strict=True):
-            for var, val in zip(row_vars, row_vals, strict=True):
-                s.f.emit(Op.Store, var, val)
+
+    def _multiply_streamed(self, accs: list[list[int]], flags: int) -> None:
+        """Per k step: the A fragments, then one B fragment at a time against all of them
+        (accumulators updated down a column), so at most acc_rows + 1 fragments are live."""
+        s, t, p = self.s, self.t, self.plan
+        extra = (flags,) if flags else ()
+        for kk in range(0, t.tile.tile_k, t.k):
+            a = [self._fragment(self.A, kk, s.add(self.sg_row, s.c(i * t.m)))
+                 for i in range(p.acc_rows)]
+            for j in range(p.acc_cols):
+                b = self._fragment(self.B, kk, s.add(self.sg_col, s.c(j * t.n)))
+                for i in range(p.acc_rows):
+                    accs[i][j] = s.f.op(Op.CooperativeMatrixMulAddKHR, self.mat_acc, a[i], b,
+                                        accs[i][j], *extra)
+
+    def _sub(self, a: int, b: int) -> int:
+        return self.s.f.op(Op.ISub, self.s.u32, a, b)
+
+    def _set_stage(self, phase: int | None) -> None:
+        """Buffering 3: read stage `phase` (0 or 1, runtime), write the other one;
+        None: write stage 0 (the prologue)."""
+        s = self.s
+        for op in (self.A, self.B):
+            units = s.c(op.stage.shared_units)
+            if phase is None:
+                op.read_off = op.write_off = None
+            else:
+                op.read_off = s.mul(phase, units)
+                op.write_off = self._sub(units, op.read_off)
+
+    def _k_loop_two_stages(self) -> None:
+        """Buffering 3: one barrier per K step, alternating between two shared stages."""
+        s, f, tile = self.s, self.s.f, self.t.tile
+        k_var = f.local(s.u32, s.c(0))
+        phase_var = f.local(s.u32, s.c(0))
+        tk = s.c(tile.tile_k)
+        self._prefetch(s.c(0))
+        self._set_stage(None)
+        self._stage_to_shared(s.c(0))  # registers (K step 0) -> stage 0
+        self._prefetch(tk)
+        s.barrier(Scope.Workgroup)  # stage 0 is in shared memory
+
+        def body() -> None:
+            k0 = f.op(Op.Load, s.u32, k_var)
+            phase = f.op(Op.Load, s.u32, phase_var)
+            self._set_stage(phase)
+            # Registers hold K step k0 + tile_k; the stage they go to was last read by the
+            # previous step's multiply, which the barrier ending that step has ordered.
+            self._stage_to_shared(k0)
+            self._prefetch(s.add(k0, s.c(2 * tile.tile_k)))
+            self._multiply()
+            s.barrier(Scope.Workgroup)  # this step's stores visible, its reads done
+            f.emit(Op.Store, phase_var, self._sub(s.c(1), phase))
+
+        def step() -> None:
+            f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), tk))
+
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
+        for op in (self.A, self.B):
+            op.read_off = op.write_off = None
 
     def _k_loop(self) -> None:
         s, f, tile = self.s, self.s.f, self.t.tile
+        if tile.buffering == 3:
+            self._k_loop_two_stages()
+            return
         k_var = f.local(s.u32, s.c(0))
-        if tile.buffering == 2:
+        if tile.buffering in (2, 4):
             self._prefetch(s.c(0))
 
         def body() -> None:
@@ -245,7 +335,7 @@ class TiledGemmEmitter:
             s.barrier(Scope.Workgroup)  # the previous step's fragments have been read
             self._stage_to_shared(k0)
             s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
-            if tile.buffering == 2:
+            if tile.buffering in (2, 4):
                 self._prefetch(s.add(k0, s.c(tile.tile_k)))
             self._multiply()
 
@@ -351,7 +441,7 @@ class TiledGemmEmitter:
         acc_zero = s.mb.const_composite(self.mat_acc, [zero])
         self.acc_vars = [[s.f.local(self.mat_acc, acc_zero) for _ in range(p.acc_cols)]
                          for _ in range(p.acc_rows)]
-        if p.tile.buffering == 2:
+        if p.tile.buffering in (2, 3, 4):
             for op in (self.A, self.B):
                 op.regs = [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
         self._k_loop()

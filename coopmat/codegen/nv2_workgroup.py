@@ -28,12 +28,32 @@ Tensor layouts (SPV_NV_tensor_addressing) carry all the addressing:
   matrix's (row, col) lands on memory (col, row). Row-major operands need no view.
 - Slices: OpTensorLayoutSliceNV at the tile's origin and span, per K step.
 
+Interior fast path (what makes the reference kernels fast; without it a 4096^3 f16 GEMM
+ran at a third of their speed). Where the workgroup's tile lies inside M x N and A's and
+B's leading dimensions and batch offsets are multiples of 16 bytes (all uniform values),
+the K loop instead uses:
+- 2-D layouts (lines, line length) with clamp mode Undefined, so the implementation does
+  no per-element bounds work; the batch becomes the Pointer's element offset (16-byte
+  aligned there, as the Pointer operand must be);
+- strides and offsets written `x & ~(align - 1)` (x itself on this path), so the driver's
+  compiler can prove 16-byte aligned rows and use wide copies. jeffbolznv/
+  vk_cooperative_matrix_perf (shaders/workgroup.comp) gets this from specialization
+  constants (its M, N, K, strides are compile-time values, its buffers uvec4 arrays);
+  llama.cpp's ggml-vulkan mul_mm_cm2.comp does it with these masks, as here;
+- `unroll` K steps straight-line per loop iteration (llama.cpp unrolls 8), then the
+  remaining full steps, then where TILE_K does not divide K one step through clamp-mode-
+  Constant 2-D layouts (zeros past K).
+Edge tiles and unaligned operands take the fully clamped 3-D loop above. The epilogue (one
+C load and D store per tile) is shared and stays clamped.
+
 Requirements beyond the shared ABI: a nonzero batch stride must be at least
 lines x leading dimension of its operand (OpTensorLayoutSetStrideNV's rule that an outer
 stride covers the inner dimension), which contiguous batches always meet.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from coopmat.codegen import abi
 from coopmat.codegen.plan import element_bytes
@@ -124,11 +144,27 @@ class _Operand:
         self.origin, self.span = origin, span  # tile origin and extent along M (A) / N (B)
 
 
+class _FastOperand:
+    """A or B on the fast path: element offset of its batch, unclamped and clamped 2-D
+    layouts, the 2-D transposing view where column-major."""
+
+    def __init__(self, op: _Operand, base: int, fast: int, tail: int,
+                 view: int | None) -> None:
+        self.op, self.base, self.fast, self.tail, self.view = op, base, fast, tail, view
+
+
 class Nv2GemmEmitter:
-    def __init__(self, traits: GemmTraits) -> None:
+    """`fast_path` adds the unclamped interior branch; `unroll` is its K steps per loop
+    iteration. Both are codegen parameters for experiments (the family uses the defaults)."""
+
+    def __init__(self, traits: GemmTraits, *, fast_path: bool = True,
+                 unroll: int = DEFAULT_UNROLL) -> None:
         check_traits(traits)
+        if unroll < 1:
+            raise ValueError(f"unroll must be at least 1, not {unroll}")
         self.t = traits
         self.s = ShaderContext()
+        self.fast_path, self.unroll = fast_path, unroll
 
     def _declare(self) -> None:
         s, t, mb = self.s, self.t, self.s.mb
@@ -151,6 +187,11 @@ class Nv2GemmEmitter:
         self.layout_t = mb.type_tensor_layout(LAYOUT_DIMS, TensorClampMode.Constant)
         if Layout.COLUMN_MAJOR in (t.a_layout, t.b_layout):
             self.view_t = mb.type_tensor_view(LAYOUT_DIMS, False, TRANSPOSE)
+        if self.fast_path:
+            self.fast_t = mb.type_tensor_layout(2, TensorClampMode.Undefined)
+            self.tail_t = mb.type_tensor_layout(2, TensorClampMode.Constant)
+            if Layout.COLUMN_MAJOR in (t.a_layout, t.b_layout):
+                self.view2_t = mb.type_tensor_view(2, False, TRANSPOSE_2D)
         self.float_result = t.result_type.is_float
         alpha_t = mb.type_float(32) if self.float_result else self.r_el
 
@@ -203,13 +244,13 @@ class Nv2GemmEmitter:
         # A is M x K: row-major lines are rows (M of them, K long), column-major lines are
         # columns (K of them, M long). B is K x N likewise.
         a_row = t.a_layout == Layout.ROW_MAJOR
-        lines, line_len = (P["M"], P["K"]) if a_row else (P["K"], P["M"])
-        layout, batch = self._layout(lines, line_len, P["lda"], P["batch_stride_a"])
+        self.a_shape = (P["M"], P["K"]) if a_row else (P["K"], P["M"])
+        layout, batch = self._layout(*self.a_shape, P["lda"], P["batch_stride_a"])
         self.A = _Operand(self.bufs["A"], self.mat_a, layout, batch, None if a_row else view,
                           k_outer=not a_row, origin=self.m0, span=tile.tile_m)
         b_row = t.b_layout == Layout.ROW_MAJOR
-        lines, line_len = (P["K"], P["N"]) if b_row else (P["N"], P["K"])
-        layout, batch = self._layout(lines, line_len, P["ldb"], P["batch_stride_b"])
+        self.b_shape = (P["K"], P["N"]) if b_row else (P["N"], P["K"])
+        layout, batch = self._layout(*self.b_shape, P["ldb"], P["batch_stride_b"])
         self.B = _Operand(self.bufs["B"], self.mat_b, layout, batch, None if b_row else view,
                           k_outer=b_row, origin=self.n0, span=tile.tile_n)
         self.zero_a = s.mb.const_composite(self.mat_a, [s.mb.const_null(self.a_el)])
@@ -240,9 +281,20 @@ class Nv2GemmEmitter:
         return (int(flags),) if flags else ()
 
     def _k_loop(self) -> int:
-        """Run the K loop; return the final accumulator."""
-        s, f, tile = self.s, self.s.f, self.t.tile
+        """Run the K loop (the fast path where the workgroup qualifies); return the final
+        accumulator."""
+        f = self.s.f
         acc_var = f.local(self.mat_acc, self.zero_acc)
+        if self.fast_path:
+            f.if_(self._fast_ok(), lambda: self._fast_k_loop(acc_var),
+                  lambda: self._clamped_k_loop(acc_var))
+        else:
+            self._clamped_k_loop(acc_var)
+        return f.op(Op.Load, self.mat_acc, acc_var)
+
+    def _clamped_k_loop(self, acc_var: int) -> None:
+        """Every K step through the 3-D clamp-mode-Constant layouts (exact at any edge)."""
+        s, f, tile = self.s, self.s.f, self.t.tile
         k_var = f.local(s.u32, s.c(0))
         flags = self._mul_operands()
         prefetch = tile.buffering == 2
@@ -269,7 +321,104 @@ class Nv2GemmEmitter:
             f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), s.c(tile.tile_k)))
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
-        return f.op(Op.Load, self.mat_acc, acc_var)
+
+    # -- interior fast path -------------------------------------------------------------
+    def _align(self, ct: ComponentType) -> int:
+        """Elements per FAST_ALIGN_BYTES of an operand type."""
+        return max(1, FAST_ALIGN_BYTES // element_bytes(ct))
+
+    def _fast_ok(self) -> int:
+        """Whether the workgroup's tile lies inside M x N and A's and B's leading dimensions
+        and batch offsets are multiples of 16 bytes (uniform over the workgroup)."""
+        s, t, P, tile = self.s, self.t, self.P, self.t.tile
+        conds = [s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
+                 s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"])]
+        for ct, ld, stride in ((t.a_type, "lda", "batch_stride_a"),
+                               (t.b_type, "ldb", "batch_stride_b")):
+            low = s.c(self._align(ct) - 1)
+            for value in (P[ld], s.mul(self.batch, P[stride])):
+                bits = s.f.op(Op.BitwiseAnd, s.u32, value, low)
+                conds.append(s.f.op(Op.IEqual, s.bool, bits, s.c(0)))
+        ok = conds[0]
+        for c in conds[1:]:
+            ok = s.and_(ok, c)
+        return ok
+
+    def _fast_operand(self, op: _Operand, ct: ComponentType, shape: tuple[int, int],
+                      ld: str, batch_stride: str, view: int | None) -> _FastOperand:
+        """2-D layouts at the batch's element offset with the alignment made visible to the
+        compiler: `x & ~(align - 1)` is x itself here (checked by _fast_ok), but lets the
+        driver prove 16-byte aligned rows and base, as llama.cpp's mul_mm_cm2 does for its
+        strides and the peer benchmark gets from specialization constants."""
+        s = self.s
+        mask = s.c(~(self._align(ct) - 1) & 0xFFFFFFFF)
+        ld_al = s.f.op(Op.BitwiseAnd, s.u32, self.P[ld], mask)
+        base = s.f.op(Op.BitwiseAnd, s.u32, s.mul(self.batch, self.P[batch_stride]), mask)
+        fast = s.tensor_layout(self.fast_t, list(shape), [ld_al, s.c(1)])
+        tail = s.tensor_layout(self.tail_t, list(shape), [ld_al, s.c(1)], clamp_value=s.c(0))
+        return _FastOperand(op, base, fast, tail, view)
+
+    def _fast_load(self, fo: _FastOperand, zero: int, k0: int, tail: bool) -> int:
+        s, tk = self.s, self.t.tile.tile_k
+        op = fo.op
+        k_range, mn_range = (k0, s.c(tk)), (op.origin, s.c(op.span))
+        rows, cols = (k_range, mn_range) if op.k_outer else (mn_range, k_range)
+        lt, layout = (self.tail_t, fo.tail) if tail else (self.fast_t, fo.fast)
+        sliced = s.tensor_slice(lt, layout, [rows, cols])
+        return s.coop_load_tensor(op.mat, op.buf, fo.base, zero, sliced, fo.view)
+
+    def _fast_k_loop(self, acc_var: int) -> None:
+        """Interior tile: K // TILE_K steps through unclamped (clamp mode Undefined) 2-D
+        layouts, `unroll` of them per loop iteration, then the remaining full steps one at a
+        time and, where TILE_K does not divide K, one last step through the clamped 2-D
+        layouts (zeros past K)."""
+        s, f, t, tile = self.s, self.s.f, self.t, self.t.tile
+        view = s.tensor_view(self.view2_t) if Layout.COLUMN_MAJOR in (t.a_layout,
+                                                                       t.b_layout) else None
+        fa = self._fast_operand(self.A, t.a_type, self.a_shape, "lda", "batch_stride_a",
+                                None if self.A.view is None else view)
+        fb = self._fast_operand(self.B, t.b_type, self.b_shape, "ldb", "batch_stride_b",
+                                None if self.B.view is None else view)
+        flags = self._mul_operands()
+        tk = s.c(tile.tile_k)
+        steps = s.udiv(self.P["K"], tk)
+        i_var = f.local(s.u32, s.c(0))
+
+        def load(k0: int, tail: bool = False) -> tuple[int, int]:
+            return (self._fast_load(fa, self.zero_a, k0, tail),
+                    self._fast_load(fb, self.zero_b, k0, tail))
+
+        def mma(ab: tuple[int, int]) -> None:
+            acc = f.op(Op.Load, self.mat_acc, acc_var)
+            f.emit(Op.Store, acc_var, f.op(Op.CooperativeMatrixMulAddKHR, self.mat_acc,
+                                           ab[0], ab[1], acc, *flags))
+
+        def run(count: int) -> None:
+            i = f.op(Op.Load, s.u32, i_var)
+            k0s = [s.mul(s.add(i, s.c(j)), tk) if j else s.mul(i, tk) for j in range(count)]
+            if tile.buffering == 2:  # each step's successor loads go out before its multiply
+                ab = load(k0s[0])
+                for j in range(count):
+                    nxt = load(k0s[j + 1]) if j + 1 < count else None
+                    mma(ab)
+                    if nxt is not None:
+                        ab = nxt
+            else:
+                for k0 in k0s:
+                    mma(load(k0))
+
+        def advance(by: int) -> Callable[[], None]:
+            return lambda: f.emit(Op.Store, i_var,
+                                  s.add(f.op(Op.Load, s.u32, i_var), s.c(by)))
+
+        u = self.unroll
+        if u > 1:
+            f.while_(lambda: s.le(s.add(f.op(Op.Load, s.u32, i_var), s.c(u)), steps),
+                     lambda: run(u), advance(u))
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, i_var), steps), lambda: run(1),
+                 advance(1))
+        rest = s.f.op(Op.INotEqual, s.bool, s.umod(self.P["K"], tk), s.c(0))
+        f.if_(rest, lambda: mma(load(s.mul(steps, tk), tail=True)))
 
     # -- epilogue -----------------------------------------------------------------------
     def _scale(self, mat: int, factor: int) -> int:
@@ -305,5 +454,6 @@ class Nv2GemmEmitter:
         return s.mb.assemble()
 
 
-def emit_nv2_gemm(traits: GemmTraits) -> bytes:
-    return Nv2GemmEmitter(traits).build()
+def emit_nv2_gemm(traits: GemmTraits, *, fast_path: bool = True,
+                  unroll: int = DEFAULT_UNROLL) -> bytes:
+    return Nv2GemmEmitter(traits, fast_path=fast_path, unroll=unroll).build()

@@ -84,12 +84,18 @@ class KernelPlan:
         return self.traits.m * self.traits.n
 
     @property
+    def stages(self) -> int:
+        """Copies of the A/B staging in shared memory: 2 for buffering 3 (the multiply
+        reads one while the next K step is stored into the other), else 1."""
+        return 2 if self.tile.buffering == 3 else 1
+
+    @property
     def shared_bytes(self) -> int:
         t = self.traits
         a = self.a.shared_units * _unit_bytes(self.a, t.a_type)
         b = self.b.shared_units * _unit_bytes(self.b, t.b_type)
         scratch = self.tile.subgroups * self.scratch_elems * element_bytes(t.result_type)
-        return a + b + scratch
+        return self.stages * (a + b) + scratch
 
 
 def _unit_bytes(s: StagePlan, t: ComponentType) -> int:

@@ -21,6 +21,10 @@ Why:
   still exercises several subgroups, accumulator grids, and multiple K steps per tile.
 Tiles shrink (tile_k first, then the accumulator grid, then the subgroup grid) until they
 fit the device's shared memory and invocation limits.
+
+Buffering 3 (two shared stages, one barrier per K step) and 4 (buffering 2 with streamed B
+fragments) are never defaults; tune_candidates offers them for GPUs, on the large
+per-subgroup blocks, for `python -m coopmat.bench --tune` to time.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from coopmat.device.enums import ComponentType
 
 GPU_SUBGROUP = 32
 TILE_K_BYTES = 64
+# tune_candidates stops adding buffering 3/4 tiles here (each is compiled and timed).
+MAX_TUNE_CANDIDATES = 80
 
 
 def _fits(tile: Tile, a_type: ComponentType, result_type: ComponentType, m: int, n: int,
@@ -153,8 +159,38 @@ def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n
                 if tile not in out and _fits(tile, a_type, result_type, m, n, k, subgroup_size,
                                              max_shared_memory, max_invocations):
                     out.append(tile)
+    if subgroup_size >= GPU_SUBGROUP:
+        staged = _staged_candidates(a_type, result_type, m, n, k, subgroup_size,
+                                    max_shared_memory, max_invocations, out)
+        out += staged[:max(0, MAX_TUNE_CANDIDATES - 1 - len(out))]
     default = default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
                            max_invocations)
     if default in out:
         out.remove(default)
     return [default, *out]
+
+
+def _staged_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n: int,
+                       k: int, subgroup_size: int, max_shared_memory: int,
+                       max_invocations: int, seen: list[Tile]) -> list[Tile]:
+    """GPU candidates for buffering 3 (two shared stages, one barrier per K step) and 4
+    (buffering 2 with streamed B fragments), limited to the large per-subgroup blocks that
+    the buffering-2 measurements favour: buffering 3 needs twice the staging memory, so it
+    gets the shallower K depths; buffering 4 the depth vk_cooperative_matrix_perf uses."""
+    es = element_bytes(a_type)
+    out: list[Tile] = []
+    for sg_m, sg_n in [(2, 2), (2, 4), (4, 2)]:
+        for acc_m, acc_n in [(2, 4), (4, 2), (4, 4), (8, 4), (4, 8)]:
+            if acc_m * acc_n * m * n * element_bytes(result_type) > 32 * 16 * 16 * 2:
+                continue  # more accumulator registers than 32 16x16 f16 matrices
+            for buffering, k_bytes in ((3, (32, 64)), (4, (64,))):
+                if buffering == 4 and acc_m * acc_n * m * n < 16 * 16 * 16:
+                    continue
+                for kb in k_bytes:
+                    tk = max(k, kb // es // k * k)
+                    tile = Tile(sg_m * acc_m * m, sg_n * acc_n * n, tk, sg_m, sg_n, buffering)
+                    if tile not in seen and tile not in out and _fits(
+                            tile, a_type, result_type, m, n, k, subgroup_size,
+                            max_shared_memory, max_invocations):
+                        out.append(tile)
+    return out

@@ -15,6 +15,11 @@ class Layout(enum.Enum):
     COLUMN_MAJOR = 1
 
 
+# Tile.buffering values: 1 load-then-multiply, 2 register prefetch, 3 register prefetch
+# into two shared stages (one barrier per K step), 4 as 2 with streamed B fragments.
+BUFFERING_MODES = (1, 2, 3, 4)
+
+
 @dataclass(frozen=True)
 class Tile:
     """How one workgroup splits its share of the output.
@@ -24,6 +29,13 @@ class Tile:
     (tile_m / subgroups_m) x (tile_n / subgroups_n) block, held as a grid of
     cooperative-matrix accumulators. buffering = 2 keeps the next K step's global loads
     in registers while the current one is multiplied; 1 loads, then multiplies.
+    buffering = 3 stages A/B in two shared-memory copies (twice the staging memory) with
+    one workgroup barrier per K step: while the multiply reads one copy, the K step
+    prefetched into registers is stored into the other and the one after it is loaded.
+    buffering = 4 is buffering 2's pipeline (one copy, two barriers per K step). Both 3 and
+    4 multiply in the order that holds the fewest fragments: a K step's A fragments, then
+    one B fragment at a time against all of them (buffering 1 and 2 load every fragment
+    of the K step first).
     """
 
     tile_m: int
@@ -43,8 +55,9 @@ class Tile:
 
     def check(self, m: int, n: int, k: int) -> None:
         """Raise ValueError unless the tile splits evenly into m x n x k cooperative matrices."""
-        if self.buffering not in (1, 2):
-            raise ValueError(f"buffering must be 1 or 2, not {self.buffering}")
+        if self.buffering not in BUFFERING_MODES:
+            raise ValueError(f"buffering must be one of {BUFFERING_MODES}, "
+                             f"not {self.buffering}")
         if min(self.subgroups_m, self.subgroups_n) < 1:
             raise ValueError("the subgroup grid needs at least one subgroup each way")
         if self.tile_m % (self.subgroups_m * m) or self.tile_n % (self.subgroups_n * n):
