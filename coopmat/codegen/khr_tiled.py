@@ -40,7 +40,6 @@ from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
     CooperativeMatrixLayout,
-    CooperativeMatrixOperands,
     CooperativeMatrixUse,
     ExecutionMode,
     ExecutionModel,
@@ -48,7 +47,12 @@ from coopmat.codegen.spv import (
     Scope,
 )
 from coopmat.codegen.traits import Layout
-from coopmat.codegen.types import RESULT_TYPES, scalar_type, type_capabilities
+from coopmat.codegen.types import (
+    RESULT_TYPES,
+    scalar_type,
+    signedness_operands,
+    type_capabilities,
+)
 from coopmat.device.enums import ComponentType
 
 
@@ -226,14 +230,7 @@ class TiledGemmEmitter:
 
     def _mul_operands(self) -> int:
         t = self.t
-        flags = CooperativeMatrixOperands.NONE
-        for ct, bit in ((t.a_type, CooperativeMatrixOperands.MatrixASigned),
-                        (t.b_type, CooperativeMatrixOperands.MatrixBSigned),
-                        (t.c_type, CooperativeMatrixOperands.MatrixCSigned),
-                        (t.result_type, CooperativeMatrixOperands.MatrixResultSigned)):
-            if not ct.is_float and ct.is_signed:
-                flags |= bit
-        return int(flags)
+        return signedness_operands(t.a_type, t.b_type, t.c_type, t.result_type)
 
     def _multiply(self) -> None:
         s, t = self.s, self.t

@@ -61,7 +61,6 @@ from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
-    CooperativeMatrixOperands,
     CooperativeMatrixUse,
     ExecutionMode,
     ExecutionModel,
@@ -70,7 +69,7 @@ from coopmat.codegen.spv import (
     TensorClampMode,
 )
 from coopmat.codegen.traits import GemmTraits, Layout
-from coopmat.codegen.types import scalar_type, type_capabilities
+from coopmat.codegen.types import scalar_type, signedness_operands, type_capabilities
 from coopmat.device.enums import ComponentType
 
 EXTENSIONS = ("SPV_KHR_cooperative_matrix", "SPV_NV_cooperative_matrix2",
@@ -271,14 +270,8 @@ class Nv2GemmEmitter:
 
     def _mul_operands(self) -> tuple[int, ...]:
         t = self.t
-        flags = CooperativeMatrixOperands.NONE
-        for ct, bit in ((t.a_type, CooperativeMatrixOperands.MatrixASigned),
-                        (t.b_type, CooperativeMatrixOperands.MatrixBSigned),
-                        (t.c_type, CooperativeMatrixOperands.MatrixCSigned),
-                        (t.result_type, CooperativeMatrixOperands.MatrixResultSigned)):
-            if not ct.is_float and ct.is_signed:
-                flags |= bit
-        return (int(flags),) if flags else ()
+        flags = signedness_operands(t.a_type, t.b_type, t.c_type, t.result_type)
+        return (flags,) if flags else ()
 
     def _k_loop(self) -> int:
         """Run the K loop (the fast path where the workgroup qualifies); return the final

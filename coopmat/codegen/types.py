@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coopmat.codegen.builder import ModuleBuilder
-from coopmat.codegen.spv import Capability, FPEncoding
+from coopmat.codegen.spv import Capability, CooperativeMatrixOperands, FPEncoding
 from coopmat.device.enums import ComponentType
 
 # The element types a GEMM operand (A, B) and a result (C, D) may have here.
@@ -62,3 +62,17 @@ def vulkan_features(caps: set[Capability]) -> tuple[str, ...]:
         Capability.TensorAddressingNV: "cooperativeMatrixTensorAddressing",
     }
     return tuple(sorted({names[c] for c in caps if c in names}))
+
+
+def signedness_operands(a: ComponentType, b: ComponentType, c: ComponentType,
+                        result: ComponentType) -> int:
+    """The Cooperative Matrix Operands of a MulAdd: a Signed bit for each signed integer
+    matrix, so i8 is sign-extended and u8 zero-extended as the spec says."""
+    flags = CooperativeMatrixOperands.NONE
+    for ct, bit in ((a, CooperativeMatrixOperands.MatrixASigned),
+                    (b, CooperativeMatrixOperands.MatrixBSigned),
+                    (c, CooperativeMatrixOperands.MatrixCSigned),
+                    (result, CooperativeMatrixOperands.MatrixResultSigned)):
+        if not ct.is_float and ct.is_signed:
+            flags |= bit
+    return int(flags)

@@ -9,9 +9,8 @@ from typing import Any
 from coopmat.device import vkffi
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.query import (
-    BFLOAT16_FEATURES,
     COOPMAT2_FEATURES,
-    FLOAT8_FEATURES,
+    EXTENSION_FEATURE_STRUCTS,
 )
 from coopmat.device.vkffi import extra, new_struct, vk
 from coopmat.errors import MissingFeatureError, VulkanError
@@ -109,15 +108,7 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
                          v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR)
     coopmat.cooperativeMatrix = True
     structs: list[Any] = [f2, f11, f12, f13, coopmat]
-    optional = [
-        ("VK_NV_cooperative_matrix2", "VkPhysicalDeviceCooperativeMatrix2FeaturesNV",
-         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV, COOPMAT2_FEATURES),
-        ("VK_KHR_shader_bfloat16", "VkPhysicalDeviceShaderBfloat16FeaturesKHR",
-         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR, BFLOAT16_FEATURES),
-        ("VK_EXT_shader_float8", "VkPhysicalDeviceShaderFloat8FeaturesEXT",
-         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT8_FEATURES_EXT, FLOAT8_FEATURES),
-    ]
-    for ext, ctype, stype, names in optional:
+    for ext, ctype, stype, names in EXTENSION_FEATURE_STRUCTS:
         if ext in extensions:
             s = extra.new(ctype + " *")
             s.sType = stype

@@ -36,6 +36,17 @@ BFLOAT16_FEATURES = ("shaderBFloat16Type", "shaderBFloat16CooperativeMatrix")
 FLOAT8_FEATURES = ("shaderFloat8", "shaderFloat8CooperativeMatrix")
 BASE_FEATURES = ("shaderInt16", "shaderInt64")
 
+# (extension, features structure of our own FFI, its sType, its feature names): read, and
+# enabled at device creation, only where the extension is offered.
+EXTENSION_FEATURE_STRUCTS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
+    ("VK_NV_cooperative_matrix2", "VkPhysicalDeviceCooperativeMatrix2FeaturesNV",
+     vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV, COOPMAT2_FEATURES),
+    ("VK_KHR_shader_bfloat16", "VkPhysicalDeviceShaderBfloat16FeaturesKHR",
+     vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR, BFLOAT16_FEATURES),
+    ("VK_EXT_shader_float8", "VkPhysicalDeviceShaderFloat8FeaturesEXT",
+     vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT8_FEATURES_EXT, FLOAT8_FEATURES),
+)
+
 _STYPE = {  # VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1x_FEATURES
     "VkPhysicalDeviceVulkan11Features": 49,
     "VkPhysicalDeviceVulkan12Features": 51,
@@ -77,15 +88,7 @@ def _features(pd: Any, api: int, exts: set[str]) -> tuple[dict[str, bool], list[
             "VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
             v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR)
         groups["VkPhysicalDeviceCooperativeMatrixFeaturesKHR"] = COOPMAT_FEATURES
-    optional = [
-        ("VK_NV_cooperative_matrix2", "VkPhysicalDeviceCooperativeMatrix2FeaturesNV",
-         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_FEATURES_NV, COOPMAT2_FEATURES),
-        ("VK_KHR_shader_bfloat16", "VkPhysicalDeviceShaderBfloat16FeaturesKHR",
-         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR, BFLOAT16_FEATURES),
-        ("VK_EXT_shader_float8", "VkPhysicalDeviceShaderFloat8FeaturesEXT",
-         vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT8_FEATURES_EXT, FLOAT8_FEATURES),
-    ]
-    for ext, ctype, stype, names in optional:
+    for ext, ctype, stype, names in EXTENSION_FEATURE_STRUCTS:
         if ext in exts:
             structs[ctype] = extra.new(ctype + " *")
             structs[ctype].sType = stype
