@@ -80,7 +80,7 @@ def test_parse_recorded_flexible_dims() -> None:
     assert (last.m_granularity, last.n_granularity, last.k_granularity) == (32, 32, 16)
     assert last.component("a_type") == CT.BFLOAT16 and last.result_type == CT.FLOAT32
     assert last.scope == Scope.WORKGROUP and last.workgroup_invocations == 256
-    assert not last.saturating
+    assert not last.saturating_accumulation
 
 
 def test_parse_rejects_malformed_entries_and_ignores_other_lines() -> None:
@@ -93,7 +93,8 @@ def test_entries_from_the_device_layer_and_json_agree() -> None:
     e = FLEX[23]
     live = FlexibleDimensionsProperties(e.m_granularity, e.n_granularity, e.k_granularity,
                                         e.a_type, e.b_type, e.c_type, e.result_type,
-                                        e.saturating, e.scope, e.workgroup_invocations)
+                                        e.saturating_accumulation, e.scope,
+                                        e.workgroup_invocations)
     assert as_flex(live) == e
     assert as_flex(live.to_dict()) == e  # coopmat.info --json form
 

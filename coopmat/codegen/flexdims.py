@@ -16,35 +16,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coopmat.device.enums import ComponentType, Scope, parse_component_type, parse_scope
+from coopmat.device.enums import parse_component_type, parse_scope
+from coopmat.device.model import FlexibleDimensionsProperties
 
-
-@dataclass(frozen=True)
-class FlexDims:
-    m_granularity: int
-    n_granularity: int
-    k_granularity: int
-    a_type: int
-    b_type: int
-    c_type: int
-    result_type: int
-    saturating: bool
-    scope: int
-    workgroup_invocations: int
-
-    @property
-    def workgroup_scope(self) -> bool:
-        return self.scope == Scope.WORKGROUP
-
-    def component(self, which: str) -> ComponentType | None:
-        try:
-            return ComponentType(getattr(self, which))
-        except ValueError:
-            return None
+# The device layer's own record of an entry; recorded text and JSON parse into it too.
+FlexDims = FlexibleDimensionsProperties
 
 
 _ENTRY = re.compile(r"^\s*\[\d+\]\s+(?P<fields>.*\S)\s*$")
@@ -73,8 +52,8 @@ def parse_flexible_dims_text(text: str) -> list[FlexDims]:
                 m_granularity=int(f["MGranularity"]), n_granularity=int(f["NGranularity"]),
                 k_granularity=int(f["KGranularity"]), a_type=_enum_value(f["A"]),
                 b_type=_enum_value(f["B"]), c_type=_enum_value(f["C"]),
-                result_type=_enum_value(f["Result"]), saturating=f["saturating"] not in ("0",
-                                                                                      "false"),
+                result_type=_enum_value(f["Result"]),
+                saturating_accumulation=f["saturating"] not in ("0", "false"),
                 scope=_enum_value(f["scope"]),
                 workgroup_invocations=int(f["workgroupInvocations"])))
         except (KeyError, ValueError) as e:
@@ -83,7 +62,7 @@ def parse_flexible_dims_text(text: str) -> list[FlexDims]:
 
 
 def as_flex(entry: Any) -> FlexDims:
-    """Normalize a FlexDims, a device-layer FlexibleDimensionsProperties, or a JSON mapping."""
+    """Normalize a device-layer FlexibleDimensionsProperties or a JSON mapping."""
     if isinstance(entry, FlexDims):
         return entry
     if isinstance(entry, Mapping):
@@ -96,10 +75,7 @@ def as_flex(entry: Any) -> FlexDims:
             parse_component_type(get("ResultType", "Result", "R")),
             bool(get("saturatingAccumulation", "saturating", "sat", default=False)),
             parse_scope(get("scope")), int(get("workgroupInvocations", default=0)))
-    return FlexDims(
-        entry.m_granularity, entry.n_granularity, entry.k_granularity, int(entry.a_type),
-        int(entry.b_type), int(entry.c_type), int(entry.result_type),
-        bool(entry.saturating_accumulation), int(entry.scope), int(entry.workgroup_invocations))
+    raise TypeError(f"not a flexible-dimensions entry: {entry!r}")
 
 
 def as_flex_list(entries: Iterable[Any]) -> list[FlexDims]:

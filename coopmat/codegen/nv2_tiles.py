@@ -78,7 +78,7 @@ def matching_entries(a_type: CT, result_type: CT, flex_props: Iterable[Any],
     """Usable workgroup-scope entries for the types, preferred workgroup sizes first."""
     out = []
     for e in as_flex_list(flex_props):
-        if not e.workgroup_scope or e.saturating:
+        if not e.workgroup_scope or e.saturating_accumulation:
             continue
         if (e.a_type, e.b_type, e.c_type, e.result_type) != (a_type, a_type, result_type,
                                                              result_type):

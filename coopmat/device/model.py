@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coopmat.device.enums import (
+    ComponentType,
+    Scope,
     component_type_name,
     parse_component_type,
     parse_scope,
@@ -91,6 +93,17 @@ class FlexibleDimensionsProperties:
     saturating_accumulation: bool
     scope: int
     workgroup_invocations: int
+
+    @property
+    def workgroup_scope(self) -> bool:
+        return self.scope == Scope.WORKGROUP
+
+    def component(self, which: str) -> ComponentType | None:
+        """The named type field ('a_type', ...) as a ComponentType, None if unknown."""
+        try:
+            return ComponentType(getattr(self, which))
+        except ValueError:
+            return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
