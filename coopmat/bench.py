@@ -278,8 +278,8 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     for ax, dt in zip(axes[0], dtypes, strict=False):
         sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
         sel.sort(key=lambda r: r.M)
-        for fam in sorted({r.kernel.split("-")[0] for r in sel if r.kernel}):
-            mine = [r for r in sel if r.kernel.startswith(fam + "-")]
+        for fam in sorted({r.family for r in sel}):  # auto, khr, nv2 as requested
+            mine = [r for r in sel if r.family == fam]
             xs = [r.M for r in mine]
             ax.plot(xs, [r.rate(r.kernel_time) or np.nan for r in mine], "o-",
                     label=f"coopmat {fam} kernel")
