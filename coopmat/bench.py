@@ -27,9 +27,15 @@ import numpy as np
 import coopmat
 from coopmat import codegen
 from coopmat.codegen import GemmParams, Layout
-from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
+from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.dispatch import tuning
-from coopmat.dispatch.gemm import PreparedGemm, default_traits, nv2_available, shape_class
+from coopmat.dispatch.gemm import (
+    PreparedGemm,
+    default_traits,
+    nv2_available,
+    nv2_candidates,
+    shape_class,
+)
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
 from coopmat.linalg import matmul, supported_dtypes
@@ -311,15 +317,7 @@ def candidates_for(rt: Any, pair: TypePair, config: Any,
                                     limits.max_compute_work_group_invocations, small_m=small_m)
     out: list[tuple[str, Any]] = [("khr", t) for t in tiles]
     if nv2_available(rt) and not small_m:
-        info = rt.device.info
-        wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
-            limits.max_compute_work_group_invocations
-        out += [("nv2", t) for t in nv2_tile_candidates(
-            pair.operand, pair.result, info.flexible_dimensions_properties, limits.subgroup_size,
-            limits.max_compute_shared_memory_size, wg_max,
-            reserved_shared_memory=(
-                limits.cooperative_matrix_workgroup_scope_reserved_shared_memory or 0),
-            max_dimension=limits.cooperative_matrix_flexible_dimensions_max_dimension)]
+        out += [("nv2", t) for t in nv2_candidates(rt, pair)]
     return out
 
 

@@ -68,7 +68,7 @@ def runner() -> KernelRunner:
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory,
                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "spirv"))
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 def traits(ab: CT, res: CT, a_layout: Layout, b_layout: Layout, has_c: bool, aligned: bool,

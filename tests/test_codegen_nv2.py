@@ -53,7 +53,7 @@ needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path / "spirv"))
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))  # SPIR-V goes in its spirv/
     cache.clear_memory_cache()
 
 

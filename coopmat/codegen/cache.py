@@ -3,7 +3,8 @@
 Only the SPIR-V is stored: the rest of a Kernel is cheap arithmetic on its traits, so a
 family rebuilds it from a stub. The key covers the traits, the package version and a
 digest of the generator's own source, so editing the generator never serves stale code.
-Set COOPMAT_CACHE_DIR to move the disk cache, or to an empty string to turn it off.
+The files live in the spirv/ folder of coopmat's cache root (coopmat/cachedir.py:
+$COOPMAT_CACHE_DIR, default ~/.cache/coopmat; set empty, every disk cache is off).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+from coopmat.cachedir import cache_root
 from coopmat.codegen.family import family_for
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.traits import GemmTraits
@@ -57,11 +59,8 @@ def cache_key(traits: GemmTraits) -> str:
 
 
 def cache_dir() -> Path | None:
-    env = os.environ.get("COOPMAT_CACHE_DIR")
-    if env is not None:
-        return Path(env) if env else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "coopmat" / "spirv"
+    root = cache_root()
+    return root / "spirv" if root is not None else None
 
 
 def _read_disk(key: str) -> bytes | None:

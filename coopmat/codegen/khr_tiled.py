@@ -343,11 +343,7 @@ class TiledGemmEmitter:
 
     # -- epilogue -------------------------------------------------------------------------
     def _scale_matrix(self, mat: int, factor: int) -> int:
-        s = self.s
-        if self.float_result:
-            return s.f.op(Op.MatrixTimesScalar, self.mat_acc, mat, factor)
-        splat = s.f.op(Op.CompositeConstruct, self.mat_acc, factor)
-        return s.f.op(Op.IMul, self.mat_acc, mat, splat)
+        return self.s.scale_matrix(self.mat_acc, mat, factor, self.float_result)
 
     def _store_direct(self, acc: int, i0: int, j0: int) -> None:
         s, P = self.s, self.P

@@ -415,11 +415,7 @@ class Nv2GemmEmitter:
 
     # -- epilogue -----------------------------------------------------------------------
     def _scale(self, mat: int, factor: int) -> int:
-        s = self.s
-        if self.float_result:
-            return s.f.op(Op.MatrixTimesScalar, self.mat_acc, mat, factor)
-        splat = s.f.op(Op.CompositeConstruct, self.mat_acc, factor)
-        return s.f.op(Op.IMul, self.mat_acc, mat, splat)
+        return self.s.scale_matrix(self.mat_acc, mat, factor, self.float_result)
 
     def _epilogue(self, acc: int) -> None:
         s, t, P, tile = self.s, self.t, self.P, self.t.tile

@@ -83,6 +83,14 @@ class ShaderContext:
     def and_(self, a: int, b: int) -> int:
         return self.f.op(Op.LogicalAnd, self.bool, a, b)
 
+    def scale_matrix(self, mat_type: int, mat: int, factor: int, is_float: bool) -> int:
+        """factor * mat for a cooperative matrix: OpMatrixTimesScalar for floats, an
+        element-wise IMul by a splat for integers (which have no matrix-times-scalar)."""
+        if is_float:
+            return self.f.op(Op.MatrixTimesScalar, mat_type, mat, factor)
+        splat = self.f.op(Op.CompositeConstruct, mat_type, factor)
+        return self.f.op(Op.IMul, mat_type, mat, splat)
+
     def select(self, type_id: int, cond: int, a: int, b: int) -> int:
         return self.f.op(Op.Select, type_id, cond, a, b)
 

@@ -13,7 +13,6 @@ from coopmat.device.model import (
     PhysicalDeviceInfo,
 )
 from coopmat.device.vkffi import extra, new_struct, vk
-from coopmat.errors import VulkanError
 
 # Feature names reported, grouped by the structure that holds them. The coopmat2,
 # bfloat16 and float8 groups are read only when their extension is present.
@@ -154,11 +153,6 @@ def _limits(pd: Any, exts: set[str]) -> DeviceLimits:
     )
 
 
-def _check(call: str, result: int) -> None:
-    if result < 0:
-        raise VulkanError(call, vkffi.result_name(result))
-
-
 def cooperative_matrix_properties(pd: Any) -> tuple[CooperativeMatrixProperties, ...]:
     """The driver's list, in the driver's order (its order of preference)."""
     v = vk()
@@ -168,11 +162,11 @@ def cooperative_matrix_properties(pd: Any) -> tuple[CooperativeMatrixProperties,
     if fn is None:
         return ()
     count = v.ffi.new("uint32_t *")
-    _check(name, fn(pd, count, v.ffi.NULL))
+    vkffi.check(name, fn(pd, count, v.ffi.NULL))
     arr = v.ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
     for i in range(count[0]):
         arr[i].sType = v.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
-    _check(name, fn(pd, count, arr))
+    vkffi.check(name, fn(pd, count, arr))
     return tuple(
         CooperativeMatrixProperties(
             M=e.MSize, N=e.NSize, K=e.KSize, a_type=e.AType, b_type=e.BType, c_type=e.CType,
@@ -191,11 +185,11 @@ def flexible_dimensions_properties(pd: Any) -> tuple[FlexibleDimensionsPropertie
         return ()
     pd_ptr = extra.cast("void *", int(vk().ffi.cast("uintptr_t", pd)))
     count = extra.new("uint32_t *")
-    _check(name, fn(pd_ptr, count, extra.NULL))
+    vkffi.check(name, fn(pd_ptr, count, extra.NULL))
     arr = extra.new("VkCooperativeMatrixFlexibleDimensionsPropertiesNV[]", count[0])
     for i in range(count[0]):
         arr[i].sType = vkffi.STRUCTURE_TYPE_COOPERATIVE_MATRIX_FLEXIBLE_DIMENSIONS_PROPERTIES_NV
-    _check(name, fn(pd_ptr, count, arr))
+    vkffi.check(name, fn(pd_ptr, count, arr))
     return tuple(
         FlexibleDimensionsProperties(
             m_granularity=e.MGranularity, n_granularity=e.NGranularity,

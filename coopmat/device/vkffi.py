@@ -145,3 +145,10 @@ def result_name(result: int) -> str:
                 and getattr(v, key) == result:
             return key
     return f"VkResult({result})"
+
+
+def check(call: str, result: int) -> None:
+    """For raw `lib.` calls, which return a VkResult instead of raising."""
+    if result < 0:
+        from coopmat.errors import VulkanError
+        raise VulkanError(call, result_name(result))

@@ -19,7 +19,7 @@ import numpy as np
 
 from coopmat import codegen
 from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile
-from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_traits
+from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
 from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties
 from coopmat.dispatch import tuning
@@ -236,6 +236,19 @@ def choose_family(rt: Runtime, pair: TypePair, family: str | None,
     return ("nv2" if preferred == "nv2" and nv2_available(rt) else "khr"), None
 
 
+def nv2_candidates(rt: Runtime, pair: TypePair) -> list[Tile]:
+    """The nv2 tiles this device's workgroup-scope list and limits allow, default first."""
+    limits = rt.device.info.limits
+    wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
+        limits.max_compute_work_group_invocations
+    return nv2_tile_candidates(
+        pair.operand, pair.result, rt.device.info.flexible_dimensions_properties,
+        limits.subgroup_size, limits.max_compute_shared_memory_size, wg_max,
+        reserved_shared_memory=(
+            limits.cooperative_matrix_workgroup_scope_reserved_shared_memory or 0),
+        max_dimension=limits.cooperative_matrix_flexible_dimensions_max_dimension)
+
+
 def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
                    a_layout: Layout, b_layout: Layout, has_c: bool,
                    params: GemmParams, family: str | None = None) -> GemmTraits:
@@ -247,15 +260,8 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
     if fam == "nv2":
         info = rt.device.info
         flex = info.flexible_dimensions_properties
-        wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
-            limits.max_compute_work_group_invocations
-        if tile is None:
-            tile = default_nv2_tile(
-                pair.operand, pair.result, flex, limits.subgroup_size,
-                limits.max_compute_shared_memory_size, wg_max,
-                reserved_shared_memory=(
-                    limits.cooperative_matrix_workgroup_scope_reserved_shared_memory or 0),
-                max_dimension=limits.cooperative_matrix_flexible_dimensions_max_dimension)
+        if tile is None:  # the default is the first candidate
+            tile = next(iter(nv2_candidates(rt, pair)), None)
         if tile is None:
             raise MissingFeatureError(
                 f"device {info.index} ({info.name}) lists no workgroup-scope matrix for "

@@ -7,9 +7,9 @@ import atexit
 import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from coopmat.cachedir import cache_root
 from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.vkcall import call, check
@@ -21,12 +21,6 @@ ALLOW_VARYING_SUBGROUP_SIZE = 0x1
 REQUIRE_FULL_SUBGROUPS = 0x2
 PIPELINE_CREATE_DISPATCH_BASE = 0x10
 STRUCTURE_TYPE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO = 1000225001
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("COOPMAT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "coopmat")
-    return Path(base)
 
 
 @dataclass
@@ -51,10 +45,11 @@ class PipelineCache:
         props = v.vkGetPhysicalDeviceProperties(device.physical)
         uuid = bytes(v.ffi.buffer(props.pipelineCacheUUID, 16)).hex()
         name = f"{props.vendorID:04x}-{props.deviceID:04x}-{uuid}.bin"
-        self.path = cache_dir() / "pipelines" / name
+        root = cache_root()
+        self.path = root / "pipelines" / name if root is not None else None
         initial = b""
         try:
-            initial = self.path.read_bytes()
+            initial = self.path.read_bytes() if self.path is not None else b""
         except OSError:
             pass
         data = v.ffi.new("char[]", initial) if initial else None
@@ -131,7 +126,7 @@ class PipelineCache:
 
     def save(self) -> None:
         """Write the driver's cache blob to disk (atomically), if anything new was built."""
-        if not self._dirty or self.device.handle is None:
+        if not self._dirty or self.device.handle is None or self.path is None:
             return
         v = vk()
         with self._lock:

@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from coopmat.cachedir import cache_root
 from coopmat.codegen import Tile
 from coopmat.device.model import PhysicalDeviceInfo
-from coopmat.dispatch.pipelines import cache_dir
 
 ENV_DISABLE = "COOPMAT_NO_TUNING"
 SHIPPED = Path(__file__).parent / "tuned"
@@ -28,8 +28,10 @@ def device_key(info: PhysicalDeviceInfo) -> str:
     return f"{info.vendor_id:04x}-{info.device_id:04x}-{info.driver_version}"
 
 
-def path_for(info: PhysicalDeviceInfo) -> Path:
-    return cache_dir() / "tuning" / f"{device_key(info)}.json"
+def path_for(info: PhysicalDeviceInfo) -> Path | None:
+    """The user's tuning file for the device; None when disk caches are off."""
+    root = cache_root()
+    return root / "tuning" / f"{device_key(info)}.json" if root is not None else None
 
 
 def _table(info: PhysicalDeviceInfo) -> dict[str, Any]:
@@ -39,6 +41,8 @@ def _table(info: PhysicalDeviceInfo) -> dict[str, Any]:
             _loaded[key] = {}
             shipped = SHIPPED / f"{info.vendor_id:04x}-{info.device_id:04x}.json"
             for path in (path_for(info), shipped):
+                if path is None:
+                    continue
                 try:
                     _loaded[key] = json.loads(path.read_text())
                     break
@@ -64,9 +68,10 @@ def record(info: PhysicalDeviceInfo, pair_name: str, family: str, tile: Tile,
                                                    tile.subgroups_m, tile.subgroups_n,
                                                    tile.buffering], **evidence}
     path = path_for(info)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)
+    if path is not None:  # with disk caches off the choice lasts for this process only
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(path)
     with _lock:
         _loaded[device_key(info)] = table

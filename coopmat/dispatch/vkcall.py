@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from coopmat.device.vkffi import vk
+from coopmat.device.vkffi import check, vk
 from coopmat.errors import OutOfDeviceMemoryError, VulkanError
+
+__all__ = ["call", "check", "result_of"]
 
 
 def result_of(exc: BaseException) -> str:
@@ -29,8 +31,3 @@ def call(fn: Any, *args: Any) -> Any:
         raise VulkanError(name, result) from exc
 
 
-def check(name: str, result: int) -> None:
-    """For raw `lib.` calls, which return a VkResult instead of raising."""
-    if result < 0:
-        from coopmat.device.vkffi import result_name
-        raise VulkanError(name, result_name(result))
