@@ -32,8 +32,10 @@ from coopmat.dispatch import tuning
 from coopmat.dispatch.gemm import (
     PreparedGemm,
     default_traits,
+    fastest_variant,
     nv2_available,
     nv2_candidates,
+    packs_b,
     shape_class,
 )
 from coopmat.dispatch.runtime import runtime
@@ -352,17 +354,20 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
     ops = 2.0 * M * size * size
     best: tuple[float, str, Any] | None = None
     report = []
+    # B as the kernel will read it: matmul repacks 8-bit B K-contiguous for larger M.
+    b_layout = Layout.COLUMN_MAJOR if packs_b(rt, pair, Layout.ROW_MAJOR, M, None) \
+        else Layout.ROW_MAJOR
     for family, tile in candidates_for(rt, pair, config, small_m=small):
         params = GemmParams(M, size, size, size, size, size, size)
         if family == "nv2":
             traits = nv2_traits(pair.operand, pair.result,
                                 rt.device.info.flexible_dimensions_properties,
                                 rt.device.info.limits.subgroup_size, Layout.ROW_MAJOR,
-                                Layout.ROW_MAJOR, False, tile)
+                                b_layout, False, tile)
         else:
-            base = default_traits(rt, config, pair, Layout.ROW_MAJOR, Layout.ROW_MAJOR,
+            base = default_traits(rt, config, pair, Layout.ROW_MAJOR, b_layout,
                                   False, params, family="khr")
-            traits = replace(base, tile=tile)
+            traits = fastest_variant(replace(base, tile=tile), params)
         entry: dict[str, Any] = {"class": key, "family": family, "tile": tile.describe(),
                                  "M": M, "N": size, "K": size}
         try:

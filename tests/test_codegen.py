@@ -4,6 +4,7 @@ interface pieces (tiles, ABI, cache, CLI) behave."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from coopmat.codegen import (
     build_gemm,
     cache,
     default_tile,
+    exact_ok,
     variants_for,
 )
 from coopmat.codegen import __main__ as cli
@@ -70,9 +72,10 @@ LAYOUTS = [(a, b) for a in Layout for b in Layout]
 
 
 def test_variant_counts() -> None:
-    # 11 H200 configs and 4 lavapipe ones, each x 2 x 2 layouts x C or not x aligned or not.
-    assert len(_variants(H200)) == 11 * 16
-    assert len(_variants(LAVAPIPE)) == 4 * 16
+    # 11 H200 configs and 4 lavapipe ones, each x 2 x 2 layouts x C or not x
+    # exact/aligned/general.
+    assert len(_variants(H200)) == 11 * 24
+    assert len(_variants(LAVAPIPE)) == 4 * 24
 
 
 @needs_spirv_tools
@@ -161,7 +164,7 @@ def test_default_tiles() -> None:
 
 
 def test_kernel_metadata_and_push_constants() -> None:
-    t = _variants(LAVAPIPE)[0]
+    t = next(x for x in _variants(LAVAPIPE) if not x.exact)
     k = build_gemm(t)
     assert k.local_size == (t.tile.subgroups * 8, 1, 1)
     assert k.required_subgroup_size == 8
@@ -175,7 +178,8 @@ def test_kernel_metadata_and_push_constants() -> None:
 
 
 def test_aligned_preconditions() -> None:
-    t = next(x for x in _variants(LAVAPIPE) if x.a_type == CT.FLOAT16 and x.aligned)
+    t = next(x for x in _variants(LAVAPIPE)
+             if x.a_type == CT.FLOAT16 and x.aligned and not x.exact)
     ok = GemmParams(37, 32, 64, 64, 32, 32, 32)
     assert aligned_ok(t, ok)
     bad_k = GemmParams(37, 32, 60, 64, 32, 32, 32)  # K not a multiple of 8 halves
@@ -185,6 +189,22 @@ def test_aligned_preconditions() -> None:
         build_gemm(t).push_constants(bad_k)
     general = GemmTraits(**{**t.__dict__, "aligned": False})
     build_gemm(general).push_constants(bad_k)  # the general variant takes anything
+
+
+def test_exact_preconditions() -> None:
+    """Exact = aligned + whole tiles in M, N and K; only khr aligned traits have it."""
+    t = next(x for x in _variants(LAVAPIPE) if x.a_type == CT.FLOAT16 and x.exact)
+    tm, tn, tk = t.tile.tile_m, t.tile.tile_n, t.tile.tile_k
+    whole = GemmParams(2 * tm, 3 * tn, 4 * tk, 4 * tk, 3 * tn, 3 * tn, 3 * tn)
+    assert exact_ok(t, whole)
+    build_gemm(t).push_constants(whole)
+    for bad in (replace(whole, M=2 * tm - 8), replace(whole, N=3 * tn + 8),
+                replace(whole, K=4 * tk + 8), replace(whole, lda=4 * tk + 1)):
+        assert not exact_ok(t, bad)
+        with pytest.raises(ValueError):
+            build_gemm(t).push_constants(bad)
+    with pytest.raises(ValueError, match="exact"):
+        build_gemm(replace(t, aligned=False))
 
 
 def test_rejects_bad_sizes() -> None:
@@ -218,8 +238,8 @@ def test_disk_cache_can_be_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_cli_validate_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--validate-all", "--properties", str(LAVAPIPE)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "64 passed, 0 failed"
-    assert len(lines) == 65
+    assert lines[-1] == "96 passed, 0 failed"
+    assert len(lines) == 97
 
 
 @needs_spirv_tools
@@ -229,3 +249,18 @@ def test_cli_dump(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "OpCooperativeMatrixMulAddKHR" in out and "OpMemoryModel Logical Vulkan" in out
     assert cli.main(["--dump", "nope", "--properties", str(LAVAPIPE)]) == 2
+
+
+@needs_spirv_tools
+@pytest.mark.parametrize("wide", [True, False], ids=["wide", "narrow"])
+def test_pack_kernel_validates(wide: bool) -> None:
+    """The 8-bit B repacking kernel (both source widths) passes spirv-val; its results are
+    checked through matmul in test_matmul.py."""
+    from coopmat.codegen.pack import PackKernel, pack_kernel
+
+    k = pack_kernel(wide)
+    result = validate(k.spirv)
+    assert result.ok, result.message
+    assert PackKernel.leading_dimension(53) == 64 and PackKernel.leading_dimension(64) == 64
+    with pytest.raises(ValueError):
+        k.push_constants(53, 37, 37, 0, 60, 0)  # destination stride off 16

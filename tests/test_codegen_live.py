@@ -13,7 +13,7 @@ matrix shows up in the result, and D's gaps are checked to be untouched.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,16 @@ import numpy as np
 import pytest
 from kernel_runner import KernelRunner, NoDevice, pack, unpack
 
-from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile, aligned_ok, build_gemm, cache
+from coopmat.codegen import (
+    GemmParams,
+    GemmTraits,
+    Layout,
+    Tile,
+    aligned_ok,
+    build_gemm,
+    cache,
+    exact_ok,
+)
 from coopmat.device.enums import ComponentType as CT
 
 pytestmark = pytest.mark.live
@@ -125,6 +134,8 @@ def run_case(runner: KernelRunner, tr: GemmTraits, case: Case, seed: int = 0) ->
     kernel = build_gemm(tr)
     if tr.aligned:
         assert aligned_ok(tr, p), "test case does not meet the aligned preconditions"
+    if tr.exact:
+        assert exact_ok(tr, p), "test case is not whole tiles"
     sentinel = np.array(_fill(tr.result_type), dtype=NP[tr.result_type])
     d_flat = np.full((batch - 1) * bs["d"] + (M - 1) * ldd + N, sentinel)
     buffers = {0: pack(A, a_col, lda, bs["a"], _fill(tr.a_type)),
@@ -211,6 +222,22 @@ def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
     else:
         case = Case(37, 29, 71, pad=3, alpha=alpha, beta=beta)
     run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
+
+
+@pytest.mark.parametrize("buffering", [1, 2, 3, 4], ids=lambda b: f"buf{b}")
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
+                       layouts: tuple[Layout, Layout], has_c: bool, buffering: int) -> None:
+    """The exact variant (no bounds checks, no edge epilogue) on whole tiles: several
+    workgroups each way, several K steps, padded strides and a broadcast batch."""
+    ab, res = config
+    tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
+                 exact=True)
+    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
+    run_case(runner, tr, Case(64, 96, 80, batch=2, pad=16, broadcast="b", alpha=alpha,
+                              beta=beta), seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
 
 
 @pytest.mark.parametrize("size", [(1, 1, 1), (1, 19, 3), (23, 1, 7), (8, 8, 8), (9, 7, 1),

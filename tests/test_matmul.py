@@ -121,6 +121,64 @@ def test_int8_extremes_exact(pairs):
         np.testing.assert_array_equal(coopmat.matmul(ua, ub), reference(ua, ub, np.uint32))
 
 
+@pytest.mark.parametrize("dtype,result", [("int8", np.int32), ("uint8", np.uint32)])
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((65, 53), (53, 37)),            # K and N off every vector and tile size (byte reads)
+    ((70, 53), (53, 64)),            # word reads, K off the 16-byte output vectors
+    ((3, 130, 64), (64, 96)),        # batched A, one B packed once for the batch
+    ((2, 100, 40), (2, 40, 300)),    # batched B, packed per batch entry
+    ((64, 20), (20, 33)),            # SMALL_M rows: B read as it is
+])
+def test_8bit_b_repacked_k_contiguous(pairs, dtype, result, a_shape, b_shape):
+    """8-bit row-major B is repacked K-contiguous on the device for more than SMALL_M
+    rows (tensor cores want 8-bit B that way); the result is exact either way."""
+    from coopmat.codegen import SMALL_M, Layout
+    from coopmat.linalg import last_kernel_traits
+
+    require(pairs, dtype, result)
+    info = np.iinfo(dtype)
+    a = RNG.integers(info.min, info.max, size=a_shape, endpoint=True).astype(dtype)
+    b = RNG.integers(info.min, info.max, size=b_shape, endpoint=True).astype(dtype)
+    d = coopmat.matmul(a, b)
+    np.testing.assert_array_equal(d, reference(a, b, result))
+    packed = a_shape[-2] > SMALL_M
+    assert last_kernel_traits().b_layout == (Layout.COLUMN_MAJOR if packed
+                                             else Layout.ROW_MAJOR)
+    c = RNG.integers(-1000 if dtype == "int8" else 0, 1000, size=d.shape).astype(result)
+    d2 = coopmat.matmul(a, b, c=c, alpha=3, beta=2)
+    np.testing.assert_array_equal(d2, (3 * reference(a, b, np.int64) + 2 * c.astype(np.int64))
+                                  .astype(result))
+
+
+@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES, ids=lambda x: str(x))
+def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result):
+    """COOPMAT_SPECIALIZE=1 compiles sizes and strides into the kernel (large problems get
+    that by default): same results, including batches, broadcasts, C and views."""
+    from coopmat.linalg import last_kernel_traits
+
+    require(pairs, dtype, result)
+    monkeypatch.setenv("COOPMAT_SPECIALIZE", "1")
+    for M, N, K, batch, tb in [(37, 29, 53, (), False), (64, 48, 40, (3,), False),
+                               (129, 7, 70, (2,), True), (96, 64, 32, (), False)]:
+        a, b = operands(dtype, M, N, K, batch)
+        if tb:
+            b = np.ascontiguousarray(np.swapaxes(b, -1, -2)).swapaxes(-1, -2)
+        d = coopmat.matmul(a, b[0] if batch and tb else b, out_dtype=out_dtype)
+        ref = reference(a, b[0] if batch and tb else b, result).astype(result)
+        np.testing.assert_array_equal(d, ref)
+        t = last_kernel_traits()
+        assert (len(t.specialized) == 11) == (t.family == "khr")
+        if t.family == "khr":
+            assert t.specialized[:3] == (M, N, K)
+    a, b = operands(dtype, 40, 24, 16)
+    c = small_ints((40, 24), result)
+    d = coopmat.matmul(a, b, c=c, alpha=2, beta=-1, out_dtype=out_dtype)
+    np.testing.assert_array_equal(d, (2 * reference(a, b, result) - c).astype(result))
+    monkeypatch.setenv("COOPMAT_SPECIALIZE", "0")
+    coopmat.matmul(a, b, out_dtype=out_dtype)
+    assert last_kernel_traits().specialized == ()
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [
     ((3, 20, 12), (12, 9)),          # batched A, shared B
     ((20, 12), (4, 12, 9)),          # shared A, batched B

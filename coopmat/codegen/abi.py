@@ -66,8 +66,27 @@ def aligned_ok(traits: GemmTraits, p: GemmParams) -> bool:
     return direct_cd_ok(traits, p)
 
 
+def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
+    """Whether `p` may run on the exact variant: the aligned variant's preconditions, and
+    M, N, K whole multiples of the workgroup tile (no edge tiles, no partial K step)."""
+    t = traits.tile
+    return (aligned_ok(traits, p) and p.M % t.tile_m == 0 and p.N % t.tile_n == 0
+            and p.K % t.tile_k == 0)
+
+
+SPECIALIZED_FIELDS = PUSH_FIELDS[:11]
+
+
+def shape_values(p: GemmParams) -> tuple[int, ...]:
+    """The values a specialized kernel bakes in (SPECIALIZED_FIELDS, in order)."""
+    return tuple(int(getattr(p, name)) for name in SPECIALIZED_FIELDS)
+
+
 def check_params(traits: GemmTraits, p: GemmParams) -> None:
     """Raise ValueError for sizes the kernels do not handle (32-bit indexing, M,N,K >= 1)."""
+    if traits.specialized and traits.specialized != shape_values(p):
+        raise ValueError(f"kernel specialized for {traits.specialized}, called with "
+                         f"{shape_values(p)}")
     if min(p.M, p.N, p.K) < 1:
         raise ValueError("M, N and K must be at least 1")
     a_lines = p.M if traits.a_layout == Layout.ROW_MAJOR else p.K

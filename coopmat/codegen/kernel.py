@@ -34,4 +34,7 @@ class Kernel:
         if self.traits.aligned and not abi.aligned_ok(self.traits, p):
             raise ValueError("these sizes/strides break the aligned variant's preconditions; "
                              "use the general variant")
+        if self.traits.exact and not abi.exact_ok(self.traits, p):
+            raise ValueError("these sizes are not whole workgroup tiles; the exact variant "
+                             "needs M, N, K multiples of its tile")
         return abi.push_constants(self.traits, p)

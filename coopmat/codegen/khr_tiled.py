@@ -28,7 +28,8 @@ and multiply-accumulate it with every A fragment, so one B fragment is live at a
 
 Global loads of A and B are bounds-checked: an out-of-range unit reads index 0 instead
 (always in the buffer) and is replaced by zero, so the shader never reads outside the
-matrix and the zero padding makes partial K steps and edge tiles exact.
+matrix and the zero padding makes partial K steps and edge tiles exact. The exact variant
+(M, N, K whole multiples of the tile) drops those checks and the edge epilogue.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class TiledGemmEmitter:
         rb = element_bytes(t.result_type)
         self.D = s.storage_buffer(abi.BINDING_D, self.r_el, rb, False, "D")
         self.C = s.storage_buffer(abi.BINDING_C, self.r_el, rb, True, "C") if t.has_c else None
-        self.scratch = s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
+        self.scratch = (s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
+                        if p.scratch_elems else None)
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
         s.push_constants(abi.PUSH_FIELDS, types)
 
@@ -140,6 +142,9 @@ class TiledGemmEmitter:
         self.lane = s.builtin(BuiltIn.SubgroupLocalInvocationId, s.u32)
         wx, wy, batch = (s.f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(3))
         P = {name: s.param(name) for name in abi.PUSH_FIELDS}
+        if t.specialized:  # sizes and strides as constants: the compiler folds them
+            P.update({name: s.c(v) for name, v in zip(abi.SPECIALIZED_FIELDS, t.specialized,
+                                                        strict=True)})
         self.P = P
         self.m0 = s.mul(wy, s.c(tile.tile_m))
         self.n0 = s.mul(wx, s.c(tile.tile_n))
@@ -183,10 +188,12 @@ class TiledGemmEmitter:
             outer, inner = s.add(op.outer0, line), s.add(k0, col)
         else:
             outer, inner = s.add(k0, line), s.add(op.outer0, col)
-        inside = s.and_(s.lt(outer, op.outer_limit), s.lt(inner, op.inner_limit))
         index = s.add(s.add(op.base, s.mul(outer, op.ld)), inner)
         if st.unit_elems > 1:  # aligned variant: every term is a multiple of the vector
             index = s.shr(index, s.c(st.unit_elems.bit_length() - 1))
+        if self.t.exact:  # every tile lies inside the matrix
+            return s.buffer_load(op.buf, index)
+        inside = s.and_(s.lt(outer, op.outer_limit), s.lt(inner, op.inner_limit))
         safe = s.select(s.u32, inside, index, s.c(0))
         value = s.buffer_load(op.buf, safe)
         return s.select(op.unit, inside, value, op.zero)
@@ -366,8 +373,10 @@ class TiledGemmEmitter:
         """
         s, t, P = self.s, self.t, self.P
         n_el = self.plan.scratch_elems
+        scratch = self.scratch
+        assert scratch is not None  # only the exact variant has none, and no edges
         base = s.mul(self.sgid, s.c(n_el))
-        s.coop_store_shared(self.scratch, base, acc, CooperativeMatrixLayout.RowMajor,
+        s.coop_store_shared(scratch, base, acc, CooperativeMatrixLayout.RowMajor,
                             s.c(t.n))
         s.barrier(Scope.Workgroup)
         mul = Op.FMul if self.float_result else Op.IMul
@@ -378,7 +387,7 @@ class TiledGemmEmitter:
             gj = s.add(j0, s.umod(idx, s.c(t.n)))
 
             def copy(idx: int = idx, gi: int = gi, gj: int = gj) -> None:
-                v = s.f.op(mul, self.r_el, s.shared_load(self.scratch, s.add(base, idx)),
+                v = s.f.op(mul, self.r_el, s.shared_load(scratch, s.add(base, idx)),
                            self.alpha)
                 if self.C is not None:
                     cv = s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(gi, P["ldc"]),
@@ -408,6 +417,10 @@ class TiledGemmEmitter:
         """
         s, t, P = self.s, self.t, self.P
         tile = t.tile
+        if t.exact:  # no workgroup straddles an edge
+            for acc, i0, j0 in self._blocks():
+                self._store_direct(acc, i0, j0)
+            return
         interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
                           s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
         if not t.aligned:  # the general variant checks C/D alignment at run time

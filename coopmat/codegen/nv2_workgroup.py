@@ -109,8 +109,9 @@ def check_traits(traits: GemmTraits) -> None:
     t, tile = traits, traits.tile
     if t.family != "nv2":
         raise ValueError(f"traits of family {t.family!r}, not 'nv2'")
-    if t.aligned:
-        raise ValueError("the nv2 family has one variant for every alignment (aligned=False)")
+    if t.aligned or t.exact or t.specialized:
+        raise ValueError("the nv2 family has one variant for every alignment and shape "
+                         "(aligned=False)")
     if t.a_type != t.b_type or t.c_type != t.result_type:
         raise ValueError("nv2 kernels need A and B of one type and C of the result type")
     from coopmat.codegen.nv2_tiles import NV2_TYPES

@@ -80,8 +80,9 @@ class KernelPlan:
 
     @property
     def scratch_elems(self) -> int:
-        """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores."""
-        return self.traits.m * self.traits.n
+        """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
+        (none in the exact variant, which has no edge tiles)."""
+        return 0 if self.traits.exact else self.traits.m * self.traits.n
 
     @property
     def stages(self) -> int:
@@ -134,6 +135,10 @@ def plan_kernel(traits: GemmTraits) -> KernelPlan:
     """Raise ValueError where the tile does not fit the traits."""
     t, tile = traits, traits.tile
     tile.check(t.m, t.n, t.k)
+    if t.specialized and len(t.specialized) != 11:
+        raise ValueError("specialized holds M, N, K, lda, ldb, ldc, ldd and 4 batch strides")
+    if t.exact and not (t.aligned and t.family == "khr"):
+        raise ValueError("the exact variant is a refinement of the khr aligned variant")
     if t.c_type != t.result_type:
         raise ValueError("C and Result component types must match (accumulators double as C)")
     inv = tile.subgroups * t.subgroup_size

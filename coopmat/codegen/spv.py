@@ -50,6 +50,7 @@ class Op(enum.IntEnum):
     MemberDecorate = 72
     CompositeConstruct = 80
     CompositeExtract = 81
+    UConvert = 113
     FConvert = 115
     Bitcast = 124
     IAdd = 128
@@ -70,6 +71,7 @@ class Op(enum.IntEnum):
     ULessThanEqual = 178
     ShiftRightLogical = 194
     ShiftLeftLogical = 196
+    BitwiseOr = 197
     BitwiseAnd = 199
     ControlBarrier = 224
     LoopMerge = 246

@@ -76,6 +76,11 @@ class GemmTraits:
 
     m, n, k are the cooperative matrix shape of the device config (not the GEMM's sizes,
     which are runtime values in GemmParams). `family` names the KernelFamily that builds it.
+    `exact` (khr, with aligned): the problem is a whole number of workgroup tiles in M, N
+    and K, so the kernel skips every bounds check and edge path. `specialized` (khr): the
+    values of M, N, K, lda, ldb, ldc, ldd and the four batch strides baked into the code as
+    constants (the driver's compiler then folds the address arithmetic); empty: all read
+    from push constants.
     """
 
     a_type: ComponentType
@@ -92,6 +97,8 @@ class GemmTraits:
     aligned: bool
     tile: Tile
     family: str = "khr"
+    exact: bool = False
+    specialized: tuple[int, ...] = ()
 
     def describe(self) -> str:
         """A short stable name, used for listings and --dump."""
@@ -101,9 +108,11 @@ class GemmTraits:
         return (f"{self.family}-{t(self.a_type)}{t(self.b_type)}-{t(self.result_type)}"
                 f"-{self.m}x{self.n}x{self.k}-sg{self.subgroup_size}"
                 f"-{lay[self.a_layout]}{lay[self.b_layout]}"
-                f"-{'c' if self.has_c else 'noc'}-{'aligned' if self.aligned else 'general'}"
+                f"-{'c' if self.has_c else 'noc'}-"
+                f"{'exact' if self.exact else 'aligned' if self.aligned else 'general'}"
                 f"-t{self.tile.tile_m}x{self.tile.tile_n}x{self.tile.tile_k}"
-                f"s{self.tile.subgroups_m}x{self.tile.subgroups_n}b{self.tile.buffering}")
+                f"s{self.tile.subgroups_m}x{self.tile.subgroups_n}b{self.tile.buffering}"
+                + (f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else ""))
 
 
 _SHORT = {

@@ -80,7 +80,8 @@ def buildable(cfg: Config) -> bool:
 def variants_for(configs: Iterable[Any], subgroup_size: int,
                  max_shared_memory: int = DEFAULT_SHARED_MEMORY,
                  max_invocations: int = DEFAULT_INVOCATIONS) -> list[GemmTraits]:
-    """Config x A layout x B layout x with/without C x aligned/general, default tiles."""
+    """Config x A layout x B layout x with/without C x exact/aligned/general, default
+    tiles."""
     out: list[GemmTraits] = []
     for raw in configs:
         cfg = as_config(raw)
@@ -91,10 +92,10 @@ def variants_for(configs: Iterable[Any], subgroup_size: int,
         for a_layout in Layout:
             for b_layout in Layout:
                 for has_c in (False, True):
-                    for aligned in (True, False):
+                    for aligned, exact in ((True, True), (True, False), (False, False)):
                         t = GemmTraits(cfg.a_type, cfg.b_type, cfg.c_type, cfg.result_type,
                                        cfg.m, cfg.n, cfg.k, subgroup_size, a_layout, b_layout,
-                                       has_c, aligned, tile)
+                                       has_c, aligned, tile, exact=exact)
                         if t not in out:
                             out.append(t)
     return out

@@ -11,8 +11,9 @@ from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.query import (
     COOPMAT2_FEATURES,
     EXTENSION_FEATURE_STRUCTS,
+    PIPELINE_STATS_FEATURES,
 )
-from coopmat.device.vkffi import extra, new_struct, vk
+from coopmat.device.vkffi import new_struct, vk
 from coopmat.errors import MissingFeatureError, VulkanError
 
 # Without these no cooperative-matrix kernel can run (WebGPU's subgroup-matrix set).
@@ -24,9 +25,10 @@ OPTIONAL_FEATURES = (
     "storageBuffer16BitAccess", "storageBuffer8BitAccess",
     "shaderBFloat16Type", "shaderBFloat16CooperativeMatrix",
     "shaderFloat8", "shaderFloat8CooperativeMatrix", *COOPMAT2_FEATURES,
+    *PIPELINE_STATS_FEATURES,
 )
 OPTIONAL_EXTENSIONS = ("VK_NV_cooperative_matrix2", "VK_KHR_shader_bfloat16",
-                       "VK_EXT_shader_float8")
+                       "VK_EXT_shader_float8", "VK_KHR_pipeline_executable_properties")
 
 
 def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
@@ -110,8 +112,7 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
     structs: list[Any] = [f2, f11, f12, f13, coopmat]
     for ext, ctype, stype, names in EXTENSION_FEATURE_STRUCTS:
         if ext in extensions:
-            s = extra.new(ctype + " *")
-            s.sType = stype
+            s = new_struct(ctype, stype)
             for name in names:
                 setattr(s, name, name in enable)
             structs.append(s)

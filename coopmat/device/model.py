@@ -189,6 +189,7 @@ RELEVANT_EXTENSIONS = (
     "VK_NV_cooperative_matrix2",
     "VK_KHR_shader_bfloat16",
     "VK_EXT_shader_float8",
+    "VK_KHR_pipeline_executable_properties",  # compiler statistics of our pipelines
 )
 
 

@@ -33,6 +33,7 @@ COOPMAT2_FEATURES = (
 )
 BFLOAT16_FEATURES = ("shaderBFloat16Type", "shaderBFloat16CooperativeMatrix")
 FLOAT8_FEATURES = ("shaderFloat8", "shaderFloat8CooperativeMatrix")
+PIPELINE_STATS_FEATURES = ("pipelineExecutableInfo",)
 BASE_FEATURES = ("shaderInt16", "shaderInt64")
 
 # (extension, features structure of our own FFI, its sType, its feature names): read, and
@@ -44,6 +45,10 @@ EXTENSION_FEATURE_STRUCTS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
      vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR, BFLOAT16_FEATURES),
     ("VK_EXT_shader_float8", "VkPhysicalDeviceShaderFloat8FeaturesEXT",
      vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT8_FEATURES_EXT, FLOAT8_FEATURES),
+    ("VK_KHR_pipeline_executable_properties",
+     "VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
+     vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+     PIPELINE_STATS_FEATURES),
 )
 
 _STYPE = {  # VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1x_FEATURES
@@ -89,8 +94,7 @@ def _features(pd: Any, api: int, exts: set[str]) -> tuple[dict[str, bool], list[
         groups["VkPhysicalDeviceCooperativeMatrixFeaturesKHR"] = COOPMAT_FEATURES
     for ext, ctype, stype, names in EXTENSION_FEATURE_STRUCTS:
         if ext in exts:
-            structs[ctype] = extra.new(ctype + " *")
-            structs[ctype].sType = stype
+            structs[ctype] = new_struct(ctype, stype)
             groups[ctype] = names
     f2 = new_struct("VkPhysicalDeviceFeatures2", v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2)
     vkffi.chain(f2, *structs.values())
@@ -100,7 +104,8 @@ def _features(pd: Any, api: int, exts: set[str]) -> tuple[dict[str, bool], list[
     for name in BASE_FEATURES:
         out[name] = bool(getattr(f2.features, name))
     every = [*COOPMAT_FEATURES, *(n for g in CORE_FEATURES.values() for n in g),
-             *BFLOAT16_FEATURES, *FLOAT8_FEATURES, *COOPMAT2_FEATURES]
+             *BFLOAT16_FEATURES, *FLOAT8_FEATURES, *COOPMAT2_FEATURES,
+             *PIPELINE_STATS_FEATURES]
     for name in every:
         out[name] = False
     for ctype, names in groups.items():

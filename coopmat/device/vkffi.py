@@ -69,6 +69,7 @@ STRUCTURE_TYPE_COOPERATIVE_MATRIX_FLEXIBLE_DIMENSIONS_PROPERTIES_NV = 1000593001
 STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_2_PROPERTIES_NV = 1000593002
 STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR = 1000141000
 STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT8_FEATURES_EXT = 1000567000
+STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR = 1000269000
 
 extra = cffi.FFI()
 extra.cdef(EXTRA_CDEF)
@@ -116,9 +117,10 @@ def chain(*structs: Any) -> Any:
 
 def new_struct(ctype: str, stype: int) -> Any:
     """A zeroed structure with its sType set, from whichever FFI declares `ctype`."""
+    ffi = vk().ffi
     try:
-        p = vk().ffi.new(ctype + " *")
-    except cffi.FFIError:
+        p = ffi.new(ctype + " *")
+    except (cffi.FFIError, ffi.error):  # not in the binding's headers: one of ours
         p = extra.new(ctype + " *")
     p.sType = stype
     return p

@@ -19,7 +19,10 @@ import numpy as np
 
 from coopmat import codegen
 from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile
+from coopmat.codegen.abi import shape_values
 from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
+from coopmat.codegen.pack import pack_kernel
+from coopmat.codegen.pack import wide_ok as pack_wide_ok
 from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties
 from coopmat.dispatch import tuning
@@ -84,7 +87,8 @@ class PreparedGemm:
         self.rt = rt
         family = family or os.environ.get(FAMILY_ENV) or None
         key = (id(rt), config, pair, a.shape, a.strides, b.shape, b.strides,
-               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits, family)
+               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits, family,
+               os.environ.get(SPECIALIZE_ENV))
         with _plans_lock:
             plan = _plans.get(key)
             if plan is not None:
@@ -123,10 +127,22 @@ class PreparedGemm:
         except BaseException:
             self.release()
             raise
-        bindings = {0: device_bufs[0], 1: device_bufs[1], 2: d_buf}
+        b_buf = device_bufs[1]
+        self.dispatches: list[Dispatch] = []
+        if plan.pack is not None:  # repack B (K-contiguous) on the device first
+            try:
+                packed = self._take(operand_kind, plan.pack.nbytes)
+            except BaseException:
+                self.release()
+                raise
+            self.dispatches.append(Dispatch(plan.pack.pipeline, {0: b_buf, 1: packed},
+                                            plan.pack.push_constants, plan.pack.groups))
+            b_buf = packed
+        bindings = {0: device_bufs[0], 1: b_buf, 2: d_buf}
         if c is not None:
             bindings[3] = device_bufs[2]
-        self.dispatch = Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups)
+        self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
+                                        plan.groups))
 
     def _take(self, kind: Kind, nbytes: int) -> Buffer:
         buf = self.rt.pool.acquire(kind, nbytes)
@@ -135,7 +151,7 @@ class PreparedGemm:
 
     def execute(self, transfers: bool = True) -> float | None:
         """Run the kernel; with transfers, also the staging copies in and out."""
-        return self.rt.executor.run(self.uploads if transfers else [], [self.dispatch],
+        return self.rt.executor.run(self.uploads if transfers else [], self.dispatches,
                                     self.downloads if transfers else [])
 
     def read(self, out: np.ndarray) -> None:
@@ -153,6 +169,34 @@ _tiles: dict[tuple[object, ...], codegen.Tile] = {}
 
 
 @dataclass(frozen=True)
+class PackStep:
+    """The dispatch that repacks an 8-bit row-major B as K-contiguous before the GEMM."""
+
+    pipeline: Pipeline
+    push_constants: bytes
+    groups: tuple[int, int, int]
+    nbytes: int
+
+
+# 8-bit B is repacked K-contiguous above this many rows of A: below it the GEMM reads B
+# about once, so a repack (one more read and a write of B) would cost more than it saves.
+PACK_MIN_M = codegen.SMALL_M + 1
+
+
+def packs_b(rt: Runtime, pair: TypePair, b_layout: Layout, M: int,
+            traits: GemmTraits | None) -> bool:
+    """Whether B (staged in `b_layout`) is repacked K-contiguous before the GEMM: explicit
+    traits asking for a column-major B decide; otherwise 8-bit operands, a row-major B
+    and more than SMALL_M rows."""
+    if b_layout is not Layout.ROW_MAJOR:
+        return False
+    if traits is not None:
+        return traits.b_layout is Layout.COLUMN_MAJOR
+    return (pair.operand.bits == 8 and M >= PACK_MIN_M
+            and rt.device.has("storageBuffer8BitAccess") and rt.device.has("shaderInt8"))
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything about a call that depends only on shapes, strides, types and scalars:
     computed once and reused (a small matmul's Python cost is mostly this)."""
@@ -165,6 +209,7 @@ class Plan:
     d_bytes: int
     push_constants: bytes
     groups: tuple[int, int, int]
+    pack: PackStep | None = None
 
 
 PLAN_CACHE = 256
@@ -182,19 +227,50 @@ def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
     sc = _plan(c) if c is not None else None
     result_dtype = numpy_dtype(pair.result)
     d_bytes = batch * M * N * result_dtype.itemsize
-    check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes])
+    pack: PackStep | None = None
+    kb = sb  # B as the GEMM kernel reads it
+    if packs_b(rt, pair, sb.layout, M, traits):
+        pk = pack_kernel(pack_wide_ok(N, sb.ld, sb.batch_stride))
+        ld = pk.leading_dimension(K)
+        kb = Staged(Layout.COLUMN_MAJOR, ld, N * ld if sb.batch_stride else 0,
+                    b.shape[0] * N * ld)
+        pack = PackStep(rt.pipelines.get(pk),
+                        pk.push_constants(K, N, sb.ld, sb.batch_stride, kb.ld, kb.batch_stride),
+                        pk.workgroups(K, N, b.shape[0]), kb.nbytes)
+    check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
+                    pack.nbytes if pack else 0])
     params = GemmParams(
-        M=M, N=N, K=K, lda=sa.ld, ldb=sb.ld, ldc=N, ldd=N,
-        batch_stride_a=sa.batch_stride, batch_stride_b=sb.batch_stride,
+        M=M, N=N, K=K, lda=sa.ld, ldb=kb.ld, ldc=N, ldd=N,
+        batch_stride_a=sa.batch_stride, batch_stride_b=kb.batch_stride,
         batch_stride_c=sc.batch_stride if sc else 0, batch_stride_d=M * N,
         alpha=alpha, beta=beta if c is not None else 0,
     )
     if traits is None:
-        traits = default_traits(rt, config, pair, sa.layout, sb.layout, c is not None, params,
+        traits = default_traits(rt, config, pair, sa.layout, kb.layout, c is not None, params,
                                 family)
+        if specializes(traits, params, batch):
+            traits = replace(traits, specialized=shape_values(params))
     kernel = codegen.build_gemm(traits)
     return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
-                d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch))
+                d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch), pack)
+
+
+SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
+# Problems of at least this many operations get a kernel with their sizes and strides
+# compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8;
+# README), for one extra build of ~0.5 s per shape, kept in the disk caches.
+SPECIALIZE_MIN_OPS = 2 ** 36
+
+
+def specializes(traits: GemmTraits, params: GemmParams, batch: int) -> bool:
+    """Whether this call gets a shape-specialized kernel: $COOPMAT_SPECIALIZE=1 always,
+    0 never; otherwise khr kernels of problems of SPECIALIZE_MIN_OPS or more."""
+    if traits.family != "khr":
+        return False
+    mode = os.environ.get(SPECIALIZE_ENV, "auto")
+    if mode in ("0", "1"):
+        return mode == "1"
+    return 2 * params.M * params.N * params.K * batch >= SPECIALIZE_MIN_OPS
 
 
 FAMILY_ENV = "COOPMAT_FAMILY"
@@ -285,8 +361,20 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
         c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
         m=config.M, n=config.N, k=config.K, subgroup_size=limits.subgroup_size,
         a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile)
-    aligned = replace(traits, aligned=True)
-    return aligned if codegen.aligned_ok(aligned, params) else traits
+    return fastest_variant(traits, params)
+
+
+def fastest_variant(traits: GemmTraits, params: GemmParams) -> GemmTraits:
+    """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
+    checks), else aligned (vector loads), else general."""
+    if traits.family != "khr":
+        return traits
+    general = replace(traits, aligned=False, exact=False)
+    aligned = replace(general, aligned=True)
+    if not codegen.aligned_ok(aligned, params):
+        return general
+    exact = replace(aligned, exact=True)
+    return exact if codegen.exact_ok(exact, params) else aligned
 
 
 def run_gemm(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,

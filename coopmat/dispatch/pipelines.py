@@ -20,6 +20,8 @@ SHADER_STAGE_COMPUTE = 0x20
 ALLOW_VARYING_SUBGROUP_SIZE = 0x1
 REQUIRE_FULL_SUBGROUPS = 0x2
 PIPELINE_CREATE_DISPATCH_BASE = 0x10
+PIPELINE_CREATE_CAPTURE_STATISTICS = 0x40  # VK_KHR_pipeline_executable_properties
+STATS_ENV = "COOPMAT_PIPELINE_STATS"
 STRUCTURE_TYPE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO = 1000225001
 
 
@@ -41,6 +43,10 @@ class PipelineCache:
         self._lock = threading.Lock()
         self._pipelines: dict[Any, Pipeline] = {}
         self._dirty = False
+        # The driver's compiler statistics (registers, spills, ...) are captured only on
+        # request: capturing may cost compile time, and they are a tuning aid.
+        self.capture_statistics = bool(os.environ.get(STATS_ENV)) and device.has(
+            "pipelineExecutableInfo")
         v = vk()
         props = v.vkGetPhysicalDeviceProperties(device.physical)
         uuid = bytes(v.ffi.buffer(props.pipelineCacheUUID, 16)).hex()
@@ -117,12 +123,44 @@ class PipelineCache:
                     f"maxSubgroupSize {limits.max_subgroup_size}")
         stage = v.VkPipelineShaderStageCreateInfo(
             pNext=next_, flags=flags, stage=SHADER_STAGE_COMPUTE, module=module, pName="main")
+        create_flags = PIPELINE_CREATE_DISPATCH_BASE
+        if self.capture_statistics:
+            create_flags |= PIPELINE_CREATE_CAPTURE_STATISTICS
         info = v.VkComputePipelineCreateInfo(
-            flags=PIPELINE_CREATE_DISPATCH_BASE, stage=stage, layout=layout,
+            flags=create_flags, stage=stage, layout=layout,
             basePipelineIndex=-1)
         handle = call(v.vkCreateComputePipelines, dev, self.handle, 1, [info], None)[0]
         return Pipeline(kernel, handle, layout, set_layout, module,
                         int(v.ffi.cast("uintptr_t", handle)))
+
+    def statistics(self, pipeline: Pipeline) -> dict[str, int | float | bool]:
+        """The driver's statistics of the pipeline's compute executable (names as the
+        driver gives them, e.g. a register count); empty unless capture_statistics."""
+        if not self.capture_statistics:
+            return {}
+        v = vk()
+        dev = self.device.handle
+        fn = v.lib.vkGetDeviceProcAddr(dev, b"vkGetPipelineExecutableStatisticsKHR")
+        if fn == v.ffi.NULL:
+            return {}
+        get = v.ffi.cast("PFN_vkGetPipelineExecutableStatisticsKHR", fn)
+        info = v.ffi.new("VkPipelineExecutableInfoKHR *")
+        info.sType = v.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR
+        info.pipeline = pipeline.handle
+        info.executableIndex = 0
+        count = v.ffi.new("uint32_t *")
+        check("vkGetPipelineExecutableStatisticsKHR", get(dev, info, count, v.ffi.NULL))
+        stats = v.ffi.new("VkPipelineExecutableStatisticKHR[]", count[0])
+        for st in stats:  # the binding's wrapper leaves sType unset; the spec wants it
+            st.sType = v.VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR
+        check("vkGetPipelineExecutableStatisticsKHR", get(dev, info, count, stats))
+        out: dict[str, int | float | bool] = {}
+        for st in stats[0:count[0]]:
+            name = v.ffi.string(st.name).decode()
+            fmt = st.format  # VkPipelineExecutableStatisticFormatKHR: bool32, i64, u64, f64
+            out[name] = (bool(st.value.b32), int(st.value.i64), int(st.value.u64),
+                         float(st.value.f64))[fmt]
+        return out
 
     def save(self) -> None:
         """Write the driver's cache blob to disk (atomically), if anything new was built."""
