@@ -35,7 +35,7 @@ from coopmat.dispatch.gemm import (
     fastest_variant,
     nv2_available,
     nv2_candidates,
-    packs_b,
+    packs,
     shape_class,
 )
 from coopmat.dispatch.runtime import runtime
@@ -256,7 +256,7 @@ def table(rows: list[Row], peers: list[str]) -> str:
             f"{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
     for p in peers:
-        head += f"{p + ' T*OP/s':>16}{'ratio':>7}"
+        head += f"{p + ' T*OP/s':>16} {'ratio':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
         rate = r.rate(r.kernel_time)
@@ -269,8 +269,8 @@ def table(rows: list[Row], peers: list[str]) -> str:
                 f"{fmt_time(r.e2e_time):>10}")
         for p in peers:
             pr = r.rate(r.peers.get(p))
-            ratio = f"{rate / pr:6.2f}x" if rate and pr else "      -"
-            line += f"{fmt_rate(pr):>16}{ratio:>7}"
+            ratio = f"{rate / pr:.3g}x" if rate and pr else "-"
+            line += f"{fmt_rate(pr):>16} {ratio:>8}"
         if r.error:
             line += f"  [{r.error}]"
         lines.append(line)
@@ -355,7 +355,7 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
     best: tuple[float, str, Any] | None = None
     report = []
     # B as the kernel will read it: matmul repacks 8-bit B K-contiguous for larger M.
-    b_layout = Layout.COLUMN_MAJOR if packs_b(rt, pair, Layout.ROW_MAJOR, M, None) \
+    b_layout = Layout.COLUMN_MAJOR if packs(rt, pair, 1, Layout.ROW_MAJOR, M, None) \
         else Layout.ROW_MAJOR
     for family, tile in candidates_for(rt, pair, config, small_m=small):
         params = GemmParams(M, size, size, size, size, size, size)

@@ -122,16 +122,18 @@ def test_int8_extremes_exact(pairs):
 
 
 @pytest.mark.parametrize("dtype,result", [("int8", np.int32), ("uint8", np.uint32)])
+@pytest.mark.parametrize("ta", [False, True], ids=["a", "a_view"])
 @pytest.mark.parametrize("a_shape,b_shape", [
     ((65, 53), (53, 37)),            # K and N off every vector and tile size (byte reads)
-    ((70, 53), (53, 64)),            # word reads, K off the 16-byte output vectors
-    ((3, 130, 64), (64, 96)),        # batched A, one B packed once for the batch
+    ((72, 53), (53, 64)),            # word reads, K off the 16-byte output vectors
+    ((3, 132, 64), (64, 96)),        # batched A, one B packed once for the batch
     ((2, 100, 40), (2, 40, 300)),    # batched B, packed per batch entry
-    ((64, 20), (20, 33)),            # SMALL_M rows: B read as it is
+    ((64, 20), (20, 33)),            # SMALL_M rows: operands read as they are
 ])
-def test_8bit_b_repacked_k_contiguous(pairs, dtype, result, a_shape, b_shape):
-    """8-bit row-major B is repacked K-contiguous on the device for more than SMALL_M
-    rows (tensor cores want 8-bit B that way); the result is exact either way."""
+def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, b_shape):
+    """8-bit operands that are not K-contiguous (a row-major B; a column-major A, here a
+    transposed view) are repacked K-contiguous on the device for more than SMALL_M rows,
+    since tensor cores take 8-bit fragments that way; the result is exact either way."""
     from coopmat.codegen import SMALL_M, Layout
     from coopmat.linalg import last_kernel_traits
 
@@ -139,11 +141,14 @@ def test_8bit_b_repacked_k_contiguous(pairs, dtype, result, a_shape, b_shape):
     info = np.iinfo(dtype)
     a = RNG.integers(info.min, info.max, size=a_shape, endpoint=True).astype(dtype)
     b = RNG.integers(info.min, info.max, size=b_shape, endpoint=True).astype(dtype)
+    if ta:
+        a = np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
     d = coopmat.matmul(a, b)
     np.testing.assert_array_equal(d, reference(a, b, result))
     packed = a_shape[-2] > SMALL_M
-    assert last_kernel_traits().b_layout == (Layout.COLUMN_MAJOR if packed
-                                             else Layout.ROW_MAJOR)
+    t = last_kernel_traits()
+    assert t.b_layout == (Layout.COLUMN_MAJOR if packed else Layout.ROW_MAJOR)
+    assert t.a_layout == (Layout.COLUMN_MAJOR if ta and not packed else Layout.ROW_MAJOR)
     c = RNG.integers(-1000 if dtype == "int8" else 0, 1000, size=d.shape).astype(result)
     d2 = coopmat.matmul(a, b, c=c, alpha=3, beta=2)
     np.testing.assert_array_equal(d2, (3 * reference(a, b, np.int64) + 2 * c.astype(np.int64))
@@ -361,3 +366,24 @@ def test_configs_and_devices_match_info(live_device_info):
     from coopmat import device
     assert coopmat.devices() == device.enumerate_devices()
     assert coopmat.configs() == list(device.support(live_device_info).configs)
+
+
+def test_pipeline_statistics(pairs, monkeypatch):
+    """COOPMAT_PIPELINE_STATS=1 captures the driver's compiler statistics where the device
+    offers VK_KHR_pipeline_executable_properties (on the H200: register count, ...)."""
+    from coopmat.codegen import build_gemm
+    from coopmat.dispatch.pipelines import PipelineCache
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.linalg import last_kernel_traits
+
+    a, b = operands("int8" if "int8->int32" in pairs else "float16", 40, 24, 16)
+    coopmat.matmul(a, b)
+    rt = runtime()
+    monkeypatch.setenv("COOPMAT_PIPELINE_STATS", "1")
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", "")
+    cache = PipelineCache(rt.device)
+    stats = cache.statistics(cache.get(build_gemm(last_kernel_traits())))
+    if rt.device.has("pipelineExecutableInfo"):
+        assert stats and all(isinstance(v, (int, float, bool)) for v in stats.values())
+    else:
+        assert stats == {}

@@ -127,18 +127,19 @@ class PreparedGemm:
         except BaseException:
             self.release()
             raise
-        b_buf = device_bufs[1]
+        operand_bufs = device_bufs[:2]
         self.dispatches: list[Dispatch] = []
-        if plan.pack is not None:  # repack B (K-contiguous) on the device first
+        for step in plan.packs:  # repack 8-bit operands K-contiguous on the device first
             try:
-                packed = self._take(operand_kind, plan.pack.nbytes)
+                packed = self._take(operand_kind, step.nbytes)
             except BaseException:
                 self.release()
                 raise
-            self.dispatches.append(Dispatch(plan.pack.pipeline, {0: b_buf, 1: packed},
-                                            plan.pack.push_constants, plan.pack.groups))
-            b_buf = packed
-        bindings = {0: device_bufs[0], 1: b_buf, 2: d_buf}
+            self.dispatches.append(Dispatch(step.pipeline, {0: operand_bufs[step.operand],
+                                                            1: packed},
+                                            step.push_constants, step.groups))
+            operand_bufs[step.operand] = packed
+        bindings = {0: operand_bufs[0], 1: operand_bufs[1], 2: d_buf}
         if c is not None:
             bindings[3] = device_bufs[2]
         self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
@@ -170,30 +171,50 @@ _tiles: dict[tuple[object, ...], codegen.Tile] = {}
 
 @dataclass(frozen=True)
 class PackStep:
-    """The dispatch that repacks an 8-bit row-major B as K-contiguous before the GEMM."""
+    """A dispatch that repacks an 8-bit operand K-contiguous before the GEMM (pack.py)."""
 
+    operand: int  # 0: A, 1: B
     pipeline: Pipeline
     push_constants: bytes
     groups: tuple[int, int, int]
     nbytes: int
 
 
-# 8-bit B is repacked K-contiguous above this many rows of A: below it the GEMM reads B
-# about once, so a repack (one more read and a write of B) would cost more than it saves.
+# 8-bit operands that are not K-contiguous (a row-major B, a column-major A) are repacked
+# K-contiguous for problems of more than this many rows: tensor cores take 8-bit
+# fragments K-contiguous, and with few rows the GEMM reads B about once, so a repack (one
+# more read and a write) would cost more than it saves.
 PACK_MIN_M = codegen.SMALL_M + 1
+K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
 
 
-def packs_b(rt: Runtime, pair: TypePair, b_layout: Layout, M: int,
-            traits: GemmTraits | None) -> bool:
-    """Whether B (staged in `b_layout`) is repacked K-contiguous before the GEMM: explicit
-    traits asking for a column-major B decide; otherwise 8-bit operands, a row-major B
-    and more than SMALL_M rows."""
-    if b_layout is not Layout.ROW_MAJOR:
+def packs(rt: Runtime, pair: TypePair, operand: int, layout: Layout, M: int,
+          traits: GemmTraits | None) -> bool:
+    """Whether operand 0 (A) or 1 (B), staged in `layout`, is repacked K-contiguous before
+    the GEMM: explicit traits asking for the K-contiguous layout decide; otherwise 8-bit
+    operands and more than SMALL_M rows."""
+    want = K_CONTIGUOUS[operand]
+    if layout is want:
         return False
     if traits is not None:
-        return traits.b_layout is Layout.COLUMN_MAJOR
+        return (traits.a_layout, traits.b_layout)[operand] is want
     return (pair.operand.bits == 8 and M >= PACK_MIN_M
             and rt.device.has("storageBuffer8BitAccess") and rt.device.has("shaderInt8"))
+
+
+def _pack_step(rt: Runtime, operand: int, staged: Staged, k: int, other: int,
+               batch: int) -> tuple[PackStep, Staged]:
+    """Repack `staged` (other x k, stored as k lines of `other` elements) into `other` lines
+    of k; returns the step and the operand as the GEMM then reads it."""
+    pk = pack_kernel(pack_wide_ok(other, staged.ld, staged.batch_stride))
+    ld = pk.leading_dimension(k)
+    out = Staged(K_CONTIGUOUS[operand], ld, other * ld if staged.batch_stride else 0,
+                 batch * other * ld)
+    step = PackStep(operand, rt.pipelines.get(pk),
+                    pk.push_constants(k, other, staged.ld, staged.batch_stride, out.ld,
+                                      out.batch_stride),
+                    pk.workgroups(k, other, batch), out.nbytes)
+    return step, out
 
 
 @dataclass(frozen=True)
@@ -209,7 +230,7 @@ class Plan:
     d_bytes: int
     push_constants: bytes
     groups: tuple[int, int, int]
-    pack: PackStep | None = None
+    packs: tuple[PackStep, ...] = ()
 
 
 PLAN_CACHE = 256
@@ -227,32 +248,31 @@ def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
     sc = _plan(c) if c is not None else None
     result_dtype = numpy_dtype(pair.result)
     d_bytes = batch * M * N * result_dtype.itemsize
-    pack: PackStep | None = None
-    kb = sb  # B as the GEMM kernel reads it
-    if packs_b(rt, pair, sb.layout, M, traits):
-        pk = pack_kernel(pack_wide_ok(N, sb.ld, sb.batch_stride))
-        ld = pk.leading_dimension(K)
-        kb = Staged(Layout.COLUMN_MAJOR, ld, N * ld if sb.batch_stride else 0,
-                    b.shape[0] * N * ld)
-        pack = PackStep(rt.pipelines.get(pk),
-                        pk.push_constants(K, N, sb.ld, sb.batch_stride, kb.ld, kb.batch_stride),
-                        pk.workgroups(K, N, b.shape[0]), kb.nbytes)
+    steps: list[PackStep] = []
+    ka, kb = sa, sb  # A and B as the GEMM kernel reads them
+    if packs(rt, pair, 0, sa.layout, M, traits):  # column-major A: K lines of M
+        step, ka = _pack_step(rt, 0, sa, K, M, a.shape[0])
+        steps.append(step)
+    if packs(rt, pair, 1, sb.layout, M, traits):  # row-major B: K lines of N
+        step, kb = _pack_step(rt, 1, sb, K, N, b.shape[0])
+        steps.append(step)
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
-                    pack.nbytes if pack else 0])
+                    *(st.nbytes for st in steps)])
     params = GemmParams(
-        M=M, N=N, K=K, lda=sa.ld, ldb=kb.ld, ldc=N, ldd=N,
-        batch_stride_a=sa.batch_stride, batch_stride_b=kb.batch_stride,
+        M=M, N=N, K=K, lda=ka.ld, ldb=kb.ld, ldc=N, ldd=N,
+        batch_stride_a=ka.batch_stride, batch_stride_b=kb.batch_stride,
         batch_stride_c=sc.batch_stride if sc else 0, batch_stride_d=M * N,
         alpha=alpha, beta=beta if c is not None else 0,
     )
     if traits is None:
-        traits = default_traits(rt, config, pair, sa.layout, kb.layout, c is not None, params,
+        traits = default_traits(rt, config, pair, ka.layout, kb.layout, c is not None, params,
                                 family)
         if specializes(traits, params, batch):
             traits = replace(traits, specialized=shape_values(params))
     kernel = codegen.build_gemm(traits)
     return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
-                d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch), pack)
+                d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch),
+                tuple(steps))
 
 
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
