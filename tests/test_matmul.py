@@ -387,3 +387,15 @@ def test_pipeline_statistics(pairs, monkeypatch):
         assert stats and all(isinstance(v, (int, float, bool)) for v in stats.values())
     else:
         assert stats == {}
+
+
+def test_vkresult_without_binding_exception_becomes_vulkan_error(live_device_info):
+    """The 1.3.275 binding has no exception class for some VkResults (it raises KeyError);
+    those still reach the caller as VulkanError naming the call and the result."""
+    from coopmat.dispatch.vkcall import call
+
+    def vkAllocateDescriptorSets() -> None:
+        raise KeyError(-1000069000)
+
+    with pytest.raises(coopmat.VulkanError, match="vkAllocateDescriptorSets.*OUT_OF_POOL"):
+        call(vkAllocateDescriptorSets)

@@ -140,7 +140,18 @@ def instance_proc(instance: Any, name: str, ffi: Any = None, ctype: str | None =
     return ffi.cast(ctype or f"PFN_{name}", int(v.ffi.cast("uintptr_t", fn)))
 
 
+# VkResult codes that the 1.3.275 binding names no exception for.
+_RESULT_NAMES = {
+    -1000069000: "VK_ERROR_OUT_OF_POOL_MEMORY",
+    -1000072003: "VK_ERROR_INVALID_EXTERNAL_HANDLE",
+    -1000161000: "VK_ERROR_FRAGMENTATION",
+    -1000257000: "VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS",
+}
+
+
 def result_name(result: int) -> str:
+    if result in _RESULT_NAMES:
+        return _RESULT_NAMES[result]
     v = vk()
     for key in dir(v):
         if (key.startswith("VK_ERROR_") or key in ("VK_INCOMPLETE", "VK_NOT_READY", "VK_TIMEOUT")) \

@@ -42,6 +42,11 @@ FENCE_WAIT_SLICE_NS = 100_000_000
 FENCE_TIMEOUT_S = 600.0
 SPIN_SECONDS = 0.0005
 RECORDED_CACHE = 32
+# A recording holds up to this many dispatches (repacks of A and B, then the GEMM), each
+# with one descriptor set of at most four storage buffers; the pool is sized for a full
+# cache of such recordings.
+MAX_DISPATCHES = 3
+MAX_BINDINGS = 4
 DESCRIPTOR_POOL_FLAGS_FREE = 0x1
 
 
@@ -79,9 +84,10 @@ class Executor:
         self._fence = call(v.vkCreateFence, dev, v.VkFenceCreateInfo(), None)
         self._fences = v.ffi.new("VkFence[1]", [self._fence])
         self._desc_pool = call(v.vkCreateDescriptorPool, dev, v.VkDescriptorPoolCreateInfo(
-            flags=DESCRIPTOR_POOL_FLAGS_FREE, maxSets=2 * RECORDED_CACHE,
+            flags=DESCRIPTOR_POOL_FLAGS_FREE, maxSets=MAX_DISPATCHES * RECORDED_CACHE,
             poolSizeCount=1, pPoolSizes=[v.VkDescriptorPoolSize(
-                type=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=8 * RECORDED_CACHE)]),
+                type=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=MAX_BINDINGS * MAX_DISPATCHES * RECORDED_CACHE)]),
             None)
         self.timestamps = device.timestamp_valid_bits > 0
         self._queries = call(v.vkCreateQueryPool, dev, v.VkQueryPoolCreateInfo(
@@ -117,6 +123,10 @@ class Executor:
                 self._generation = self.pool.generation
             rec = self._recorded.get(key)
             if rec is None:
+                if len(dispatches) > MAX_DISPATCHES or any(
+                        len(d.buffers) > MAX_BINDINGS for d in dispatches):
+                    raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
+                                     f"{MAX_BINDINGS} buffers per run")
                 self._forget(len(self._recorded) - RECORDED_CACHE + 1)
                 rec = self._record(uploads, dispatches, downloads)
                 self._recorded[key] = rec

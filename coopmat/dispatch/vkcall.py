@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from coopmat.device.vkffi import check, vk
+from coopmat.device.vkffi import check, result_name, vk
 from coopmat.errors import OutOfDeviceMemoryError, VulkanError
 
 __all__ = ["call", "check", "result_of"]
@@ -29,5 +29,10 @@ def call(fn: Any, *args: Any) -> Any:
         if result in ("VK_ERROR_OUT_OF_DEVICE_MEMORY", "VK_ERROR_OUT_OF_HOST_MEMORY"):
             raise OutOfDeviceMemoryError(f"{name} failed with {result}") from exc
         raise VulkanError(name, result) from exc
+    except KeyError as exc:  # the binding has no exception class for newer VkResults
+        code = exc.args[0] if exc.args else None
+        if not isinstance(code, int) or code >= 0:
+            raise
+        raise VulkanError(getattr(fn, "__name__", str(fn)), result_name(code)) from None
 
 
