@@ -141,10 +141,12 @@ class TiledGemmEmitter:
         self.sgid = s.builtin(BuiltIn.SubgroupId, s.u32)
         self.lane = s.builtin(BuiltIn.SubgroupLocalInvocationId, s.u32)
         wx, wy, batch = (s.f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(3))
-        P = {name: s.param(name) for name in abi.PUSH_FIELDS}
-        if t.specialized:  # sizes and strides as constants: the compiler folds them
-            P.update({name: s.c(v) for name, v in zip(abi.SPECIALIZED_FIELDS, t.specialized,
-                                                        strict=True)})
+        # A specialized kernel has its sizes and strides as constants: the compiler folds
+        # them into the address arithmetic.
+        fixed = dict(zip(abi.SPECIALIZED_FIELDS, t.specialized, strict=True)) \
+            if t.specialized else {}
+        P = {name: s.c(fixed[name]) if name in fixed else s.param(name)
+             for name in abi.PUSH_FIELDS}
         self.P = P
         self.m0 = s.mul(wy, s.c(tile.tile_m))
         self.n0 = s.mul(wx, s.c(tile.tile_n))

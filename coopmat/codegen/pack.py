@@ -20,6 +20,7 @@ Workgroup (x, y, z) covers (256 columns, 64 rows, batch).
 from __future__ import annotations
 
 import functools
+import struct
 from dataclasses import dataclass
 
 from coopmat.codegen.shader import ShaderContext
@@ -73,8 +74,6 @@ class PackKernel:
     @staticmethod
     def push_constants(K: int, N: int, ld_src: int, batch_stride_src: int, ld_dst: int,
                        batch_stride_dst: int) -> bytes:
-        import struct
-
         if ld_dst % LD_ALIGN or batch_stride_dst % LD_ALIGN:
             raise ValueError("the packed B's leading dimension and batch stride must be "
                              f"multiples of {LD_ALIGN}")
