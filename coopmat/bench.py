@@ -325,11 +325,18 @@ def candidates_for(rt: Any, pair: TypePair, config: Any,
     return out
 
 
+TUNE_CLASSES = ("square", "small-m", "medium")
+
+
 def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
-    """Time every candidate kernel per dtype pair and shape class (square, and few rows:
-    M = 16 against a square B); record the fastest of each."""
+    """Time every candidate kernel per dtype pair and shape class (square: size^3; few
+    rows: M = 16 against a square B; medium: (size/2)^3); record the fastest of each."""
     rt = runtime(args.device)
     size = args.tune_size or (4096 if rt.device.info.device_type != "CPU" else 128)
+    classes = args.tune_classes.split(",") if args.tune_classes else list(TUNE_CLASSES)
+    unknown = set(classes) - set(TUNE_CLASSES)
+    if unknown:
+        raise SystemExit(f"unknown tuning classes {sorted(unknown)}; known: {TUNE_CLASSES}")
     rng = np.random.default_rng(1)
     report: list[dict[str, Any]] = []
     for dt in dtypes:
@@ -341,8 +348,11 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
         config = config_for(rt.device, pair)
         if config is None:
             continue
-        for M in (size, 16):
-            report += tune_class(args, rt, pair, config, dt, dtype, result, M, size, rng)
+        shapes = {"square": (size, size), "small-m": (16, size),
+                  "medium": (max(2 * codegen.SMALL_M, size // 2),) * 2}
+        for name in classes:
+            M, n = shapes[name]
+            report += tune_class(args, rt, pair, config, dt, dtype, result, M, n, rng)
     return report
 
 
@@ -350,7 +360,7 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
                dtype: np.dtype, result: np.dtype, M: int, size: int,
                rng: np.random.Generator) -> list[dict[str, Any]]:
     small = M <= codegen.SMALL_M
-    key = shape_class(pair, M)
+    key = shape_class(pair, M, size)
     a, b = make_operands(dtype, M, size, size, "nn", rng)
     ref = np.matmul(a[:8].astype(np.float64), b.astype(np.float64))
     ops = 2.0 * M * size * size
@@ -433,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", action="store_true",
                     help="first time candidate kernels per dtype and keep the fastest on disk")
     ap.add_argument("--tune-size", type=int, default=0, help="square size to tune at")
+    ap.add_argument("--tune-classes", default="",
+                    help=f"comma list of shape classes to tune (default all: "
+                         f"{','.join(TUNE_CLASSES)})")
     ap.add_argument("--tune-repeat", type=int, default=5)
     ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
     ap.add_argument("--plot", dest="plot_path", help="write a PNG plot here (matplotlib)")

@@ -72,3 +72,24 @@ def test_forcing_a_family(private_tuning, monkeypatch):
     else:
         coopmat.matmul(a, a, family="nv2")
         assert last_kernel_traits().family == "nv2"
+
+
+def test_medium_shape_class(private_tuning):
+    """Outputs of at most MEDIUM_MN elements have their own class ('@medium'); where it was
+    never tuned they take the square class's choice, and large outputs never take it."""
+    from coopmat.dispatch.types import TypePair, component_type
+
+    info = private_tuning
+    rt = runtime()
+    pair = TypePair(component_type(np.dtype(np.int8)), component_type(np.dtype(np.int32)))
+    big, mid = Tile(64, 64, 32, 2, 2, 2), Tile(32, 32, 32, 2, 2, 1)
+    side = int(gemm.MEDIUM_MN ** 0.5)
+    assert gemm.shape_class(pair, side, side) == "int8->int32@medium"
+    assert gemm.shape_class(pair, side, side + 1) == "int8->int32"
+    assert gemm.shape_class(pair, 64, 10 ** 6) == "int8->int32@small-m"
+    tuning.record(info, "int8->int32", "khr", big, {})
+    assert gemm.choose_family(rt, pair, "khr", side, side) == ("khr", big)  # fallback
+    tuning.record(info, "int8->int32@medium", "khr", mid, {})
+    assert gemm.choose_family(rt, pair, "khr", side, side) == ("khr", mid)
+    assert gemm.choose_family(rt, pair, "khr", side, side + 1) == ("khr", big)
+    assert gemm.choose_family(rt, pair, "khr", 65, 100) == ("khr", mid)

@@ -305,13 +305,22 @@ def nv2_available(rt: Runtime) -> bool:
     return all(rt.device.has(f) for f in NV2_FEATURES)
 
 
-def shape_class(pair: TypePair, M: int) -> str:
-    """The key tuning results are kept under: the pair, and '@small-m' for few rows."""
-    return pair.describe() + ("@small-m" if M <= codegen.SMALL_M else "")
+# Output sizes up to this many elements form the "@medium" shape class: with the big tiles
+# that win at 4096^3 they leave most of a large GPU's cores idle (a 1024^2 output is 32
+# tiles of 128x256).
+MEDIUM_MN = 2048 * 2048
+
+
+def shape_class(pair: TypePair, M: int, N: int = 1 << 30) -> str:
+    """The key tuning results are kept under: the pair, then '@small-m' for few rows
+    (M <= SMALL_M), '@medium' for outputs of at most MEDIUM_MN elements, else nothing."""
+    if M <= codegen.SMALL_M:
+        return pair.describe() + "@small-m"
+    return pair.describe() + ("@medium" if M * N <= MEDIUM_MN else "")
 
 
 def choose_family(rt: Runtime, pair: TypePair, family: str | None,
-                  M: int = 1 << 30) -> tuple[str, Tile | None]:
+                  M: int = 1 << 30, N: int = 1 << 30) -> tuple[str, Tile | None]:
     """(family, tuned tile or None). `family` (or $COOPMAT_FAMILY) forces one: 'khr' or
     'nv2'; otherwise a tuned choice, then PREFERRED_FAMILY, then 'khr'."""
     forced = family or os.environ.get(FAMILY_ENV) or None
@@ -323,7 +332,10 @@ def choose_family(rt: Runtime, pair: TypePair, family: str | None,
             f"the nv2 kernel family needs VK_NV_cooperative_matrix2 with "
             f"{', '.join(lacking)}, which device {rt.device.info.index} "
             f"({rt.device.info.name}) lacks")
-    found = tuning.tuned(rt.device.info, shape_class(pair, M))
+    key = shape_class(pair, M, N)
+    found = tuning.tuned(rt.device.info, key)
+    if found is None and key.endswith("@medium"):  # tuned before the class existed
+        found = tuning.tuned(rt.device.info, pair.describe())
     if forced in ("khr", "nv2"):
         return forced, found[1] if found and found[0] == forced else None
     if found and (found[0] == "khr" or nv2_available(rt)):
@@ -352,7 +364,7 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
     (tuned, or the default), and for khr the aligned fast path where the problem meets
     its preconditions."""
     limits = rt.device.info.limits
-    fam, tile = choose_family(rt, pair, family, params.M)
+    fam, tile = choose_family(rt, pair, family, params.M, params.N)
     if fam == "nv2":
         info = rt.device.info
         flex = info.flexible_dimensions_properties
