@@ -136,11 +136,11 @@ def test_default_tiles_per_type() -> None:
     def tile(a: CT, r: CT) -> Tile | None:
         return default_nv2_tile(a, r, FLEX, 32, SHARED, 256)
 
-    assert tile(CT.FLOAT16, CT.FLOAT16) == Tile(128, 256, 32, 2, 4, 1)
-    assert tile(CT.FLOAT16, CT.FLOAT32) == Tile(128, 128, 16, 2, 4, 1)
-    assert tile(CT.BFLOAT16, CT.FLOAT32) == Tile(128, 128, 16, 2, 4, 1)
-    assert tile(CT.SINT8, CT.SINT32) == Tile(128, 128, 64, 2, 4, 1)
-    assert tile(CT.UINT8, CT.UINT32) == Tile(128, 128, 64, 2, 4, 1)
+    assert tile(CT.FLOAT16, CT.FLOAT16) == Tile(256, 128, 32, 2, 2, 1)
+    assert tile(CT.FLOAT16, CT.FLOAT32) == Tile(128, 128, 16, 2, 2, 1)
+    assert tile(CT.BFLOAT16, CT.FLOAT32) == Tile(128, 128, 16, 2, 2, 1)
+    assert tile(CT.SINT8, CT.SINT32) == Tile(128, 128, 64, 2, 2, 1)
+    assert tile(CT.UINT8, CT.UINT32) == Tile(128, 128, 64, 2, 2, 1)
     assert tile(CT.FLOAT16, CT.SINT32) is None  # no such type pair
 
 
@@ -157,8 +157,8 @@ def test_candidates_respect_granularities_and_limits(pair: tuple[CT, CT], max_wg
         assert entry is not None and entry.workgroup_invocations == inv
         assert t.tile_m % entry.m_granularity == 0 and t.tile_n % entry.n_granularity == 0
         assert t.tile_k % entry.k_granularity == 0
-    # The preferred workgroup size is the largest of 256 and 128 the limit allows.
-    want = 256 if max_wg >= 256 else 128 if max_wg >= 128 else max_wg
+    # The preferred workgroup size is 128 where the limit allows, else the largest it does.
+    want = 128 if max_wg >= 128 else max_wg
     assert tiles[0].subgroups * 32 == want
 
 
@@ -248,7 +248,7 @@ def test_module_uses_workgroup_scope_tensor_loads_and_clamped_layouts() -> None:
     assert sum("TensorView" in ln for ln in loads) == 1 + u + 2  # every A
     assert text.count("OpCooperativeMatrixStoreTensorNV") == 1
     assert text.count("OpCooperativeMatrixMulAddKHR") == 1 + u + 2
-    assert "OpTensorLayoutSliceNV" in text and "LocalSize 256 1 1" in text
+    assert "OpTensorLayoutSliceNV" in text and "LocalSize 128 1 1" in text
     # No shared memory of its own: the implementation stages workgroup-scope loads.
     assert not [ln for ln in text.splitlines() if "OpVariable" in ln and
                 ln.endswith(" Workgroup")]
@@ -271,10 +271,10 @@ def test_signedness_and_bf16() -> None:
 def test_kernel_metadata() -> None:
     t = _traits(CT.FLOAT16, CT.FLOAT16, has_c=False)
     k = build_gemm(t)
-    assert k.local_size == (256, 1, 1) and k.required_subgroup_size is None
+    assert k.local_size == (128, 1, 1) and k.required_subgroup_size is None
     assert k.shared_memory_bytes == 0 and k.bindings == (0, 1, 2)
-    assert k.tile_mn == (128, 256)
-    assert k.workgroups(300, 300, 2) == (2, 3, 2)
+    assert k.tile_mn == (256, 128)
+    assert k.workgroups(300, 300, 2) == (3, 2, 2)
     for f in ("cooperativeMatrix", "cooperativeMatrixWorkgroupScope",
               "cooperativeMatrixFlexibleDimensions", "cooperativeMatrixTensorAddressing",
               "shaderFloat16", "storageBuffer16BitAccess", "vulkanMemoryModel"):
