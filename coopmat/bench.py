@@ -121,6 +121,24 @@ def spin(fn: Callable[[], Any], seconds: float = WARM_SECONDS) -> None:
         fn()
 
 
+STEADY_MAX_SECONDS = 2.0
+
+
+def spin_until_steady(fn: Callable[[], float | None], seconds: float = WARM_SECONDS,
+                      max_seconds: float = STEADY_MAX_SECONDS) -> None:
+    """spin(), then go on while the kernel time `fn` reports still moves by more than 2%
+    from one batch of runs to the next: after a slow pipeline build (nv2 kernels take
+    seconds to compile) the GPU has idled and its clocks may need longer to come back."""
+    t0 = time.perf_counter()
+    spin(fn, seconds)
+    prev = None
+    while time.perf_counter() - t0 < max_seconds:
+        cur = statistics.median([fn() or 0.0 for _ in range(5)])
+        if prev is not None and cur and abs(cur - prev) <= 0.02 * cur:
+            return
+        prev = cur
+
+
 def time_calls(fn: Callable[[], Any], repeat: int, warmup: int, budget: float) -> Timing:
     for _ in range(warmup):
         fn()
@@ -213,7 +231,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     try:
         row.kernel = g.traits.describe()
         g.execute()  # warm-up: pipeline creation, first-touch of memory
-        spin(lambda: g.execute(transfers=False))
+        spin_until_steady(lambda: g.execute(transfers=False))
         xs: list[float] = []
         t_end = time.perf_counter() + args.budget
         while len(xs) < args.repeat and (len(xs) < 3 or time.perf_counter() < t_end):
@@ -394,7 +412,7 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
             continue
         try:
             g.execute()
-            spin(functools.partial(g.execute, transfers=False))
+            spin_until_steady(functools.partial(g.execute, transfers=False))
             times = [g.execute(transfers=False) or 0.0 for _ in range(args.tune_repeat)]
             out = np.empty((1, M, size), result)
             g.read(out)
