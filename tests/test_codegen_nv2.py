@@ -137,8 +137,8 @@ def test_default_tiles_per_type() -> None:
         return default_nv2_tile(a, r, FLEX, 32, SHARED, 256)
 
     assert tile(CT.FLOAT16, CT.FLOAT16) == Tile(256, 128, 32, 2, 2, 1)
-    assert tile(CT.FLOAT16, CT.FLOAT32) == Tile(128, 128, 16, 2, 2, 1)
-    assert tile(CT.BFLOAT16, CT.FLOAT32) == Tile(128, 128, 16, 2, 2, 1)
+    assert tile(CT.FLOAT16, CT.FLOAT32) == Tile(128, 128, 32, 2, 2, 1)
+    assert tile(CT.BFLOAT16, CT.FLOAT32) == Tile(128, 128, 32, 2, 2, 1)
     assert tile(CT.SINT8, CT.SINT32) == Tile(128, 128, 64, 2, 2, 1)
     assert tile(CT.UINT8, CT.UINT32) == Tile(128, 128, 64, 2, 2, 1)
     assert tile(CT.FLOAT16, CT.SINT32) is None  # no such type pair
@@ -225,9 +225,9 @@ def test_module_uses_workgroup_scope_tensor_loads_and_clamped_layouts() -> None:
     for cap in ("CooperativeMatrixKHR", "CooperativeMatrixTensorAddressingNV",
                 "TensorAddressingNV", "Float16", "StorageBuffer16BitAccess"):
         assert f"OpCapability {cap}\n" in text
-    # Scope operand 2 is Workgroup: A 128x16, B 16x128, accumulator 128x128 of the tile.
-    assert "OpTypeCooperativeMatrixKHR %half %uint_2 %uint_128 %uint_16 %uint_0" in text
-    assert "OpTypeCooperativeMatrixKHR %half %uint_2 %uint_16 %uint_128 %uint_1" in text
+    # Scope operand 2 is Workgroup: A 128x32, B 32x128, accumulator 128x128 of the tile.
+    assert "OpTypeCooperativeMatrixKHR %half %uint_2 %uint_128 %uint_32 %uint_0" in text
+    assert "OpTypeCooperativeMatrixKHR %half %uint_2 %uint_32 %uint_128 %uint_1" in text
     assert "OpTypeCooperativeMatrixKHR %float %uint_2 %uint_128 %uint_128 %uint_2" in text
     assert "Subgroup" not in text and "OpTypeCooperativeMatrixKHR %half %uint_3" not in text
     # 3-D layouts with clamp mode 1 (Constant), clamp value 0; the transposing view.
