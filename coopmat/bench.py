@@ -27,7 +27,6 @@ import numpy as np
 import coopmat
 from coopmat import codegen
 from coopmat.codegen import GemmParams, Layout
-from coopmat.codegen.abi import shape_values
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.dispatch import tuning
 from coopmat.dispatch.gemm import (
@@ -38,7 +37,6 @@ from coopmat.dispatch.gemm import (
     nv2_candidates,
     packs,
     shape_class,
-    specializes,
 )
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
@@ -387,8 +385,10 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
     # B as the kernel will read it: matmul repacks 8-bit B K-contiguous for larger M.
     b_layout = Layout.COLUMN_MAJOR if packs(rt, pair, 1, Layout.ROW_MAJOR, M, None) \
         else Layout.ROW_MAJOR
+    # The parameters matmul passes for this problem, so each candidate is the variant
+    # (exact, aligned, shape-specialized) matmul would run.
+    params = GemmParams(M, size, size, size, size, size, size, 0, 0, 0, M * size)
     for family, tile in candidates_for(rt, pair, config, small_m=small):
-        params = GemmParams(M, size, size, size, size, size, size)
         if family == "nv2":
             traits = nv2_traits(pair.operand, pair.result,
                                 rt.device.info.flexible_dimensions_properties,
@@ -398,10 +398,6 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
             base = default_traits(rt, config, pair, Layout.ROW_MAJOR, b_layout,
                                   False, params, family="khr")
             traits = fastest_variant(replace(base, tile=tile), params)
-            # Time the kernel matmul would run: large problems get a shape-specialized one.
-            full = GemmParams(M, size, size, size, size, size, size, 0, 0, 0, M * size)
-            if specializes(traits, full, 1):
-                traits = replace(traits, specialized=shape_values(full))
         entry: dict[str, Any] = {"class": key, "family": family, "tile": tile.describe(),
                                  "M": M, "N": size, "K": size}
         try:

@@ -124,21 +124,17 @@ class PreparedGemm:
                 download_kind, self.d_bytes)
             self.downloads = [Copy(d_buf, self.d_host, self.d_bytes)] \
                 if self.d_host is not d_buf else []
+            operand_bufs = device_bufs[:2]
+            self.dispatches: list[Dispatch] = []
+            for step in plan.packs:  # repack 8-bit operands K-contiguous on the device first
+                packed = self._take(operand_kind, step.nbytes)
+                self.dispatches.append(Dispatch(step.pipeline,
+                                                {0: operand_bufs[step.operand], 1: packed},
+                                                step.push_constants, step.groups))
+                operand_bufs[step.operand] = packed
         except BaseException:
             self.release()
             raise
-        operand_bufs = device_bufs[:2]
-        self.dispatches: list[Dispatch] = []
-        for step in plan.packs:  # repack 8-bit operands K-contiguous on the device first
-            try:
-                packed = self._take(operand_kind, step.nbytes)
-            except BaseException:
-                self.release()
-                raise
-            self.dispatches.append(Dispatch(step.pipeline, {0: operand_bufs[step.operand],
-                                                            1: packed},
-                                            step.push_constants, step.groups))
-            operand_bufs[step.operand] = packed
         bindings = {0: operand_bufs[0], 1: operand_bufs[1], 2: d_buf}
         if c is not None:
             bindings[3] = device_bufs[2]
@@ -266,9 +262,7 @@ def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
     )
     if traits is None:
         traits = default_traits(rt, config, pair, ka.layout, kb.layout, c is not None, params,
-                                family)
-        if specializes(traits, params, batch):
-            traits = replace(traits, specialized=shape_values(params))
+                                family, batch)
     kernel = codegen.build_gemm(traits)
     return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
                 d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch),
@@ -359,10 +353,11 @@ def nv2_candidates(rt: Runtime, pair: TypePair) -> list[Tile]:
 
 def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
                    a_layout: Layout, b_layout: Layout, has_c: bool,
-                   params: GemmParams, family: str | None = None) -> GemmTraits:
+                   params: GemmParams, family: str | None = None,
+                   batch: int = 1) -> GemmTraits:
     """The kernel variant for this device, config and problem: the family and tile
-    (tuned, or the default), and for khr the aligned fast path where the problem meets
-    its preconditions."""
+    (tuned, or the default), and for khr the fastest variant the problem allows
+    (fastest_variant)."""
     limits = rt.device.info.limits
     fam, tile = choose_family(rt, pair, family, params.M, params.N)
     if fam == "nv2":
@@ -393,20 +388,25 @@ def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypeP
         c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
         m=config.M, n=config.N, k=config.K, subgroup_size=limits.subgroup_size,
         a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile)
-    return fastest_variant(traits, params)
+    return fastest_variant(traits, params, batch)
 
 
-def fastest_variant(traits: GemmTraits, params: GemmParams) -> GemmTraits:
-    """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
-    checks), else aligned (vector loads), else general."""
+def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1) -> GemmTraits:
+    """khr traits with the fastest variant `params` (a call of `batch` products) allow:
+    exact (whole tiles, no bounds checks), else aligned (vector loads), else general; and
+    specialized for these sizes and strides where `specializes` says so."""
     if traits.family != "khr":
         return traits
-    general = replace(traits, aligned=False, exact=False)
+    general = replace(traits, aligned=False, exact=False, specialized=())
     aligned = replace(general, aligned=True)
     if not codegen.aligned_ok(aligned, params):
-        return general
-    exact = replace(aligned, exact=True)
-    return exact if codegen.exact_ok(exact, params) else aligned
+        best = general
+    else:
+        exact = replace(aligned, exact=True)
+        best = exact if codegen.exact_ok(exact, params) else aligned
+    if specializes(best, params, batch):
+        best = replace(best, specialized=shape_values(params))
+    return best
 
 
 def run_gemm(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
