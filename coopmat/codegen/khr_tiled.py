@@ -29,7 +29,8 @@ and multiply-accumulate it with every A fragment, so one B fragment is live at a
 Global loads of A and B are bounds-checked: an out-of-range unit reads index 0 instead
 (always in the buffer) and is replaced by zero, so the shader never reads outside the
 matrix and the zero padding makes partial K steps and edge tiles exact. The exact variant
-(M, N, K whole multiples of the tile) drops those checks and the edge epilogue.
+(M, N, K whole multiples of the tile) drops those checks and the edge epilogue; its
+prefetches past the last K step re-read the last one instead.
 """
 
 from __future__ import annotations
@@ -208,9 +209,17 @@ class TiledGemmEmitter:
         return index if op.write_off is None else s.add(op.write_off, index)
 
     def _prefetch(self, k0: int) -> None:
+        """Registers <- the K step at k0, which may lie past K near the end of the loop."""
+        s = self.s
+        if self.t.exact:
+            # The exact variant has no bounds checks, and a K step at or past K would read
+            # beyond the matrix (past the buffer's end for a row-major B). Re-read the last
+            # step instead: the registers are never stored once the loop has ended.
+            last = self._sub(self.P["K"], s.c(self.t.tile.tile_k))
+            k0 = s.select(s.u32, s.lt(k0, self.P["K"]), k0, last)
         for op in (self.A, self.B):
             for r, reg in enumerate(op.regs):
-                self.s.f.emit(Op.Store, reg, self._global_unit(op, k0, r))
+                s.f.emit(Op.Store, reg, self._global_unit(op, k0, r))
 
     def _stage_to_shared(self, k0: int) -> None:
         s = self.s

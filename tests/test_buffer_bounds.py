@@ -1,0 +1,146 @@
+"""Generated kernels never touch memory outside their buffers.
+
+A read past a matrix's end rarely shows in a result: the exact variant's look-ahead loads
+past the last K step were never stored, yet they read beyond a row-major B's buffer. So
+this asks the Khronos validation layer's GPU-assisted validation (GPU-AV), which checks
+every storage-buffer access of a dispatch, to watch the kernels run. GPU-AV is chosen when
+the instance is made, so the kernels run in a child process; a dispatch whose K is
+deliberately larger than its buffers hold shows that GPU-AV is really watching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from coopmat.device.instance import VALIDATION_LAYER
+
+pytestmark = pytest.mark.live
+
+CHILD = textwrap.dedent('''
+    import json, struct
+    from dataclasses import replace
+    import numpy as np
+    from coopmat.codegen import GemmParams, Layout, Tile
+    from coopmat.device import instance
+    from coopmat.device.vkffi import vk as _vk
+    from coopmat.dispatch.gemm import PreparedGemm, default_traits, fastest_variant
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.dispatch.types import TypePair, component_type, config_for
+
+    rt = runtime()
+    vk = _vk()
+    rng = np.random.default_rng(7)
+    report = {"cases": [], "control_errors": 0}
+
+    def operand(dtype, rows, cols, column_major):
+        x = rng.integers(-3, 4, size=(cols, rows) if column_major else (rows, cols))
+        x = x.astype(dtype)
+        return x.T if column_major else x
+
+    def prepare(dtype, res, M, N, K, layouts, tile, variant):
+        pair = TypePair(component_type(np.dtype(dtype)), component_type(np.dtype(res)))
+        config = config_for(rt.device, pair)
+        a = operand(dtype, M, K, layouts[0] == "t")
+        b = operand(dtype, K, N, layouts[1] == "t")
+        la = Layout.COLUMN_MAJOR if layouts[0] == "t" else Layout.ROW_MAJOR
+        lb = Layout.COLUMN_MAJOR if layouts[1] == "t" else Layout.ROW_MAJOR
+        params = GemmParams(M, N, K, M if la == Layout.COLUMN_MAJOR else K,
+                            K if lb == Layout.COLUMN_MAJOR else N, N, N)
+        tr = replace(default_traits(rt, config, pair, la, lb, False, params, family="khr"),
+                     tile=tile)
+        tr = fastest_variant(tr, params)
+        if variant == "general":
+            tr = replace(tr, aligned=False, exact=False)
+        g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0,
+                         traits=None if variant == "auto" else tr)
+        return g, a, b, g.traits
+
+    def check(dtype, res, M, N, K, layouts, tile, variant):
+        before = len(instance.validation_errors)
+        g, a, b, tr = prepare(dtype, res, M, N, K, layouts, tile, variant)
+        try:
+            g.execute()
+            out = np.empty((1, M, N), res)
+            g.read(out)
+        finally:
+            g.release()
+        vk.vkDeviceWaitIdle(rt.device.handle)
+        want = (a.astype(np.int64) @ b.astype(np.int64)).astype(res)
+        report["cases"].append({
+            "case": f"{np.dtype(dtype).name}->{np.dtype(res).name} {M}x{N}x{K} {layouts} "
+                    f"{tr.tile.describe()} exact={tr.exact} aligned={tr.aligned} "
+                    f"packs={len(g.dispatches) - 1}",
+            "equal": bool(np.array_equal(out[0], want)),
+            "errors": instance.validation_errors[before:]})
+
+    # The control first (the layer stops repeating a message after a few): K in the push
+    # constants twice what A and B hold.
+    g, _, _, tr = prepare(np.float16, np.float16, 64, 64, 64, "nn",
+                          Tile(32, 32, 16, 2, 2, 2), "best")
+    d = g.dispatches[-1]
+    push = bytearray(d.push_constants)
+    struct.pack_into("<I", push, 8, 128)  # K
+    g.dispatches[-1] = replace(d, push_constants=bytes(push))
+    before = len(instance.validation_errors)
+    try:
+        g.execute()
+    finally:
+        g.release()
+    # GPU-AV reads its findings when it sees the work finish: make sure it has.
+    vk.vkDeviceWaitIdle(rt.device.handle)
+    report["control_errors"] = len(instance.validation_errors) - before
+    del instance.validation_errors[before:]
+    # Matrices of power-of-two byte sizes fill their pooled buffers exactly, so a read
+    # past a matrix's end is a read past its buffer's end.
+    for buffering in (1, 2, 3, 4):
+        for layouts in ("nn", "nt", "tn", "tt"):
+            check(np.float16, np.float16, 64, 64, 64, layouts,
+                  Tile(32, 32, 16, 2, 2, buffering), "best")
+    for dtype, res in ((np.uint8, np.uint32), (np.int8, np.int32)):
+        for layouts in ("nn", "tt"):
+            check(dtype, res, 64, 64, 64, layouts, Tile(32, 32, 32, 2, 2, 2), "best")
+            # more than 64 rows: the dispatcher repacks a row-major B / column-major A
+            check(dtype, res, 128, 64, 64, layouts, Tile(32, 32, 32, 2, 2, 4), "auto")
+    for buffering in (2, 3):
+        check(np.float16, np.float32, 37, 29, 53, "nn", Tile(32, 32, 16, 2, 2, buffering),
+              "general")
+
+    print("REPORT" + json.dumps(report), flush=True)
+    # GPU-AV's teardown at interpreter exit aborts ("Resource deadlock avoided") on
+    # lavapipe; the report is out, so leave without it.
+    import os
+    os._exit(0)
+''')
+
+
+def _validation_layer_present() -> bool:
+    from coopmat.device.vkffi import vk
+    v = vk()
+    return VALIDATION_LAYER in {p.layerName for p in v.vkEnumerateInstanceLayerProperties()}
+
+
+def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path):
+    if not _validation_layer_present():
+        pytest.skip(f"{VALIDATION_LAYER} is not installed")
+    if live_device_info.limits.min_subgroup_size != 8:
+        pytest.skip("the cases pin lavapipe's 8x8x8 configs and 32-wide tiles")
+    env = dict(os.environ, COOPMAT_VALIDATION="1", COOPMAT_SPECIALIZE="0",
+               COOPMAT_CACHE_DIR=str(tmp_path),
+               VK_KHRONOS_VALIDATION_VALIDATE_GPU_BASED="GPU_BASED_GPU_ASSISTED",
+               VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT="false")
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(lines[-1][len("REPORT"):])
+    bad = [c for c in report["cases"] if c["errors"] or not c["equal"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+    assert report["control_errors"] > 0, "GPU-AV did not flag the out-of-bounds control"
+    assert len(report["cases"]) == 26
+    assert sum("packs=1" in c["case"] for c in report["cases"]) == 4
