@@ -1,11 +1,12 @@
 """Generated kernels never touch memory outside their buffers.
 
 A read past a matrix's end rarely shows in a result: the exact variant's look-ahead loads
-past the last K step were never stored, yet they read beyond a row-major B's buffer. So
-this asks the Khronos validation layer's GPU-assisted validation (GPU-AV), which checks
-every storage-buffer access of a dispatch, to watch the kernels run. GPU-AV is chosen when
-the instance is made, so the kernels run in a child process; a dispatch whose K is
-deliberately larger than its buffers hold shows that GPU-AV is really watching.
+past the last K step are never stored, and they must land in the margin the dispatcher
+allocates after each operand (codegen.overread_elems). So this asks the Khronos validation
+layer's GPU-assisted validation (GPU-AV), which checks every storage-buffer access of a
+dispatch, to watch the kernels run. GPU-AV is chosen when the instance is made, so the
+kernels run in a child process; a dispatch whose K is deliberately larger than its buffers
+hold shows that GPU-AV is really watching.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ CHILD = textwrap.dedent('''
     vk.vkDeviceWaitIdle(rt.device.handle)
     report["control_errors"] = len(instance.validation_errors) - before
     del instance.validation_errors[before:]
-    # Matrices of power-of-two byte sizes fill their pooled buffers exactly, so a read
-    # past a matrix's end is a read past its buffer's end.
+    # Matrices of power-of-two byte sizes fill pooled buffers exactly: without its margin
+    # a kernel reading past a matrix's end reads past its buffer's end.
     for buffering in (1, 2, 3, 4):
         for layouts in ("nn", "nt", "tn", "tt"):
             check(np.float16, np.float16, 64, 64, 64, layouts,

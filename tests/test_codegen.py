@@ -264,3 +264,15 @@ def test_pack_kernel_validates(wide: bool) -> None:
     assert PackKernel.leading_dimension(53) == 64 and PackKernel.leading_dimension(64) == 64
     with pytest.raises(ValueError):
         k.push_constants(53, 37, 37, 0, 60, 0)  # destination stride off 16
+
+
+def test_overread_margin() -> None:
+    """Only the exact khr variant with a register look-ahead reads past an operand: one K
+    step of tile_k lines (two with two shared stages)."""
+    from coopmat.codegen import overread_elems
+
+    base = next(x for x in _variants(LAVAPIPE) if x.a_type == CT.FLOAT16 and x.exact)
+    for buffering, steps in ((1, 0), (2, 1), (3, 2), (4, 1)):
+        tr = replace(base, tile=replace(base.tile, buffering=buffering))
+        assert overread_elems(tr, 100) == steps * tr.tile.tile_k * 100
+        assert overread_elems(replace(tr, exact=False), 100) == 0

@@ -12,7 +12,7 @@ flexdims (flexible-dimensions lists), variants (what a device implies), cache,
 tools (spirv-val/spirv-dis), __main__ (CLI).
 """
 
-from coopmat.codegen.abi import aligned_ok, exact_ok
+from coopmat.codegen.abi import aligned_ok, exact_ok, overread_elems
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
@@ -23,7 +23,7 @@ from coopmat.codegen.variants import nv2_variants_for, variants_for
 
 __all__ = [
     "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile",
-    "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "exact_ok",
+    "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "exact_ok", "overread_elems",
     "nv2_tile_candidates", "nv2_traits", "nv2_variants_for", "register_family",
     "small_m_tile", "tune_candidates", "variants_for",
 ]

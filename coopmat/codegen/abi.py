@@ -74,6 +74,19 @@ def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
             and p.K % t.tile_k == 0)
 
 
+def overread_elems(traits: GemmTraits, ld: int) -> int:
+    """Elements past an operand's last one that its kernel may read, for an operand read
+    with leading dimension `ld`: the buffer must extend that far (the values are never
+    used). The exact variant's register look-ahead runs one K step past K (two with two
+    shared stages) without bounds checks: tile_k more lines where lines run along K,
+    tile_k more elements of the last line where K is contiguous; tile_k * ld covers both.
+    """
+    t = traits.tile
+    if traits.family != "khr" or not traits.exact or t.buffering == 1:
+        return 0
+    return (2 if t.buffering == 3 else 1) * t.tile_k * ld
+
+
 SPECIALIZED_FIELDS = PUSH_FIELDS[:11]
 
 

@@ -110,10 +110,13 @@ class PreparedGemm:
         self._acquired: list[Buffer] = []
         try:
             inputs = [(a, sa), (b, sb)] + ([(c, sc)] if c is not None and sc else [])
+            packed_operands = {step.operand for step in plan.packs}
             device_bufs: list[Buffer] = []
             self.uploads: list[Copy] = []
-            for x, s in inputs:
-                dev_buf = self._take(operand_kind, s.nbytes)
+            for i, (x, s) in enumerate(inputs):
+                # The kernel's margin goes where it reads: after a repack, the packed copy.
+                margin = plan.margins[i] if i < 2 and i not in packed_operands else 0
+                dev_buf = self._take(operand_kind, s.nbytes + margin)
                 host = dev_buf if operand_kind is upload_kind else self._take(upload_kind, s.nbytes)
                 _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
                 if host is not dev_buf:
@@ -127,7 +130,7 @@ class PreparedGemm:
             operand_bufs = device_bufs[:2]
             self.dispatches: list[Dispatch] = []
             for step in plan.packs:  # repack 8-bit operands K-contiguous on the device first
-                packed = self._take(operand_kind, step.nbytes)
+                packed = self._take(operand_kind, step.nbytes + plan.margins[step.operand])
                 self.dispatches.append(Dispatch(step.pipeline,
                                                 {0: operand_bufs[step.operand], 1: packed},
                                                 step.push_constants, step.groups))
@@ -227,6 +230,9 @@ class Plan:
     push_constants: bytes
     groups: tuple[int, int, int]
     packs: tuple[PackStep, ...] = ()
+    # Bytes the kernel may read past the end of A and of B as it reads them (after any
+    # repack): their buffers are allocated that much larger (codegen.overread_elems).
+    margins: tuple[int, int] = (0, 0)
 
 
 PLAN_CACHE = 256
@@ -263,10 +269,17 @@ def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
     if traits is None:
         traits = default_traits(rt, config, pair, ka.layout, kb.layout, c is not None, params,
                                 family, batch)
+    item = pair.operand.bits // 8
+    margins = (codegen.overread_elems(traits, ka.ld) * item,
+               codegen.overread_elems(traits, kb.ld) * item)
+    if max(ka.nbytes + margins[0], kb.nbytes + margins[1]) > \
+            rt.device.info.limits.max_storage_buffer_range:
+        # No room for the exact variant's margin: the bounds-checked one needs none.
+        traits, margins = replace(traits, exact=False), (0, 0)
     kernel = codegen.build_gemm(traits)
     return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
                 d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch),
-                tuple(steps))
+                tuple(steps), margins)
 
 
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
