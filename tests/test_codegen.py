@@ -25,8 +25,9 @@ from coopmat.codegen import __main__ as cli
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.tiles import MAX_TUNE_CANDIDATES, tune_candidates
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import load_properties
+from coopmat.codegen.variants import as_config, load_properties
 from coopmat.device.enums import ComponentType as CT
+from coopmat.dispatch.tuning import SHIPPED
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "nvidia-h200-khr-coopmat.json"
@@ -276,3 +277,44 @@ def test_overread_margin() -> None:
         tr = replace(base, tile=replace(base.tile, buffering=buffering))
         assert overread_elems(tr, 100) == steps * tr.tile.tile_k * 100
         assert overread_elems(replace(tr, exact=False), 100) == 0
+
+
+@pytest.mark.parametrize("table", sorted(SHIPPED.glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_tuning_tables_name_candidate_tiles(table: Path) -> None:
+    """Every entry of a shipped table (NVIDIA H100 and H200: the same khr configs and limits
+    as the recorded H200) is a tune candidate of one of the pair's configs, and plans within
+    the device's shared-memory and invocation limits: a hand edit or a table from another
+    candidate set fails here instead of in a user's first call."""
+    import json
+
+    from coopmat.bench import np_dtype
+    from coopmat.dispatch.types import component_type
+
+    (rec,) = load_properties(H200)
+    entries = json.loads(table.read_text())
+    assert entries
+    for key, entry in entries.items():
+        pair, _, shape_class = key.partition("@")
+        a_type, result_type = (component_type(np_dtype(x)) for x in pair.split("->"))
+        shape_class = shape_class or "square"
+        assert shape_class in ("square", "small-m", "medium"), key
+        assert entry["family"] == "khr", key  # no nv2 entry is shipped yet
+        tile = Tile(*entry["tile"])
+        configs = [c for c in map(as_config, rec.configs)
+                   if c is not None and c.a_type == a_type and c.result_type == result_type]
+        assert configs, key
+        fits = []
+        for c in configs:
+            if tile not in tune_candidates(a_type, result_type, c.m, c.n, c.k,
+                                           rec.subgroup_size, rec.max_shared_memory,
+                                           rec.max_invocations,
+                                           small_m=shape_class == "small-m"):
+                continue
+            traits = GemmTraits(a_type, a_type, result_type, result_type, c.m, c.n, c.k,
+                                rec.subgroup_size, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
+                                True, tile)
+            plan = plan_kernel(traits)
+            assert plan.shared_bytes <= rec.max_shared_memory, key
+            assert plan.invocations <= rec.max_invocations, key
+            fits.append(c)
+        assert fits, f"{key}: {tile.describe()} is no tune candidate of the pair's configs"

@@ -336,22 +336,57 @@ def test_problem_larger_than_device_memory(pairs):
     np.testing.assert_array_equal(coopmat.matmul(x, y), reference(x, y, np.int32))
 
 
-def test_staging_path(pairs):
-    """Discrete GPUs stage through host-visible buffers and copy on the device; a CPU
-    driver needs no staging, so force that path here to test it everywhere."""
+@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
+def test_discrete_gpu_paths(pairs, monkeypatch, direct):
+    """Discrete GPUs stage through host-visible buffers and copy on the device, except for
+    small problems, whose kernel reads and writes the host-visible buffers directly; a CPU
+    driver needs neither, so force those paths here to test them everywhere."""
     require(pairs, "int8", np.int32)
+    from coopmat.dispatch import gemm
     from coopmat.dispatch.runtime import runtime
-    pool = runtime().pool
-    unified = pool.unified
-    pool.unified = False
+    monkeypatch.setattr(gemm, "DIRECT_MAX_BYTES", 1 << 30 if direct else 0)
+    rt = runtime()
+    monkeypatch.setattr(rt.pool, "unified", False)
+    copies = []
+    run = rt.executor.run
+
+    def counting_run(uploads, dispatches, downloads):
+        copies.append(len(uploads) + len(downloads))
+        return run(uploads, dispatches, downloads)
+
+    monkeypatch.setattr(rt.executor, "run", counting_run)
+    for M, N, K in [(37, 29, 53), (64, 64, 64), (1, 5, 3), (300, 200, 256)]:
+        a, b = operands("int8", M, N, K)
+        c = RNG.integers(-100, 100, size=(M, N)).astype(np.int32)
+        d = coopmat.matmul(a, b, c=c, beta=1)
+        np.testing.assert_array_equal(d, reference(a, b, np.int32) + c)
+        assert copies[-1] == (0 if direct else 4)  # A, B, C in and D out
+        if "float16->float32" in pairs:
+            x, y = operands("float16", M, N, K)
+            np.testing.assert_array_equal(coopmat.matmul(x, y, out_dtype=np.float32),
+                                          reference(x, y, np.float32))
+
+
+def test_descriptors_bind_at_most_the_storage_buffer_range(pairs):
+    """Pooled buffers are rounded up to a size class that may pass maxStorageBufferRange;
+    descriptors bind at most the limit, which still covers every byte a kernel touches.
+    Lower the limit to D's exact size (below its buffer's size class) and check the result."""
+    require(pairs, "int8", np.int32)
+    from coopmat.dispatch.memory import size_class
+    from coopmat.dispatch.runtime import runtime
+    M, N, K = 300, 200, 500
+    d_bytes = M * N * 4
+    assert size_class(d_bytes) > d_bytes  # the clamp is exercised
+    ex = runtime().executor
+    limit = ex._max_range
+    ex._forget(len(ex._recorded))  # recordings hold their descriptors' ranges
+    ex._max_range = d_bytes
     try:
-        for M, N, K in [(37, 29, 53), (64, 64, 64), (1, 5, 3)]:
-            a, b = operands("int8", M, N, K)
-            c = RNG.integers(-100, 100, size=(M, N)).astype(np.int32)
-            d = coopmat.matmul(a, b, c=c, beta=1)
-            np.testing.assert_array_equal(d, reference(a, b, np.int32) + c)
+        a, b = operands("int8", M, N, K)
+        np.testing.assert_array_equal(coopmat.matmul(a, b), reference(a, b, np.int32))
     finally:
-        pool.unified = unified
+        ex._max_range = limit
+        ex._forget(len(ex._recorded))
 
 
 def test_kernel_time_reported(pairs):

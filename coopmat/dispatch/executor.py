@@ -96,6 +96,7 @@ class Executor:
         self._period_ns = device.info.limits.timestamp_period
         self._ts_mask = (1 << device.timestamp_valid_bits) - 1 if self.timestamps else 0
         self._max_groups = device.info.limits.max_compute_work_group_count
+        self._max_range = device.info.limits.max_storage_buffer_range
         self._recorded: OrderedDict[tuple[Any, ...], _Recorded] = OrderedDict()
         self._generation = pool.generation
 
@@ -160,7 +161,7 @@ class Executor:
                 dstSet=s, dstBinding=b, descriptorCount=1,
                 descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                 pBufferInfo=[v.VkDescriptorBufferInfo(buffer=buf.handle, offset=0,
-                                                      range=buf.size)])
+                                                      range=self.bound_range(buf))])
                 for b, buf in d.buffers.items()]
             v.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
             sets.append(s)
@@ -199,6 +200,13 @@ class Executor:
         rec = _Recorded(cmd, sets, submit)
         rec.keep = cmds  # type: ignore[attr-defined]  # the submit info points into it
         return rec
+
+    def bound_range(self, buf: Buffer) -> int:
+        """Bytes of `buf` a descriptor binds. A pooled buffer is rounded up to its size
+        class, which can pass maxStorageBufferRange (4 GiB - 1 on NVIDIA) although the data
+        in it does not: dispatch checks that every operand, with the exact variant's
+        look-ahead margin, fits the limit, so binding at most the limit covers all of it."""
+        return min(buf.size, self._max_range)
 
     def _forget(self, count: int) -> None:
         """Free the `count` least recently used recordings."""

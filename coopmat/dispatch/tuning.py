@@ -4,7 +4,7 @@ class; where none is recorded, the codegen's default tile is used.
 
 A user's own tuning file wins; otherwise a table shipped in coopmat/dispatch/tuned/ for the
 device (PCI vendor and device id) applies. Those tables come from `--tune` runs recorded
-in README.md (the NVIDIA H200: 10de-2335)."""
+in README.md (the NVIDIA H200: 10de-2335; the H100 80GB HBM3: 10de-2330)."""
 
 from __future__ import annotations
 
