@@ -287,7 +287,7 @@ def test_shipped_tuning_tables_name_candidate_tiles(table: Path) -> None:
     candidate set fails here instead of in a user's first call."""
     import json
 
-    from coopmat.bench import np_dtype
+    from coopmat.bench import TUNE_CLASSES, np_dtype
     from coopmat.dispatch.types import component_type
 
     (rec,) = load_properties(H200)
@@ -297,7 +297,7 @@ def test_shipped_tuning_tables_name_candidate_tiles(table: Path) -> None:
         pair, _, shape_class = key.partition("@")
         a_type, result_type = (component_type(np_dtype(x)) for x in pair.split("->"))
         shape_class = shape_class or "square"
-        assert shape_class in ("square", "small-m", "medium"), key
+        assert shape_class in TUNE_CLASSES, key
         assert entry["family"] == "khr", key  # no nv2 entry is shipped yet
         tile = Tile(*entry["tile"])
         configs = [c for c in map(as_config, rec.configs)

@@ -184,6 +184,30 @@ def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result)
     assert last_kernel_traits().specialized == ()
 
 
+def test_specialized_kernels_are_bounded(pairs, monkeypatch):
+    """By default, large problems get shape-specialized kernels, but only up to
+    MAX_SPECIALIZED shapes per process (each is a pipeline kept for the process's life);
+    shapes already specialized keep theirs."""
+    from coopmat.dispatch import gemm
+    from coopmat.linalg import last_kernel_traits
+
+    require(pairs, "int8", np.int32)
+    monkeypatch.delenv("COOPMAT_SPECIALIZE", raising=False)
+    monkeypatch.setattr(gemm, "SPECIALIZE_MIN_OPS", 0)
+    monkeypatch.setattr(gemm, "MAX_SPECIALIZED", 2)
+    monkeypatch.setattr(gemm, "_specialized", set())
+    monkeypatch.setattr(gemm, "_plans", type(gemm._plans)())
+    got = []
+    for M, N, K in [(40, 24, 16), (41, 24, 16), (42, 24, 16), (40, 24, 16), (43, 24, 16)]:
+        a, b = operands("int8", M, N, K)
+        np.testing.assert_array_equal(coopmat.matmul(a, b), reference(a, b, np.int32))
+        t = last_kernel_traits()
+        if t.family != "khr":
+            pytest.skip("the tuned family for int8 here is not khr")
+        got.append(t.specialized[:3])
+    assert got == [(40, 24, 16), (41, 24, 16), (), (40, 24, 16), ()]
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [
     ((3, 20, 12), (12, 9)),          # batched A, shared B
     ((20, 12), (4, 12, 9)),          # shared A, batched B

@@ -303,17 +303,31 @@ SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
 # compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8;
 # README), for one extra build of ~0.5 s per shape, kept in the disk caches.
 SPECIALIZE_MIN_OPS = 2 ** 36
+# Each specialized kernel is a pipeline kept for the life of the process, so a sweep over
+# many large shapes would grow that set without bound: by default only this many kernel
+# and shape combinations are specialized per process, later ones run the shared kernel.
+MAX_SPECIALIZED = 64
+_specialized: set[tuple[GemmTraits, tuple[int, ...]]] = set()
+_specialized_lock = threading.Lock()
 
 
 def specializes(traits: GemmTraits, params: GemmParams, batch: int) -> bool:
     """Whether this call gets a shape-specialized kernel: $COOPMAT_SPECIALIZE=1 always,
-    0 never; otherwise khr kernels of problems of SPECIALIZE_MIN_OPS or more."""
+    0 never; otherwise khr kernels of problems of SPECIALIZE_MIN_OPS or more, up to
+    MAX_SPECIALIZED kernel and shape combinations."""
     if traits.family != "khr":
         return False
     mode = os.environ.get(SPECIALIZE_ENV, "auto")
     if mode in ("0", "1"):
         return mode == "1"
-    return 2 * params.M * params.N * params.K * batch >= SPECIALIZE_MIN_OPS
+    if 2 * params.M * params.N * params.K * batch < SPECIALIZE_MIN_OPS:
+        return False
+    key = (traits, shape_values(params))
+    with _specialized_lock:
+        if key not in _specialized and len(_specialized) >= MAX_SPECIALIZED:
+            return False
+        _specialized.add(key)
+        return True
 
 
 FAMILY_ENV = "COOPMAT_FAMILY"
