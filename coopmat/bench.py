@@ -4,7 +4,9 @@ For each dtype pair, size and layout: the kernel's GPU time from Vulkan timestam
 queries (median of --repeat runs after warm-up, with min and max), TFLOP/s (TOPS for
 integers), and the end-to-end time of coopmat.matmul from numpy to numpy. Peers in the
 same run where present: numpy on the CPU, torch.matmul on CUDA (cuBLAS; torch._int_mm for
-int8). Sweep definitions live in benchmarks/gemm.py.
+int8). With --stream N, also the kernel's throughput when N dispatches run back to back
+in one submission without barriers, the way vk_cooperative_matrix_perf measures its
+figures. Sweep definitions live in benchmarks/gemm.py.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class Row:
     e2e_time: Timing | None = None
     peers: dict[str, Timing] = field(default_factory=dict)
     error: str = ""
+    # --stream: this many dispatches per submission with no barrier between them; GPU
+    # (timestamps) and wall-clock time per dispatch.
+    stream_dispatches: int = 0
+    stream_time: Timing | None = None
+    stream_wall: Timing | None = None
 
     @property
     def ops(self) -> float:
@@ -211,6 +218,25 @@ def numpy_peer(dtype: str, a: np.ndarray, b: np.ndarray) -> Callable[[], Any]:
     return lambda: np.matmul(a2, b2)
 
 
+# --stream: extra D buffers for the back-to-back dispatches take at most this much memory.
+STREAM_EXTRA_BYTES = 2 << 30
+STREAM_WARMUP, STREAM_SUBMITS = 3, 5
+
+
+def time_stream(row: Row, g: PreparedGemm, count: int) -> None:
+    """Time `count` dispatches of the kernel in one submission, each writing its own D and
+    with no barrier between them, so one dispatch's last wave overlaps the next one's
+    first: vk_cooperative_matrix_perf's method (it records 100 dispatches per submit and
+    divides the wall-clock time), here with timestamps beside the wall clock."""
+    n = max(2, min(count, 1 + STREAM_EXTRA_BYTES // g.d_bytes))
+    runs = g.rt.executor.run_independent(g.independent_copies(n),
+                                         STREAM_WARMUP + STREAM_SUBMITS)[STREAM_WARMUP:]
+    row.stream_dispatches = n
+    gpu = [t / n for t, _ in runs if t is not None]
+    row.stream_time = Timing.of(gpu) if gpu else None
+    row.stream_wall = Timing.of([w / n for _, w in runs])
+
+
 def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
               torch: TorchPeer | None) -> None:
     op_name, res_name = row.dtype.split("->")
@@ -238,6 +264,8 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
                 break
             xs.append(t)
         row.kernel_time = Timing.of(xs) if xs else None
+        if args.stream > 1 and row.kernel_time:
+            time_stream(row, g, args.stream)
         out = np.empty((1, row.M, row.N), result)
         g.read(out)
         check = min(row.M, 8)  # spot-check the result against numpy on a few rows
@@ -270,9 +298,12 @@ def fmt_time(t: Timing | None) -> str:
 
 
 def table(rows: list[Row], peers: list[str]) -> str:
+    stream = any(r.stream_dispatches for r in rows)
     head = (f"{'dtype':<18}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}{'kernel':>10}"
             f"{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
+    if stream:
+        head += f"{'stream T*OP/s':>16}{'(wall)':>9}"
     for p in peers:
         head += f"{p + ' T*OP/s':>16} {'ratio':>8}"
     lines = [head, "-" * len(head)]
@@ -285,6 +316,10 @@ def table(rows: list[Row], peers: list[str]) -> str:
         line = (f"{r.dtype:<18}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
                 f"{fmt_time(r.kernel_time):>10}{fmt_rate(rate):>9}{spread:>8}"
                 f"{fmt_time(r.e2e_time):>10}")
+        if stream:
+            n = f"x{r.stream_dispatches} " if r.stream_dispatches else ""
+            line += f"{n + fmt_rate(r.rate(r.stream_time)).strip():>16}"
+            line += f"{fmt_rate(r.rate(r.stream_wall)):>9}"
         for p in peers:
             pr = r.rate(r.peers.get(p))
             ratio = f"{rate / pr:.3g}x" if rate and pr else "-"
@@ -461,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of shape classes to tune (default all: "
                          f"{','.join(TUNE_CLASSES)})")
     ap.add_argument("--tune-repeat", type=int, default=5)
+    ap.add_argument("--stream", type=int, default=0, metavar="N",
+                    help="also time N dispatches per submission with no barriers between "
+                         "them, as vk_cooperative_matrix_perf does (it uses 100 at 2048^3)")
     ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
     ap.add_argument("--plot", dest="plot_path", help="write a PNG plot here (matplotlib)")
     args = ap.parse_args(argv)
@@ -518,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             "tuning": tune_report,
             "results": [dict(asdict(r), kernel_tops=r.rate(r.kernel_time),
                              e2e_tops=r.rate(r.e2e_time),
+                             stream_tops=r.rate(r.stream_time),
+                             stream_wall_tops=r.rate(r.stream_wall),
                              peer_tops={p: r.rate(t) for p, t in r.peers.items()})
                         for r in cases],
         }

@@ -14,7 +14,7 @@ def test_bench_runs_and_writes_json(live_device_info, tmp_path):
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
     args = [sys.executable, "-m", "coopmat.bench", "--sizes", "16,40x24x56", "--layouts", "nn,tn",
-            "--repeat", "3", "--budget", "0.5", "--json", str(out)]
+            "--repeat", "3", "--budget", "0.5", "--stream", "3", "--json", str(out)]
     try:
         import matplotlib  # noqa: F401
         args += ["--plot", str(png)]
@@ -33,7 +33,12 @@ def test_bench_runs_and_writes_json(live_device_info, tmp_path):
         assert row["e2e_time"]["median"] > 0
         assert row["kernel_tops"] > 0
         assert "numpy" in row["peers"]
+        assert row["stream_dispatches"] == 3
+        assert row["stream_wall"]["median"] > 0 and row["stream_wall_tops"] > 0
+        if row["kernel_time"] is not None:  # timestamps: so does the stream
+            assert row["stream_time"]["median"] > 0 and row["stream_tops"] > 0
     assert doc["overhead_64_f16"]["median_s"] > 0
     assert "TOPS" in r.stdout or "T*OP/s" in r.stdout
+    assert "stream T*OP/s" in r.stdout
     if png is not None:
         assert png.stat().st_size > 1000

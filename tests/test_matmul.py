@@ -413,6 +413,50 @@ def test_descriptors_bind_at_most_the_storage_buffer_range(pairs):
         ex._forget(len(ex._recorded))
 
 
+def test_independent_dispatches_each_write_their_own_d(pairs):
+    """The bench's --stream mode: copies of a GEMM dispatch recorded without barriers, each
+    into its own D. Every D starts as a sentinel and must end as the exact product."""
+    require(pairs, "int8", np.int32)
+    from coopmat.dispatch.executor import Copy
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.dispatch.types import TypePair, component_type, config_for
+    rt = runtime()
+    pair = TypePair(component_type(np.dtype(np.int8)), component_type(np.dtype(np.int32)))
+    M, N, K = 96, 80, 112
+    a, b = operands("int8", M, N, K)
+    g = PreparedGemm(rt, config_for(rt.device, pair), pair, a[None], b[None], None, 1, 1, 0)
+    try:
+        g.execute()
+        copies = g.independent_copies(4)
+        d_bufs = [d.buffers[2] for d in copies]
+        assert len({buf.addr for buf in d_bufs}) == 4
+        host = g.d_host.view(np.int32, M * N)
+
+        def through_host(buf, fill=None):  # device-local buffers pass through d_host
+            if buf.mapped is not None:
+                view = buf.view(np.int32, M * N)
+                if fill is not None:
+                    view[:] = fill
+                return view.copy()
+            if fill is not None:
+                host[:] = fill
+                rt.executor.run([Copy(g.d_host, buf, g.d_bytes)], [], [])
+                return None
+            rt.executor.run([], [], [Copy(buf, g.d_host, g.d_bytes)])
+            return host.copy()
+
+        for buf in d_bufs:
+            through_host(buf, fill=-12345)
+        runs = rt.executor.run_independent(copies, 2)
+        assert len(runs) == 2 and all(wall > 0 for _, wall in runs)
+        want = reference(a, b, np.int32).reshape(-1)
+        for buf in d_bufs:
+            np.testing.assert_array_equal(through_host(buf), want)
+    finally:
+        g.release()
+
+
 def test_kernel_time_reported(pairs):
     require(pairs, "int8", np.int32)
     a, b = operands("int8", 32, 32, 32)
@@ -458,3 +502,26 @@ def test_vkresult_without_binding_exception_becomes_vulkan_error(live_device_inf
 
     with pytest.raises(coopmat.VulkanError, match="vkAllocateDescriptorSets.*OUT_OF_POOL"):
         call(vkAllocateDescriptorSets)
+
+
+def test_pool_reuses_and_trims_buffers(pairs, monkeypatch):
+    """A size class whose last cached buffer is taken again leaves no empty entry behind
+    for a later trim (which frees the least recently used first) to stumble on."""
+    require(pairs, "int8", np.int32)
+    from coopmat.dispatch.runtime import runtime
+    pool = runtime().pool
+    kind = pool.kinds()[0]
+    small = pool.acquire(kind, 5000)
+    pool.release(small)
+    again = pool.acquire(kind, 5000)
+    assert again is small  # reused from the cache
+    big = pool.acquire(kind, 3 << 20)
+    before = pool.allocated_bytes
+    monkeypatch.setattr(pool, "max_cached_bytes", 0)
+    pool.release(big)  # trims the cache to nothing: frees `big` and anything cached before
+    assert pool.cached_bytes == 0
+    assert pool.allocated_bytes <= before - big.size
+    after = pool.allocated_bytes
+    pool.release(again)
+    assert pool.allocated_bytes == after - again.size
+    assert pool.cached_bytes == 0

@@ -138,15 +138,56 @@ class Executor:
                                                          self._fence))
             self._wait()
             check("vkResetFences", lib.vkResetFences(dev, 1, self._fences))
-            if self._queries is None:
-                return None
-            check("vkGetQueryPoolResults", lib.vkGetQueryPoolResults(
-                dev, self._queries, 0, 2, 16, self._ts, 8, QUERY_RESULT_64 | QUERY_RESULT_WAIT))
-            ticks = (self._ts[1] - self._ts[0]) & self._ts_mask
-            return ticks * self._period_ns * 1e-9
+            return self._gpu_seconds()
+
+    def run_independent(self, dispatches: Sequence[Dispatch],
+                        submits: int) -> list[tuple[float | None, float]]:
+        """Submit `dispatches` `submits` times, recorded once with no barrier between them,
+        so the device may overlap them as vk_cooperative_matrix_perf's timing loop lets it.
+        The caller guarantees they are independent: none writes a buffer another one
+        reads or writes. Returns per submission (GPU seconds from the timestamps or None,
+        wall seconds of submit and wait)."""
+        v = vk()
+        lib, dev = v.lib, self.device.handle
+        if any(len(d.buffers) > MAX_BINDINGS for d in dispatches):
+            raise ValueError(f"at most {MAX_BINDINGS} buffers per dispatch")
+        pool = call(v.vkCreateDescriptorPool, dev, v.VkDescriptorPoolCreateInfo(
+            maxSets=len(dispatches), poolSizeCount=1, pPoolSizes=[v.VkDescriptorPoolSize(
+                type=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=MAX_BINDINGS * len(dispatches))]), None)
+        out: list[tuple[float | None, float]] = []
+        with self.lock:
+            rec = None
+            try:
+                rec = self._record([], dispatches, [], pool, barriers=False)
+                for _ in range(submits):
+                    t0 = time.perf_counter()
+                    with self.device.queue_lock:
+                        check("vkQueueSubmit", lib.vkQueueSubmit(self.device.queue, 1,
+                                                                 rec.submit, self._fence))
+                    self._wait()
+                    wall = time.perf_counter() - t0
+                    check("vkResetFences", lib.vkResetFences(dev, 1, self._fences))
+                    out.append((self._gpu_seconds(), wall))
+            finally:
+                if rec is not None:
+                    v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
+                v.vkDestroyDescriptorPool(dev, pool, None)  # frees the sets with it
+        return out
+
+    def _gpu_seconds(self) -> float | None:
+        """The last submission's time between its two timestamps."""
+        if self._queries is None:
+            return None
+        check("vkGetQueryPoolResults", vk().lib.vkGetQueryPoolResults(
+            self.device.handle, self._queries, 0, 2, 16, self._ts, 8,
+            QUERY_RESULT_64 | QUERY_RESULT_WAIT))
+        ticks = (self._ts[1] - self._ts[0]) & self._ts_mask
+        return ticks * self._period_ns * 1e-9
 
     def _record(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-                downloads: Sequence[Copy]) -> _Recorded:
+                downloads: Sequence[Copy], desc_pool: Any = None,
+                barriers: bool = True) -> _Recorded:
         v = vk()
         dev = self.device.handle
         cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
@@ -155,7 +196,7 @@ class Executor:
         sets = []
         for d in dispatches:
             s = call(v.vkAllocateDescriptorSets, dev, v.VkDescriptorSetAllocateInfo(
-                descriptorPool=self._desc_pool, descriptorSetCount=1,
+                descriptorPool=desc_pool or self._desc_pool, descriptorSetCount=1,
                 pSetLayouts=[d.pipeline.set_layout]))[0]
             writes = [v.VkWriteDescriptorSet(
                 dstSet=s, dstBinding=b, descriptorCount=1,
@@ -178,7 +219,7 @@ class Executor:
             v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
             v.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
         for i, (d, s) in enumerate(zip(dispatches, sets, strict=False)):
-            if i:
+            if i and barriers:
                 self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE,
                               ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)
             self._dispatch(cmd, d, s)

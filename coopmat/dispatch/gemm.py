@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coopmat import codegen
-from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile
+from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile, abi
 from coopmat.codegen.abi import shape_values
 from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
 from coopmat.codegen.pack import pack_kernel
@@ -159,6 +159,17 @@ class PreparedGemm:
         """Run the kernel; with transfers, also the staging copies in and out."""
         return self.rt.executor.run(self.uploads if transfers else [], self.dispatches,
                                     self.downloads if transfers else [])
+
+    def independent_copies(self, count: int) -> list[Dispatch]:
+        """The GEMM dispatch `count` times, each writing its own D (the first the call's
+        own), so they may run together: for timing dispatches back to back, as
+        vk_cooperative_matrix_perf does. Repacks are left out: execute() has already
+        written the operands they produce."""
+        gemm = self.dispatches[-1]
+        kind = gemm.buffers[abi.BINDING_D].kind
+        return [gemm] + [replace(gemm, buffers={**gemm.buffers,
+                                                abi.BINDING_D: self._take(kind, self.d_bytes)})
+                         for _ in range(count - 1)]
 
     def read(self, out: np.ndarray) -> None:
         count = math.prod(self.shape)

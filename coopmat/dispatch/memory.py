@@ -157,9 +157,13 @@ class MemoryPool:
         with self._lock:
             free = self._free.get((kind, size))
             if free:
-                self._free.move_to_end((kind, size))
+                buf = free.pop()
+                if free:
+                    self._free.move_to_end((kind, size))
+                else:  # no empty lists: _trim takes the first key's oldest buffer
+                    del self._free[(kind, size)]
                 self.cached_bytes -= size
-                return free.pop()
+                return buf
             try:
                 return self._allocate(kind, size)
             except OutOfDeviceMemoryError:
