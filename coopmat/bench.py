@@ -502,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
     ap.add_argument("--plot", dest="plot_path", help="write a PNG plot here (matplotlib)")
     args = ap.parse_args(argv)
+    if args.stream < 0 or args.stream == 1:
+        ap.error("--stream needs at least 2 dispatches (0: off)")
 
     rt = runtime(args.device)
     info = rt.device.info

@@ -114,9 +114,6 @@ class Executor:
             downloads: Sequence[Copy]) -> float | None:
         """Run one submission; returns the dispatches' GPU time in seconds (None where the
         queue has no timestamps)."""
-        v = vk()
-        lib = v.lib
-        dev = self.device.handle
         key = self._key(uploads, dispatches, downloads)
         with self.lock:
             if self._generation != self.pool.generation:
@@ -133,11 +130,7 @@ class Executor:
                 self._recorded[key] = rec
             else:
                 self._recorded.move_to_end(key)
-            with self.device.queue_lock:
-                check("vkQueueSubmit", lib.vkQueueSubmit(self.device.queue, 1, rec.submit,
-                                                         self._fence))
-            self._wait()
-            check("vkResetFences", lib.vkResetFences(dev, 1, self._fences))
+            self._submit_and_wait(rec)
             return self._gpu_seconds()
 
     def run_independent(self, dispatches: Sequence[Dispatch],
@@ -148,7 +141,7 @@ class Executor:
         reads or writes. Returns per submission (GPU seconds from the timestamps or None,
         wall seconds of submit and wait)."""
         v = vk()
-        lib, dev = v.lib, self.device.handle
+        dev = self.device.handle
         if any(len(d.buffers) > MAX_BINDINGS for d in dispatches):
             raise ValueError(f"at most {MAX_BINDINGS} buffers per dispatch")
         pool = call(v.vkCreateDescriptorPool, dev, v.VkDescriptorPoolCreateInfo(
@@ -162,18 +155,22 @@ class Executor:
                 rec = self._record([], dispatches, [], pool, barriers=False)
                 for _ in range(submits):
                     t0 = time.perf_counter()
-                    with self.device.queue_lock:
-                        check("vkQueueSubmit", lib.vkQueueSubmit(self.device.queue, 1,
-                                                                 rec.submit, self._fence))
-                    self._wait()
+                    self._submit_and_wait(rec)
                     wall = time.perf_counter() - t0
-                    check("vkResetFences", lib.vkResetFences(dev, 1, self._fences))
                     out.append((self._gpu_seconds(), wall))
             finally:
                 if rec is not None:
                     v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
                 v.vkDestroyDescriptorPool(dev, pool, None)  # frees the sets with it
         return out
+
+    def _submit_and_wait(self, rec: _Recorded) -> None:
+        lib = vk().lib
+        with self.device.queue_lock:
+            check("vkQueueSubmit", lib.vkQueueSubmit(self.device.queue, 1, rec.submit,
+                                                     self._fence))
+        self._wait()
+        check("vkResetFences", lib.vkResetFences(self.device.handle, 1, self._fences))
 
     def _gpu_seconds(self) -> float | None:
         """The last submission's time between its two timestamps."""
