@@ -6,7 +6,9 @@ integers), and the end-to-end time of coopmat.matmul from numpy to numpy. Peers 
 same run where present: numpy on the CPU, torch.matmul on CUDA (cuBLAS; torch._int_mm for
 int8). With --stream N, also the kernel's throughput when N dispatches run back to back
 in one submission without barriers, the way vk_cooperative_matrix_perf measures its
-figures. Sweep definitions live in benchmarks/gemm.py.
+figures; --stream-inputs K makes those dispatches cycle through K copies of A and B, so
+that overlapping dispatches no longer find each other's operands in cache. Sweep
+definitions live in benchmarks/gemm.py.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Row:
     # --stream: this many dispatches per submission with no barrier between them; GPU
     # (timestamps) and wall-clock time per dispatch.
     stream_dispatches: int = 0
+    stream_inputs: int = 0  # copies of A and B the dispatches cycle through
     stream_time: Timing | None = None
     stream_wall: Timing | None = None
 
@@ -223,15 +226,36 @@ STREAM_EXTRA_BYTES = 2 << 30
 STREAM_WARMUP, STREAM_SUBMITS = 3, 5
 
 
-def time_stream(row: Row, g: PreparedGemm, count: int) -> None:
+def time_stream(row: Row, g: PreparedGemm, count: int, inputs: int = 1,
+                make: Callable[[], PreparedGemm] | None = None) -> None:
     """Time `count` dispatches of the kernel in one submission, each writing its own D and
     with no barrier between them, so one dispatch's last wave overlaps the next one's
     first: vk_cooperative_matrix_perf's method (it records 100 dispatches per submit and
-    divides the wall-clock time), here with timestamps beside the wall clock."""
+    divides the wall-clock time), here with timestamps beside the wall clock.
+
+    With `inputs` > 1, dispatch i reads copy i % inputs of A and B (each copy in its own
+    buffers, made by `make`): overlapping dispatches then read different memory, as
+    separate problems would, instead of finding the previous dispatch's tiles in the
+    caches."""
     n = max(2, min(count, 1 + STREAM_EXTRA_BYTES // g.d_bytes))
-    runs = g.rt.executor.run_independent(g.independent_copies(n),
-                                         STREAM_WARMUP + STREAM_SUBMITS)[STREAM_WARMUP:]
+    inputs = max(1, min(inputs, n))
+    copies = [g]
+    try:
+        for _ in range(inputs - 1):
+            if make is None:
+                raise ValueError("more than one input copy needs a way to make them")
+            extra = make()
+            copies.append(extra)
+            extra.execute()  # uploads this copy's A and B
+        per_copy = [c.independent_copies(len(range(j, n, inputs))) for j, c in enumerate(copies)]
+        dispatches = [per_copy[i % inputs][i // inputs] for i in range(n)]
+        runs = g.rt.executor.run_independent(dispatches,
+                                             STREAM_WARMUP + STREAM_SUBMITS)[STREAM_WARMUP:]
+    finally:
+        for extra in copies[1:]:
+            extra.release()
     row.stream_dispatches = n
+    row.stream_inputs = inputs
     gpu = [t / n for t, _ in runs if t is not None]
     row.stream_time = Timing.of(gpu) if gpu else None
     row.stream_wall = Timing.of([w / n for _, w in runs])
@@ -251,7 +275,10 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
         row.error = "not offered by the device"
         return
     family = None if row.family == "auto" else row.family
-    g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0, family=family)
+    def make() -> PreparedGemm:
+        return PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0, family=family)
+
+    g = make()
     try:
         row.kernel = g.traits.describe()
         g.execute()  # warm-up: pipeline creation, first-touch of memory
@@ -265,7 +292,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
             xs.append(t)
         row.kernel_time = Timing.of(xs) if xs else None
         if args.stream > 1 and row.kernel_time:
-            time_stream(row, g, args.stream)
+            time_stream(row, g, args.stream, args.stream_inputs, make)
         out = np.empty((1, row.M, row.N), result)
         g.read(out)
         check = min(row.M, 8)  # spot-check the result against numpy on a few rows
@@ -318,6 +345,8 @@ def table(rows: list[Row], peers: list[str]) -> str:
                 f"{fmt_time(r.e2e_time):>10}")
         if stream:
             n = f"x{r.stream_dispatches} " if r.stream_dispatches else ""
+            if r.stream_inputs > 1:
+                n = f"x{r.stream_dispatches}/{r.stream_inputs}in "
             line += f"{n + fmt_rate(r.rate(r.stream_time)).strip():>16}"
             line += f"{fmt_rate(r.rate(r.stream_wall)):>9}"
         for p in peers:
@@ -499,11 +528,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream", type=int, default=0, metavar="N",
                     help="also time N dispatches per submission with no barriers between "
                          "them, as vk_cooperative_matrix_perf does (it uses 100 at 2048^3)")
+    ap.add_argument("--stream-inputs", type=int, default=1, metavar="K",
+                    help="with --stream: the dispatches cycle through K copies of A and B "
+                         "(default 1: all read the same ones, as in "
+                         "vk_cooperative_matrix_perf)")
     ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
     ap.add_argument("--plot", dest="plot_path", help="write a PNG plot here (matplotlib)")
     args = ap.parse_args(argv)
     if args.stream < 0 or args.stream == 1:
         ap.error("--stream needs at least 2 dispatches (0: off)")
+    if args.stream_inputs < 1 or (args.stream_inputs > 1 and not args.stream):
+        ap.error("--stream-inputs needs --stream and at least 1 copy")
+    if args.stream and args.stream_inputs > args.stream:
+        ap.error("--stream-inputs cannot exceed the --stream dispatch count")
 
     rt = runtime(args.device)
     info = rt.device.info

@@ -42,3 +42,45 @@ def test_bench_runs_and_writes_json(live_device_info, tmp_path):
     assert "stream T*OP/s" in r.stdout
     if png is not None:
         assert png.stat().st_size > 1000
+
+
+def test_stream_inputs_cycle_through_copies_of_the_operands(live_device_info, monkeypatch, capsys):
+    """--stream 4 --stream-inputs 2: dispatch i reads copy i % 2 of A and B, each copy in
+    its own buffers, and every dispatch writes its own D."""
+    from coopmat import bench
+    from coopmat.codegen import abi
+    from coopmat.dispatch.executor import Executor
+
+    seen: list[list] = []
+    original = Executor.run_independent
+
+    def spy(self, dispatches, submits):
+        seen.append(list(dispatches))
+        return original(self, dispatches, submits)
+
+    monkeypatch.setattr(Executor, "run_independent", spy)
+    import coopmat
+    dtype = sorted(coopmat.supported_dtypes())[0]
+    argv = ["--sizes", "24x16x40", "--layouts", "nn", "--repeat", "3", "--budget", "0.2",
+            "--no-peers", "--stream", "4", "--stream-inputs", "2", "--dtypes", dtype]
+    assert bench.main(argv) == 0
+    assert seen, "no streamed submission"
+    for dispatches in seen:
+        assert len(dispatches) == 4
+        a = [d.buffers[abi.BINDING_A].addr for d in dispatches]
+        b = [d.buffers[abi.BINDING_B].addr for d in dispatches]
+        assert a[0] == a[2] and a[1] == a[3] and a[0] != a[1]
+        assert b[0] == b[2] and b[1] == b[3] and b[0] != b[1]
+        assert len({d.buffers[abi.BINDING_D].addr for d in dispatches}) == 4
+    assert "x4/2in" in capsys.readouterr().out
+
+
+def test_stream_inputs_needs_stream():
+    import pytest
+
+    from coopmat import bench
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--stream-inputs", "2"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        bench.main(["--stream", "2", "--stream-inputs", "3"])
