@@ -239,11 +239,12 @@ def time_stream(row: Row, g: PreparedGemm, count: int, inputs: int = 1,
     caches."""
     n = max(2, min(count, 1 + STREAM_EXTRA_BYTES // g.d_bytes))
     inputs = max(1, min(inputs, n))
+    if inputs > 1 and make is None:
+        raise ValueError("more than one copy of the operands needs `make`")
     copies = [g]
     try:
         for _ in range(inputs - 1):
-            if make is None:
-                raise ValueError("more than one input copy needs a way to make them")
+            assert make is not None
             extra = make()
             copies.append(extra)
             extra.execute()  # uploads this copy's A and B

@@ -47,6 +47,7 @@ def test_bench_runs_and_writes_json(live_device_info, tmp_path):
 def test_stream_inputs_cycle_through_copies_of_the_operands(live_device_info, monkeypatch, capsys):
     """--stream 4 --stream-inputs 2: dispatch i reads copy i % 2 of A and B, each copy in
     its own buffers, and every dispatch writes its own D."""
+    import coopmat
     from coopmat import bench
     from coopmat.codegen import abi
     from coopmat.dispatch.executor import Executor
@@ -59,7 +60,6 @@ def test_stream_inputs_cycle_through_copies_of_the_operands(live_device_info, mo
         return original(self, dispatches, submits)
 
     monkeypatch.setattr(Executor, "run_independent", spy)
-    import coopmat
     dtype = sorted(coopmat.supported_dtypes())[0]
     argv = ["--sizes", "24x16x40", "--layouts", "nn", "--repeat", "3", "--budget", "0.2",
             "--no-peers", "--stream", "4", "--stream-inputs", "2", "--dtypes", dtype]
