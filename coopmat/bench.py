@@ -226,25 +226,22 @@ STREAM_EXTRA_BYTES = 2 << 30
 STREAM_WARMUP, STREAM_SUBMITS = 3, 5
 
 
-def time_stream(row: Row, g: PreparedGemm, count: int, inputs: int = 1,
-                make: Callable[[], PreparedGemm] | None = None) -> None:
+def time_stream(row: Row, g: PreparedGemm, make: Callable[[], PreparedGemm], count: int,
+                inputs: int = 1) -> None:
     """Time `count` dispatches of the kernel in one submission, each writing its own D and
     with no barrier between them, so one dispatch's last wave overlaps the next one's
     first: vk_cooperative_matrix_perf's method (it records 100 dispatches per submit and
     divides the wall-clock time), here with timestamps beside the wall clock.
 
-    With `inputs` > 1, dispatch i reads copy i % inputs of A and B (each copy in its own
-    buffers, made by `make`): overlapping dispatches then read different memory, as
-    separate problems would, instead of finding the previous dispatch's tiles in the
-    caches."""
+    With `inputs` > 1, dispatch i reads copy i % inputs of A and B: copy 0 is `g`'s, the
+    others come from `make` (the same GEMM prepared again, in buffers of its own).
+    Overlapping dispatches then read different memory, as separate problems would,
+    instead of finding the previous dispatch's tiles in the caches."""
     n = max(2, min(count, 1 + STREAM_EXTRA_BYTES // g.d_bytes))
     inputs = max(1, min(inputs, n))
-    if inputs > 1 and make is None:
-        raise ValueError("more than one copy of the operands needs `make`")
     copies = [g]
     try:
         for _ in range(inputs - 1):
-            assert make is not None
             extra = make()
             copies.append(extra)
             extra.execute()  # uploads this copy's A and B
@@ -293,7 +290,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
             xs.append(t)
         row.kernel_time = Timing.of(xs) if xs else None
         if args.stream > 1 and row.kernel_time:
-            time_stream(row, g, args.stream, args.stream_inputs, make)
+            time_stream(row, g, make, args.stream, args.stream_inputs)
         out = np.empty((1, row.M, row.N), result)
         g.read(out)
         check = min(row.M, 8)  # spot-check the result against numpy on a few rows
