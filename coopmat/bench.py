@@ -22,29 +22,23 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import coopmat
-from coopmat import codegen
+from coopmat import codegen, policy
 from coopmat.codegen import GemmParams, Layout
 from coopmat.codegen.nv2_tiles import nv2_traits
+from coopmat.device.record import nv2_usable
 from coopmat.dispatch import tuning
-from coopmat.dispatch.gemm import (
-    PreparedGemm,
-    default_traits,
-    fastest_variant,
-    nv2_available,
-    nv2_candidates,
-    packs,
-    shape_class,
-)
+from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
-from coopmat.dispatch.types import BFLOAT16, TypePair, component_type, config_for
+from coopmat.dtypes import by_name, element
 from coopmat.linalg import matmul, supported_dtypes
+from coopmat.policy import Options, TypePair
 
 
 def _load_sweeps() -> Any:
@@ -77,6 +71,8 @@ class Row:
     K: int
     layout: str
     family: str = "auto"
+    # The accumulator: asked for ('' = matmul's default), then the one measured.
+    accumulator: str = ""
     kernel: str = ""
     kernel_time: Timing | None = None
     e2e_time: Timing | None = None
@@ -98,11 +94,10 @@ class Row:
 
 
 def np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        if BFLOAT16 is None:
-            raise SystemExit("bfloat16 needs ml_dtypes")
-        return BFLOAT16
-    return np.dtype(name)
+    row = by_name(name)
+    if row is None or row.numpy is None:
+        raise SystemExit(f"coopmat.bench: unknown dtype {name!r}")
+    return row.numpy
 
 
 def make_operands(dtype: np.dtype, M: int, N: int, K: int, layout: str,
@@ -265,16 +260,18 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     dtype, result = np_dtype(op_name), np_dtype(res_name)
     a, b = make_operands(dtype, row.M, row.N, row.K, row.layout, rng)
     rt = runtime(args.device)
-    op_t, res_t = component_type(dtype), component_type(result)
-    assert op_t is not None and res_t is not None
-    pair = TypePair(op_t, res_t)
-    config = config_for(rt.device, pair)
-    if config is None:
+    try:
+        pair = policy.resolve(rt.device.info, dtype, dtype, result,
+                              np_dtype(row.accumulator) if row.accumulator else None)
+    except TypeError:
         row.error = "not offered by the device"
         return
+    row.accumulator = element(pair.result).name  # what was measured
     family = None if row.family == "auto" else row.family
+    options = Options.from_env().with_family(family)
+
     def make() -> PreparedGemm:
-        return PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0, family=family)
+        return PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, options=options)
 
     g = make()
     try:
@@ -299,8 +296,8 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
             row.error = "result does not match numpy"
     finally:
         g.release()
-    row.e2e_time = time_calls(lambda: matmul(a, b, out_dtype=result, device=args.device,
-                                             family=family),
+    row.e2e_time = time_calls(lambda: matmul(a, b, dtype=result, device=args.device,
+                                             accumulator=np_dtype(row.accumulator), family=family),
                               max(3, args.repeat // 4), 1, args.budget)
     if not args.no_peers:
         if row.ops <= args.numpy_max_ops:
@@ -393,13 +390,11 @@ def plot(rows: list[Row], path: str, title: str) -> None:
 
 def candidates_for(rt: Any, pair: TypePair, config: Any,
                    small_m: bool = False) -> list[tuple[str, Any]]:
-    limits = rt.device.info.limits
-    tiles = codegen.tune_candidates(pair.operand, pair.result, config.M, config.N, config.K,
-                                    limits.subgroup_size, limits.max_compute_shared_memory_size,
-                                    limits.max_compute_work_group_invocations, small_m=small_m)
-    out: list[tuple[str, Any]] = [("khr", t) for t in tiles]
-    if nv2_available(rt) and not small_m:
-        out += [("nv2", t) for t in nv2_candidates(rt, pair)]
+    info = rt.device.info
+    out: list[tuple[str, Any]] = [("khr", t) for t in
+                                  codegen.khr_tune_tiles(config, info.limits, small_m)]
+    if not small_m:
+        out += [("nv2", t) for t in codegen.nv2_tiles(info, pair.operand, pair.result)]
     return out
 
 
@@ -420,10 +415,11 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
     for dt in dtypes:
         op_name, res_name = dt.split("->")
         dtype, result = np_dtype(op_name), np_dtype(res_name)
-        op_t, res_t = component_type(dtype), component_type(result)
-        assert op_t is not None and res_t is not None
-        pair = TypePair(op_t, res_t)
-        config = config_for(rt.device, pair)
+        try:  # tuning times kernels per config: the accumulator is the result
+            pair = policy.resolve(rt.device.info, dtype, dtype, result, result)
+        except TypeError:
+            continue
+        config = policy.config_for(rt.device.info, pair)
         if config is None:
             continue
         shapes = {"square": (size, size), "small-m": (16, size),
@@ -438,14 +434,15 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
                dtype: np.dtype, result: np.dtype, M: int, size: int,
                rng: np.random.Generator) -> list[dict[str, Any]]:
     small = M <= codegen.SMALL_M
-    key = shape_class(pair, M, size)
+    key = policy.shape_class(pair, M, size)
+    info = rt.device.info
     a, b = make_operands(dtype, M, size, size, "nn", rng)
     ref = np.matmul(a[:8].astype(np.float64), b.astype(np.float64))
     ops = 2.0 * M * size * size
     best: tuple[float, str, Any] | None = None
     report = []
     # B as the kernel will read it: matmul repacks 8-bit B K-contiguous for larger M.
-    b_layout = Layout.COLUMN_MAJOR if packs(rt, pair, 1, Layout.ROW_MAJOR, M, None) \
+    b_layout = Layout.COLUMN_MAJOR if policy.repacks(info, pair, 1, Layout.ROW_MAJOR, M) \
         else Layout.ROW_MAJOR
     # The parameters matmul passes for this problem, so each candidate is the variant
     # (exact, aligned, shape-specialized) matmul would run.
@@ -453,17 +450,17 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
     for family, tile in candidates_for(rt, pair, config, small_m=small):
         if family == "nv2":
             traits = nv2_traits(pair.operand, pair.result,
-                                rt.device.info.flexible_dimensions_properties,
-                                rt.device.info.limits.subgroup_size, Layout.ROW_MAJOR,
+                                info.flexible_dimensions_properties,
+                                info.limits.subgroup_size, Layout.ROW_MAJOR,
                                 b_layout, False, tile)
         else:
-            base = default_traits(rt, config, pair, Layout.ROW_MAJOR, b_layout,
-                                  False, params, family="khr")
-            traits = fastest_variant(replace(base, tile=tile), params)
+            base = codegen.khr_traits(config, info.limits, Layout.ROW_MAJOR, b_layout, False,
+                                      tile)
+            traits = policy.fastest_variant(base, params, 1, Options.from_env())
         entry: dict[str, Any] = {"class": key, "family": family, "tile": tile.describe(),
                                  "M": M, "N": size, "K": size}
         try:
-            g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0, traits=traits)
+            g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, traits=traits)
         except (coopmat.CoopmatError, ValueError) as exc:
             entry["error"] = str(exc)
             report.append(entry)
@@ -557,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     peers = (["numpy"] if not args.no_peers else []) + (["torch"] if torch else [])
 
     families = args.families.split(",")
-    if "nv2" in families and not nv2_available(rt):
+    if "nv2" in families and not nv2_usable(info):
         print("coopmat.bench: the device lacks the nv2 family's features; running without it",
               file=sys.stderr)
         families = [f for f in families if f != "nv2"] or ["auto"]

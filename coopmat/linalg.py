@@ -11,15 +11,8 @@ import numpy as np
 from coopmat.device.enums import ComponentType
 from coopmat.dispatch.gemm import GemmResult, check_fits, run_gemm
 from coopmat.dispatch.runtime import DeviceArg, runtime
-from coopmat.dispatch.types import (
-    DEFAULT_RESULT,
-    TypePair,
-    component_type,
-    config_for,
-    dtype_name,
-    numpy_dtype,
-    supported_pairs,
-)
+from coopmat.dtypes import dtype_name, numpy_dtype
+from coopmat.policy import Options, TypePair, resolve, result_pairs
 
 _SIGNATURE = "(n?,k),(k,m?)->(n?,m?)"
 _last = threading.local()
@@ -36,40 +29,6 @@ def last_kernel_traits() -> Any:
     return r.traits if r else None
 
 
-def _resolve_types(rt: Any, a: np.ndarray, b: np.ndarray, out_dtype: Any) -> TypePair:
-    pairs = supported_pairs(rt.device)
-    op = component_type(a.dtype)
-    if a.dtype == b.dtype and out_dtype is None and op is not None and op in DEFAULT_RESULT:
-        fast = TypePair(op, DEFAULT_RESULT[op])
-        if fast in pairs:  # the common case, without building any message
-            return fast
-    offered = ", ".join(p.describe() for p in pairs) or "nothing"
-    where = f"device {rt.device.info.index} ({rt.device.info.name}) supports {offered}"
-    if a.dtype != b.dtype:
-        raise TypeError(f"matmul: operands have different dtypes {dtype_name(a.dtype)} and "
-                        f"{dtype_name(b.dtype)}; {where}")
-    operand = component_type(a.dtype)
-    if operand is None or not any(p.operand == operand for p in pairs):
-        raise TypeError(f"matmul: unsupported dtype {dtype_name(a.dtype)}; {where}")
-    if out_dtype is None:
-        result = DEFAULT_RESULT[operand]
-        # A device without the same-type config still serves float16 through f32
-        # accumulation; the cast back to float16 happens on the host.
-        if TypePair(operand, result) not in pairs:
-            wider = [p for p in pairs if p.operand == operand]
-            if wider:
-                return wider[0]
-    else:
-        result_t = component_type(np.dtype(out_dtype))
-        if result_t is None:
-            raise TypeError(f"matmul: unsupported out_dtype {np.dtype(out_dtype).name}; {where}")
-        result = result_t
-    pair = TypePair(operand, result)
-    if pair not in pairs:
-        raise TypeError(f"matmul: {pair.describe()} is not supported; {where}")
-    return pair
-
-
 def _core_dims_error(operand: int, dim: int, got: int, want: int) -> ValueError:
     return ValueError(
         f"matmul: Input operand {operand} has a mismatch in its core dimension {dim}, with "
@@ -77,17 +36,25 @@ def _core_dims_error(operand: int, dim: int, got: int, want: int) -> ValueError:
 
 
 def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float | int = 0,
-           out: np.ndarray | None = None, out_dtype: Any = None,
-           device: DeviceArg = None, family: str | None = None) -> np.ndarray:
+           out: np.ndarray | None = None, dtype: Any = None, accumulator: Any = None,
+           device: DeviceArg = None, family: str | None = None,
+           out_dtype: Any = None) -> Any:
     """alpha * (a @ b) + beta * c on the GPU, with numpy.matmul's shape rules.
 
-    - a, b: float16, int8, uint8 or bfloat16 (ml_dtypes.bfloat16) arrays of one dtype;
-      1-D operands are promoted as numpy does, N-D ones batched with broadcasting.
-    - Result dtype: float16 -> float16 (numpy's own result dtype; out_dtype=np.float32 keeps
-      the f32 accumulator instead), int8 -> int32, uint8 -> uint32, bfloat16 -> float32.
+    - a, b: float16, int8, uint8, bfloat16 (ml_dtypes.bfloat16) or, where the device offers
+      them, float8 (ml_dtypes.float8_e4m3fn, float8_e5m2) arrays of one dtype; 1-D operands
+      are promoted as numpy does (1-D @ 1-D gives a numpy scalar), N-D ones batched with
+      broadcasting.
+    - dtype (out_dtype is an alias): the result dtype. Default: float16 -> float16 (numpy's
+      result dtype, accumulated in float32 and rounded once, as numpy does), int8 -> int32,
+      uint8 -> uint32, bfloat16 and float8 -> float32. dtype=np.float32 keeps the float32
+      accumulator.
+    - accumulator: the accumulation type; np.float16 opts float16 operands into
+      half-precision accumulation (faster on some GPUs, much less accurate at large K).
     - c: optional, broadcastable to the result's shape; alpha and beta scale the product
       and c (integers for integer results).
-    - out: written in place; it must have the result's shape and dtype.
+    - out: written in place; any array of the result's shape that numpy's default casting
+      ("same_kind") accepts the result dtype into.
     - device: index, name substring, or a device object; default $COOPMAT_DEVICE or the
       first discrete GPU with VK_KHR_cooperative_matrix.
     - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope) or
@@ -101,13 +68,13 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
             raise ValueError(
                 f"matmul: Input operand {i} does not have enough dimensions (has 0, gufunc "
                 f"core with signature {_SIGNATURE} requires 1)")
+    if dtype is not None and out_dtype is not None and np.dtype(dtype) != np.dtype(out_dtype):
+        raise TypeError("matmul: dtype and out_dtype (its alias) disagree")
+    dtype = dtype if dtype is not None else out_dtype
+    options = Options.from_env().with_family(family)
     rt = runtime(device)
-    pair = _resolve_types(rt, a, b, out_dtype)
-    result_dtype = numpy_dtype(pair.result)
-    if out_dtype is not None:
-        result_dtype = np.dtype(out_dtype)
-    elif pair.result != DEFAULT_RESULT[pair.operand]:
-        result_dtype = numpy_dtype(DEFAULT_RESULT[pair.operand])  # host cast, see above
+    pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, accumulator)
+    result_dtype = numpy_dtype(pair.stored)
     integer = not pair.result.is_float
     if integer:
         for name, val in (("alpha", alpha), ("beta", beta)):
@@ -163,20 +130,22 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
             raise TypeError("matmul: out must be a numpy array")
         if out.shape != shape:
             raise ValueError(f"matmul: out has shape {out.shape}, the result has shape {shape}")
-        if out.dtype != result_dtype:
-            raise TypeError(f"matmul: out has dtype {dtype_name(out.dtype)}, the result has "
-                            f"dtype {dtype_name(result_dtype)}")
+        if out.dtype != result_dtype and not np.can_cast(result_dtype, out.dtype,
+                                                         casting="same_kind"):
+            raise TypeError(f"matmul: cannot cast the result from dtype "
+                            f"{dtype_name(result_dtype)} to out's {dtype_name(out.dtype)} "
+                            f"with casting rule 'same_kind'")
         result = out
     else:
         result = np.empty(shape, dtype=result_dtype)
 
     if result.size == 0:
-        return result
+        return _finish(result, out)
     if K == 0:  # an empty sum: zeros, plus beta * c
         result[...] = 0
         if c_arr is not None:
             result[...] = beta * c_arr if beta != 1 else c_arr
-        return result
+        return _finish(result, out)
 
     def as3d(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         lead = x.shape[:-2]
@@ -192,14 +161,21 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     if c_arr is not None:
         c_full = c_arr.reshape(full_shape)
         c3 = as3d(c_full, M, N)
-        c3 = c3.astype(numpy_dtype(pair.result), copy=False)
-    out3 = result.reshape(batch, M, N) if result.flags.c_contiguous else None
+        c3 = c3.astype(result_dtype, copy=False)
+    direct = result.flags.c_contiguous and result.dtype == result_dtype
+    out3 = result.reshape(batch, M, N) if direct else None
     target = out3 if out3 is not None else np.empty((batch, M, N), dtype=result_dtype)
-    config = config_for(rt.device, pair)
-    assert config is not None
-    _last.result = run_gemm(rt, config, pair, a3, b3, c3, target, alpha, beta, family)
+    _last.result = run_gemm(rt, pair, a3, b3, c3, target, alpha, beta, options)
     if out3 is None:
-        np.copyto(result, target.reshape(shape))
+        np.copyto(result, target.reshape(shape), casting="same_kind")
+    return _finish(result, out)
+
+
+def _finish(result: np.ndarray, out: np.ndarray | None) -> Any:
+    """numpy's return convention: 1-D @ 1-D gives a scalar of the result type (an array
+    only when the caller gave out=)."""
+    if result.ndim == 0 and out is None:
+        return result[()]
     return result
 
 
@@ -225,8 +201,10 @@ def configs(device: DeviceArg = None, *, shader_f16: bool = True) -> list[Any]:
 
 def supported_dtypes(device: DeviceArg = None) -> list[str]:
     """The operand->result dtype pairs matmul runs on the device, e.g. 'float16->float32'."""
-    return [p.describe() for p in supported_pairs(runtime(device).device)]
+    names = (f"{dtype_name(numpy_dtype(p.operand))}->{dtype_name(numpy_dtype(p.stored))}"
+             for p in result_pairs(runtime(device).device.info))
+    return list(dict.fromkeys(names))
 
 
-__all__ = ["ComponentType", "configs", "devices", "last_kernel_time", "matmul",
+__all__ = ["ComponentType", "TypePair", "configs", "devices", "last_kernel_time", "matmul",
            "supported_dtypes"]

@@ -1,6 +1,6 @@
 """SPIR-V generation for cooperative-matrix GEMM kernels.
 
-    traits = variants_for(configs, subgroup_size, max_shared, max_invocations)[0]
+    traits = khr_variants(info)[0]         # info: a device's PhysicalDeviceInfo
     kernel = build_gemm(traits)            # cached in memory and on disk
     kernel.spirv, kernel.local_size, kernel.push_constants(GemmParams(...)), ...
 
@@ -8,7 +8,8 @@ Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
 arithmetic), khr_tiled (the KHR subgroup-scope kernel), nv2_workgroup (the
 VK_NV_cooperative_matrix2 workgroup-scope kernel), family (kernel families),
 abi (bindings and push constants), kernel (Kernel), tiles and nv2_tiles (default tiles),
-flexdims (flexible-dimensions lists), variants (what a device implies), cache,
+variants (what a device's capabilities imply), epilogue (D = alpha acc + beta C),
+cache,
 tools (spirv-val/spirv-dis), __main__ (CLI).
 """
 
@@ -19,11 +20,20 @@ from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_tile_candidates, nv2_traits
 from coopmat.codegen.tiles import SMALL_M, default_tile, small_m_tile, tune_candidates
 from coopmat.codegen.traits import GemmParams, GemmTraits, Layout, Tile
-from coopmat.codegen.variants import nv2_variants_for, variants_for
+from coopmat.codegen.variants import (
+    device_variants,
+    khr_tile,
+    khr_traits,
+    khr_tune_tiles,
+    khr_variants,
+    nv2_tiles,
+    nv2_variants,
+)
 
 __all__ = [
     "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile",
     "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "exact_ok", "overread_elems",
-    "nv2_tile_candidates", "nv2_traits", "nv2_variants_for", "register_family",
-    "small_m_tile", "tune_candidates", "variants_for",
+    "device_variants", "khr_tile", "khr_traits", "khr_tune_tiles", "khr_variants",
+    "nv2_tile_candidates", "nv2_tiles", "nv2_traits", "nv2_variants", "register_family",
+    "small_m_tile", "tune_candidates",
 ]

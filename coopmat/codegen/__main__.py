@@ -9,22 +9,19 @@ import sys
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.tools import disassemble, validate
 from coopmat.codegen.traits import GemmTraits
-from coopmat.codegen.variants import (
-    DeviceRecord,
-    current_device,
-    load_properties,
-    record_variants,
-)
+from coopmat.codegen.variants import current_device, device_variants
+from coopmat.device.model import PhysicalDeviceInfo
+from coopmat.device.record import load_records
 
 
 def _variants(properties: str | None) -> list[GemmTraits]:
     """khr variants of the configs, and nv2 ones where the device offers workgroup-scope
     matrices (for a recorded JSON: its flexible-dimensions list, or the .txt beside it)."""
-    records: list[DeviceRecord] = (load_properties(properties) if properties
-                                   else [current_device()])
+    records: list[PhysicalDeviceInfo] = (load_records(properties) if properties
+                                         else [current_device()])
     out: list[GemmTraits] = []
     for r in records:
-        out += [t for t in record_variants(r) if t not in out]
+        out += [t for t in device_variants(r) if t not in out]
     return out
 
 

@@ -37,7 +37,7 @@ def cd_alignment_elems(traits: GemmTraits) -> int:
     Vulkan asks the pointer and the stride of such accesses to be aligned to the lesser
     of 16 bytes and one row of the matrix.
     """
-    es = element_bytes(traits.result_type)
+    es = element_bytes(traits.stored_type)
     return min(16, traits.n * es) // es
 
 

@@ -48,7 +48,7 @@ def instruction(op: int, *operands: Operand) -> list[int]:
 class ScalarInfo:
     """What a scalar type is, so constants of it can be encoded."""
 
-    kind: str  # "int", "float" or "bool"
+    kind: str  # "int", "float", "bfloat", "encoded" or "bool"
     width: int
     signed: bool = False
 
@@ -124,7 +124,10 @@ class ModuleBuilder:
     def type_float(self, width: int, encoding: int | None = None) -> int:
         extra = () if encoding is None else (encoding,)
         t = self._declare(("float", width, encoding), Op.TypeFloat, width, *extra)
-        self._scalars[t] = ScalarInfo("float" if encoding is None else "bfloat", width)
+        # Constants of encoded floats: bfloat16 is float32's top half; other encodings
+        # (float8) only ever appear as OpConstantNull, which needs no literal.
+        kind = "float" if encoding is None else "bfloat" if width == 16 else "encoded"
+        self._scalars[t] = ScalarInfo(kind, width)
         return t
 
     def type_vector(self, component: int, count: int) -> int:

@@ -21,7 +21,7 @@ Buffering 3 keeps two copies (stages) of the shared tiles and needs one barrier 
 
 Buffering 3 and 4 multiply a k step as: load its A fragments, then per B fragment load it
 and multiply-accumulate it with every A fragment, so one B fragment is live at a time.
-    per accumulator: D = alpha * acc + beta * C
+    per accumulator: D = alpha * acc + beta * C (epilogue.py), rounded to D's type
         workgroup tile inside D (and C/D aligned): direct cooperative-matrix load/store
         workgroup tile straddling an edge: each block through a per-subgroup shared
             scratch, then element by element with bounds checks
@@ -37,6 +37,7 @@ each operand (abi.overread_elems).
 from __future__ import annotations
 
 from coopmat.codegen import abi
+from coopmat.codegen.epilogue import Epilogue, Types
 from coopmat.codegen.plan import KernelPlan, StagePlan, element_bytes
 from coopmat.codegen.shader import Buffer, ShaderContext, SharedArray
 from coopmat.codegen.spv import (
@@ -55,6 +56,7 @@ from coopmat.codegen.types import (
     scalar_type,
     signedness_operands,
     type_capabilities,
+    type_extension,
 )
 from coopmat.device.enums import ComponentType
 
@@ -92,8 +94,9 @@ class TiledGemmEmitter:
         if t.result_type not in RESULT_TYPES:
             raise ValueError(f"unsupported result type {t.result_type!r}")
         mb.extension("SPV_KHR_cooperative_matrix")
-        if ComponentType.BFLOAT16 in (t.a_type, t.b_type):
-            mb.extension("SPV_KHR_bfloat16")
+        for type_ext in dict.fromkeys(type_extension(ct) for ct in (t.a_type, t.b_type)):
+            if type_ext:
+                mb.extension(type_ext)
         self.caps = required_capabilities(self.plan)
         mb.capability(*sorted(self.caps))
         self.a_el = scalar_type(mb, t.a_type)
@@ -103,6 +106,10 @@ class TiledGemmEmitter:
         self.mat_a = mb.type_coopmat(self.a_el, sub, t.m, t.k, CooperativeMatrixUse.MatrixA)
         self.mat_b = mb.type_coopmat(self.b_el, sub, t.k, t.n, CooperativeMatrixUse.MatrixB)
         self.mat_acc = mb.type_coopmat(self.r_el, sub, t.m, t.n,
+                                       CooperativeMatrixUse.MatrixAccumulator)
+        # C and D in memory: the accumulator's type, or a narrower one (out_type).
+        self.o_el = scalar_type(mb, t.stored_type)
+        self.mat_out = mb.type_coopmat(self.o_el, sub, t.m, t.n,
                                        CooperativeMatrixUse.MatrixAccumulator)
         self.float_result = t.result_type.is_float
         self.alpha_t = mb.type_float(32) if self.float_result else self.r_el
@@ -126,9 +133,9 @@ class TiledGemmEmitter:
             sh = s.shared_array(unit, p.stages * stage.shared_units, f"{name}_shared")
             ops.append(_Operand(stage, buf, sh, unit, s.mb.const_null(unit), mat, lay))
         self.A, self.B = ops
-        rb = element_bytes(t.result_type)
-        self.D = s.storage_buffer(abi.BINDING_D, self.r_el, rb, False, "D")
-        self.C = s.storage_buffer(abi.BINDING_C, self.r_el, rb, True, "C") if t.has_c else None
+        ob = element_bytes(t.stored_type)
+        self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
+        self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
         self.scratch = (s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
                         if p.scratch_elems else None)
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
@@ -159,11 +166,9 @@ class TiledGemmEmitter:
         wm, wn = tile.tile_m // tile.subgroups_m, tile.tile_n // tile.subgroups_n
         self.sg_row = s.mul(sg_m, s.c(wm))  # subgroup block origin inside the tile
         self.sg_col = s.mul(sg_n, s.c(wn))
-        if self.float_result and t.result_type != ComponentType.FLOAT32:
-            self.alpha = s.f.op(Op.FConvert, self.r_el, P["alpha"])
-            self.beta = s.f.op(Op.FConvert, self.r_el, P["beta"])
-        else:
-            self.alpha, self.beta = P["alpha"], P["beta"]
+        self.epilogue = Epilogue(s, float_result=self.float_result, acc_el=self.r_el,
+                                 acc_is_f32=t.result_type == ComponentType.FLOAT32,
+                                 alpha=P["alpha"], beta=P["beta"])
         # A: lines are rows (row-major, K inner) or K columns (column-major, M inner).
         A, B = self.A, self.B
         A.base, A.ld = s.mul(batch, P["batch_stride_a"]), P["lda"]
@@ -358,18 +363,17 @@ class TiledGemmEmitter:
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
 
     # -- epilogue -------------------------------------------------------------------------
-    def _scale_matrix(self, mat: int, factor: int) -> int:
-        return self.s.scale_matrix(self.mat_acc, mat, factor, self.float_result)
-
     def _store_direct(self, acc: int, i0: int, j0: int) -> None:
         s, P = self.s, self.P
         row = CooperativeMatrixLayout.RowMajor
-        res = self._scale_matrix(acc, self.alpha)
-        if self.C is not None:
+
+        def load_c(mat_type: int) -> int:
             c_index = s.add(self.base_c, s.add(s.mul(i0, P["ldc"]), j0))
-            cmat = s.coop_load_buffer(self.mat_acc, self.C, c_index, row, P["ldc"])
-            add = Op.FAdd if self.float_result else Op.IAdd
-            res = s.f.op(add, self.mat_acc, res, self._scale_matrix(cmat, self.beta))
+            assert self.C is not None
+            return s.coop_load_buffer(mat_type, self.C, c_index, row, P["ldc"])
+
+        res = self.epilogue.apply(Types(self.mat_acc, self.mat_out), acc,
+                                  load_c if self.C is not None else None, matrix=True)
         d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
         s.coop_store_buffer(self.D, d_index, res, row, P["ldd"])
 
@@ -388,20 +392,20 @@ class TiledGemmEmitter:
         s.coop_store_shared(scratch, base, acc, CooperativeMatrixLayout.RowMajor,
                             s.c(t.n))
         s.barrier(Scope.Workgroup)
-        mul = Op.FMul if self.float_result else Op.IMul
-        add = Op.FAdd if self.float_result else Op.IAdd
+        types = Types(self.r_el, self.o_el)
         for e in range(n_el // t.subgroup_size):
             idx = s.add(self.lane, s.c(e * t.subgroup_size))
             gi = s.add(i0, s.udiv(idx, s.c(t.n)))
             gj = s.add(j0, s.umod(idx, s.c(t.n)))
 
             def copy(idx: int = idx, gi: int = gi, gj: int = gj) -> None:
-                v = s.f.op(mul, self.r_el, s.shared_load(scratch, s.add(base, idx)),
-                           self.alpha)
-                if self.C is not None:
-                    cv = s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(gi, P["ldc"]),
-                                                                        gj)))
-                    v = s.f.op(add, self.r_el, v, s.f.op(mul, self.r_el, cv, self.beta))
+                def load_c(el: int) -> int:
+                    assert self.C is not None
+                    return s.buffer_load(self.C, s.add(self.base_c,
+                                                       s.add(s.mul(gi, P["ldc"]), gj)))
+
+                v = self.epilogue.apply(types, s.shared_load(scratch, s.add(base, idx)),
+                                        load_c if self.C is not None else None, matrix=False)
                 s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
 
             s.f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), copy)
@@ -473,7 +477,8 @@ def required_capabilities(plan: KernelPlan) -> set[Capability]:
             Capability.GroupNonUniform}
     for ct, stage in ((t.a_type, plan.a), (t.b_type, plan.b)):
         caps.update(type_capabilities(ct, in_storage_buffer=not stage.unit_words))
-    caps.update(type_capabilities(t.result_type, in_storage_buffer=True))
+    caps.update(type_capabilities(t.result_type, in_storage_buffer=False))
+    caps.update(type_capabilities(t.stored_type, in_storage_buffer=True))
     return caps
 
 

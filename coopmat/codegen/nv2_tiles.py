@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
 
-from coopmat.codegen.flexdims import FlexDims, as_flex_list
 from coopmat.codegen.traits import GemmTraits, Layout, Tile
 from coopmat.device.enums import ComponentType as CT
+from coopmat.device.model import FlexibleDimensionsProperties as FlexDims
 
 # (operand, result) pairs the family builds (A and B share the operand type, C = result).
 NV2_TYPES = frozenset({(CT.FLOAT16, CT.FLOAT16), (CT.FLOAT16, CT.FLOAT32),
@@ -77,11 +76,11 @@ def subgroup_grid(invocations: int, subgroup_size: int) -> tuple[int, int]:
     return sg_m, count // sg_m
 
 
-def matching_entries(a_type: CT, result_type: CT, flex_props: Iterable[Any],
+def matching_entries(a_type: CT, result_type: CT, flex_props: Iterable[FlexDims],
                      subgroup_size: int, max_workgroup_size: int) -> list[FlexDims]:
     """Usable workgroup-scope entries for the types, preferred workgroup sizes first."""
     out = []
-    for e in as_flex_list(flex_props):
+    for e in flex_props:
         if not e.workgroup_scope or e.saturating_accumulation:
             continue
         if (e.a_type, e.b_type, e.c_type, e.result_type) != (a_type, a_type, result_type,
@@ -154,7 +153,7 @@ def _usable(a_type: CT, result_type: CT, max_shared_memory: int,
     return (a_type, result_type) in NV2_TYPES and reserved_shared_memory <= max_shared_memory
 
 
-def nv2_tile_candidates(a_type: CT, result_type: CT, flex_props: Iterable[Any],
+def nv2_tile_candidates(a_type: CT, result_type: CT, flex_props: Iterable[FlexDims],
                         subgroup_size: int, max_shared_memory: int, max_workgroup_size: int,
                         *, reserved_shared_memory: int = 0,
                         max_dimension: int | None = None) -> list[Tile]:
@@ -172,13 +171,13 @@ def nv2_tile_candidates(a_type: CT, result_type: CT, flex_props: Iterable[Any],
     return out
 
 
-def default_nv2_tile(a_type: CT, result_type: CT, flex_props: Iterable[Any],
+def default_nv2_tile(a_type: CT, result_type: CT, flex_props: Iterable[FlexDims],
                      subgroup_size: int, max_shared_memory: int, max_workgroup_size: int,
                      *, reserved_shared_memory: int = 0,
                      max_dimension: int | None = None) -> Tile | None:
     """The preferred tile, or None where the device lists no usable workgroup-scope entry.
 
-    `flex_props` is the device's flexible-dimensions list (any form flexdims.as_flex takes);
+    `flex_props` is the device's flexible-dimensions list (FlexibleDimensionsProperties);
     an empty list (no VK_NV_cooperative_matrix2, or workgroup scope / tensor addressing
     off: pass () then) gives None. `max_workgroup_size` is
     cooperativeMatrixWorkgroupScopeMaxWorkgroupSize (or maxComputeWorkGroupInvocations)."""
@@ -189,7 +188,7 @@ def default_nv2_tile(a_type: CT, result_type: CT, flex_props: Iterable[Any],
     return tiles[0] if tiles else None
 
 
-def entry_for_tile(tile: Tile, a_type: CT, result_type: CT, flex_props: Iterable[Any],
+def entry_for_tile(tile: Tile, a_type: CT, result_type: CT, flex_props: Iterable[FlexDims],
                    subgroup_size: int) -> FlexDims | None:
     """The listed entry a tile runs under (same types, workgroup size = the tile's)."""
     inv = tile.subgroups * subgroup_size
@@ -200,7 +199,7 @@ def entry_for_tile(tile: Tile, a_type: CT, result_type: CT, flex_props: Iterable
     return None
 
 
-def nv2_traits(a_type: CT, result_type: CT, flex_props: Iterable[Any], subgroup_size: int,
+def nv2_traits(a_type: CT, result_type: CT, flex_props: Iterable[FlexDims], subgroup_size: int,
                a_layout: Layout, b_layout: Layout, has_c: bool, tile: Tile) -> GemmTraits:
     """GemmTraits(family="nv2") for a tile; m, n, k record the entry's granularities."""
     entry = entry_for_tile(tile, a_type, result_type, flex_props, subgroup_size)

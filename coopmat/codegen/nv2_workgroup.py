@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coopmat.codegen import abi
+from coopmat.codegen.epilogue import Epilogue, Types
 from coopmat.codegen.plan import element_bytes
 from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
@@ -69,7 +70,12 @@ from coopmat.codegen.spv import (
     TensorClampMode,
 )
 from coopmat.codegen.traits import GemmTraits, Layout
-from coopmat.codegen.types import scalar_type, signedness_operands, type_capabilities
+from coopmat.codegen.types import (
+    scalar_type,
+    signedness_operands,
+    type_capabilities,
+    type_extension,
+)
 from coopmat.device.enums import ComponentType
 
 EXTENSIONS = ("SPV_KHR_cooperative_matrix", "SPV_NV_cooperative_matrix2",
@@ -99,7 +105,7 @@ DEFAULT_UNROLL = 8
 def required_capabilities(traits: GemmTraits) -> set[Capability]:
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,
             Capability.CooperativeMatrixTensorAddressingNV, Capability.TensorAddressingNV}
-    for ct in {traits.a_type, traits.b_type, traits.result_type}:
+    for ct in {traits.a_type, traits.b_type, traits.result_type, traits.stored_type}:
         caps.update(type_capabilities(ct, in_storage_buffer=True))
     return caps
 
@@ -118,6 +124,10 @@ def check_traits(traits: GemmTraits) -> None:
 
     if (t.a_type, t.result_type) not in NV2_TYPES:
         raise ValueError(f"nv2 does not build {t.a_type!r} -> {t.result_type!r}")
+    if t.out_type not in (None, t.result_type) and not (
+            t.out_type == ComponentType.FLOAT16 and t.result_type == ComponentType.FLOAT32):
+        raise ValueError(f"nv2 stores a {t.result_type!r} accumulator as itself or, for "
+                         f"float32, as float16; not as {t.out_type!r}")
     if min(t.m, t.n, t.k) < 1:
         raise ValueError("granularities (m, n, k) must be positive")
     if tile.tile_m % t.m or tile.tile_n % t.n or tile.tile_k % t.k:
@@ -171,8 +181,9 @@ class Nv2GemmEmitter:
         tile = t.tile
         for ext in EXTENSIONS:
             mb.extension(ext)
-        if ComponentType.BFLOAT16 in (t.a_type, t.b_type):
-            mb.extension("SPV_KHR_bfloat16")
+        for type_ext in dict.fromkeys(type_extension(ct) for ct in (t.a_type, t.b_type)):
+            if type_ext:
+                mb.extension(type_ext)
         mb.capability(*sorted(required_capabilities(t)))
         self.a_el = scalar_type(mb, t.a_type)
         self.b_el = scalar_type(mb, t.b_type)
@@ -183,6 +194,10 @@ class Nv2GemmEmitter:
         self.mat_b = mb.type_coopmat(self.b_el, wg, tile.tile_k, tile.tile_n,
                                      CooperativeMatrixUse.MatrixB)
         self.mat_acc = mb.type_coopmat(self.r_el, wg, tile.tile_m, tile.tile_n,
+                                       CooperativeMatrixUse.MatrixAccumulator)
+        # C and D in memory: the accumulator's type, or a narrower one (out_type).
+        self.o_el = scalar_type(mb, t.stored_type)
+        self.mat_out = mb.type_coopmat(self.o_el, wg, tile.tile_m, tile.tile_n,
                                        CooperativeMatrixUse.MatrixAccumulator)
         self.layout_t = mb.type_tensor_layout(LAYOUT_DIMS, TensorClampMode.Constant)
         if Layout.COLUMN_MAJOR in (t.a_layout, t.b_layout):
@@ -199,8 +214,8 @@ class Nv2GemmEmitter:
         for name, binding, elem, ct, readonly in (
                 ("A", abi.BINDING_A, self.a_el, t.a_type, True),
                 ("B", abi.BINDING_B, self.b_el, t.b_type, True),
-                ("D", abi.BINDING_D, self.r_el, t.result_type, False),
-                ("C", abi.BINDING_C, self.r_el, t.result_type, True)):
+                ("D", abi.BINDING_D, self.o_el, t.stored_type, False),
+                ("C", abi.BINDING_C, self.o_el, t.stored_type, True)):
             if name == "C" and not t.has_c:
                 continue
             # C may be bound to D's memory (an in-place update), so only A and B are restrict.
@@ -234,11 +249,9 @@ class Nv2GemmEmitter:
         P = self.P = {name: s.param(name) for name in abi.PUSH_FIELDS}
         self.m0 = s.mul(wy, s.c(tile.tile_m))
         self.n0 = s.mul(wx, s.c(tile.tile_n))
-        if self.float_result and t.result_type != ComponentType.FLOAT32:
-            self.alpha = s.f.op(Op.FConvert, self.r_el, P["alpha"])
-            self.beta = s.f.op(Op.FConvert, self.r_el, P["beta"])
-        else:
-            self.alpha, self.beta = P["alpha"], P["beta"]
+        self.epilogue = Epilogue(s, float_result=self.float_result, acc_el=self.r_el,
+                                 acc_is_f32=t.result_type == ComponentType.FLOAT32,
+                                 alpha=P["alpha"], beta=P["beta"])
         view = s.tensor_view(self.view_t) if Layout.COLUMN_MAJOR in (t.a_layout,
                                                                       t.b_layout) else None
         # A is M x K: row-major lines are rows (M of them, K long), column-major lines are
@@ -415,19 +428,18 @@ class Nv2GemmEmitter:
         f.if_(rest, lambda: mma(load(s.mul(steps, tk), tail=True)))
 
     # -- epilogue -----------------------------------------------------------------------
-    def _scale(self, mat: int, factor: int) -> int:
-        return self.s.scale_matrix(self.mat_acc, mat, factor, self.float_result)
-
     def _epilogue(self, acc: int) -> None:
         s, t, P, tile = self.s, self.t, self.P, self.t.tile
         rows, cols = (self.m0, s.c(tile.tile_m)), (self.n0, s.c(tile.tile_n))
-        result = self._scale(acc, self.alpha)
-        if t.has_c:
+
+        def load_c(mat_type: int) -> int:
             layout, batch = self._layout(P["M"], P["N"], P["ldc"], P["batch_stride_c"])
-            c = s.coop_load_tensor(self.mat_acc, self.bufs["C"], s.c(0), self.zero_acc,
-                                   self._tile_slice(layout, batch, rows, cols))
-            add = Op.FAdd if self.float_result else Op.IAdd
-            result = s.f.op(add, self.mat_acc, result, self._scale(c, self.beta))
+            zero = s.mb.const_composite(mat_type, [s.mb.const_null(self.o_el)])
+            return s.coop_load_tensor(mat_type, self.bufs["C"], s.c(0), zero,
+                                      self._tile_slice(layout, batch, rows, cols))
+
+        result = self.epilogue.apply(Types(self.mat_acc, self.mat_out), acc,
+                                     load_c if t.has_c else None, matrix=True)
         layout, batch = self._layout(P["M"], P["N"], P["ldd"], P["batch_stride_d"])
         # Clamp mode Constant: elements outside M x N (edge tiles) are not stored.
         s.coop_store_tensor(self.bufs["D"], s.c(0), result,

@@ -107,10 +107,14 @@ class Op(enum.IntEnum):
 class Capability(enum.IntEnum):
     Shader = 1
     Float16 = 9
+    Float64 = 10
+    Int64 = 11
     Int16 = 22
     Int8 = 39
     GroupNonUniform = 61
     StorageBuffer16BitAccess = 4433
+    Float8EXT = 4212
+    Float8CooperativeMatrixEXT = 4213
     StorageBuffer8BitAccess = 4448
     BFloat16TypeKHR = 5116
     BFloat16CooperativeMatrixKHR = 5118
@@ -192,6 +196,8 @@ class MemoryAccess(enum.IntFlag):
 
 class FPEncoding(enum.IntEnum):
     BFloat16KHR = 0
+    Float8E4M3EXT = 4214
+    Float8E5M2EXT = 4215
 
 
 class CooperativeMatrixUse(enum.IntEnum):

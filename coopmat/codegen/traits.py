@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from coopmat.device.enums import ComponentType
+from coopmat.dtypes import element, known
 
 
 class Layout(enum.Enum):
@@ -99,11 +100,20 @@ class GemmTraits:
     family: str = "khr"
     exact: bool = False
     specialized: tuple[int, ...] = ()
+    # The element type of C and D in memory where it differs from the accumulator
+    # (result_type): float16 results of a float32-accumulating config, rounded once in
+    # the epilogue. None: C and D hold result_type.
+    out_type: ComponentType | None = None
+
+    @property
+    def stored_type(self) -> ComponentType:
+        """The element type of C and D in memory."""
+        return self.out_type if self.out_type is not None else self.result_type
 
     def describe(self) -> str:
         """A short stable name, used for listings and --dump."""
         def t(x: ComponentType) -> str:
-            return _SHORT.get(x, str(int(x)))
+            return element(x).short if known(x) else str(int(x))
         lay = {Layout.ROW_MAJOR: "r", Layout.COLUMN_MAJOR: "c"}
         return (f"{self.family}-{t(self.a_type)}{t(self.b_type)}-{t(self.result_type)}"
                 f"-{self.m}x{self.n}x{self.k}-sg{self.subgroup_size}"
@@ -112,15 +122,10 @@ class GemmTraits:
                 f"{'exact' if self.exact else 'aligned' if self.aligned else 'general'}"
                 f"-t{self.tile.tile_m}x{self.tile.tile_n}x{self.tile.tile_k}"
                 f"s{self.tile.subgroups_m}x{self.tile.subgroups_n}b{self.tile.buffering}"
-                + (f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else ""))
+                + (f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else "")
+                + (f"-out{t(self.out_type)}" if self.out_type is not None else ""))
 
 
-_SHORT = {
-    ComponentType.FLOAT16: "f16", ComponentType.FLOAT32: "f32", ComponentType.FLOAT64: "f64",
-    ComponentType.BFLOAT16: "bf16", ComponentType.SINT8: "s8", ComponentType.UINT8: "u8",
-    ComponentType.SINT16: "s16", ComponentType.UINT16: "u16", ComponentType.SINT32: "s32",
-    ComponentType.UINT32: "u32", ComponentType.SINT64: "s64", ComponentType.UINT64: "u64",
-}
 
 
 @dataclass(frozen=True)

@@ -5,43 +5,33 @@ from __future__ import annotations
 from coopmat.codegen.builder import ModuleBuilder
 from coopmat.codegen.spv import Capability, CooperativeMatrixOperands, FPEncoding
 from coopmat.device.enums import ComponentType
+from coopmat.dtypes import OPERAND_TYPES, RESULT_TYPES, element
 
-# The element types a GEMM operand (A, B) and a result (C, D) may have here.
-OPERAND_TYPES = frozenset({
-    ComponentType.FLOAT16, ComponentType.BFLOAT16, ComponentType.FLOAT32,
-    ComponentType.SINT8, ComponentType.UINT8, ComponentType.SINT16, ComponentType.UINT16,
-    ComponentType.SINT32, ComponentType.UINT32,
-})
-RESULT_TYPES = frozenset({
-    ComponentType.FLOAT16, ComponentType.FLOAT32, ComponentType.SINT32, ComponentType.UINT32,
-})
+__all__ = ["OPERAND_TYPES", "RESULT_TYPES", "scalar_type", "signedness_operands",
+           "type_capabilities", "type_extension", "vulkan_features"]
 
 
 def scalar_type(mb: ModuleBuilder, t: ComponentType) -> int:
     """Declare the scalar type of `t`; integer signedness follows the component type."""
-    if t == ComponentType.BFLOAT16:
-        return mb.type_float(16, FPEncoding.BFloat16KHR)
-    if t.is_float:
-        return mb.type_float(t.bits)
-    return mb.type_int(t.bits, t.is_signed)
+    row = element(t)
+    if row.is_float:
+        encoding = FPEncoding[row.spirv_encoding] if row.spirv_encoding else None
+        return mb.type_float(row.bits, encoding)
+    return mb.type_int(row.bits, row.is_signed)
 
 
 def type_capabilities(t: ComponentType, in_storage_buffer: bool) -> list[Capability]:
     """Capabilities for declaring `t` (and, if asked, keeping it in a storage buffer)."""
-    caps: list[Capability] = []
-    if t == ComponentType.BFLOAT16:
-        caps += [Capability.BFloat16TypeKHR, Capability.BFloat16CooperativeMatrixKHR]
-    elif t == ComponentType.FLOAT16:
-        caps.append(Capability.Float16)
-    elif t.bits == 16:
-        caps.append(Capability.Int16)
-    elif t.bits == 8:
-        caps.append(Capability.Int8)
-    if in_storage_buffer and t.bits == 16:
-        caps.append(Capability.StorageBuffer16BitAccess)
-    if in_storage_buffer and t.bits == 8:
-        caps.append(Capability.StorageBuffer8BitAccess)
+    row = element(t)
+    caps = [Capability[name] for name in row.spirv_capabilities]
+    if in_storage_buffer and row.spirv_storage_capability:
+        caps.append(Capability[row.spirv_storage_capability])
     return caps
+
+
+def type_extension(t: ComponentType) -> str | None:
+    """The SPIR-V extension that declaring `t` needs, if any."""
+    return element(t).spirv_extension
 
 
 def vulkan_features(caps: set[Capability]) -> tuple[str, ...]:
@@ -54,6 +44,8 @@ def vulkan_features(caps: set[Capability]) -> tuple[str, ...]:
         Capability.StorageBuffer8BitAccess: "storageBuffer8BitAccess",
         Capability.BFloat16TypeKHR: "shaderBFloat16Type",
         Capability.BFloat16CooperativeMatrixKHR: "shaderBFloat16CooperativeMatrix",
+        Capability.Float8EXT: "shaderFloat8",
+        Capability.Float8CooperativeMatrixEXT: "shaderFloat8CooperativeMatrix",
         Capability.VulkanMemoryModel: "vulkanMemoryModel",
         Capability.CooperativeMatrixKHR: "cooperativeMatrix",
         Capability.CooperativeMatrixTensorAddressingNV: "cooperativeMatrixTensorAddressing",
@@ -73,6 +65,6 @@ def signedness_operands(a: ComponentType, b: ComponentType, c: ComponentType,
                     (b, CooperativeMatrixOperands.MatrixBSigned),
                     (c, CooperativeMatrixOperands.MatrixCSigned),
                     (result, CooperativeMatrixOperands.MatrixResultSigned)):
-        if not ct.is_float and ct.is_signed:
+        if element(ct).is_signed:
             flags |= bit
     return int(flags)

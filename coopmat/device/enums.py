@@ -8,6 +8,18 @@ than read from the binding.
 from __future__ import annotations
 
 import enum
+from typing import Any
+
+
+def _pseudo_member(cls: Any, value: object) -> Any:
+    """A value newer than the enum (a driver may list one) becomes a member named by its
+    number, so lists keep it and nothing downstream handles raw ints."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    member = int.__new__(cls, value)
+    member._name_ = str(value)
+    member._value_ = value
+    return member
 
 
 class ComponentType(enum.IntEnum):
@@ -30,35 +42,29 @@ class ComponentType(enum.IntEnum):
     FLOAT8_E4M3 = 1000491002  # VK_EXT_shader_float8
     FLOAT8_E5M2 = 1000491003  # VK_EXT_shader_float8
 
+    @classmethod
+    def _missing_(cls, value: object) -> ComponentType | None:
+        return _pseudo_member(cls, value)
+
+    @property
+    def known(self) -> bool:
+        return self.name in type(self).__members__
+
+    # Size and kind live in coopmat.dtypes' table, with everything else about a type.
     @property
     def bits(self) -> int:
-        return _BITS[self]
+        from coopmat.dtypes import element
+        return element(self).bits
 
     @property
     def is_float(self) -> bool:
-        return self in _FLOATS
+        from coopmat.dtypes import element
+        return element(self).is_float
 
     @property
     def is_signed(self) -> bool:
-        return self in _SIGNED
-
-
-_BITS = {
-    ComponentType.FLOAT16: 16, ComponentType.FLOAT32: 32, ComponentType.FLOAT64: 64,
-    ComponentType.SINT8: 8, ComponentType.SINT16: 16, ComponentType.SINT32: 32,
-    ComponentType.SINT64: 64, ComponentType.UINT8: 8, ComponentType.UINT16: 16,
-    ComponentType.UINT32: 32, ComponentType.UINT64: 64, ComponentType.BFLOAT16: 16,
-    ComponentType.SINT8_PACKED_NV: 32, ComponentType.UINT8_PACKED_NV: 32,
-    ComponentType.FLOAT8_E4M3: 8, ComponentType.FLOAT8_E5M2: 8,
-}
-_FLOATS = {
-    ComponentType.FLOAT16, ComponentType.FLOAT32, ComponentType.FLOAT64,
-    ComponentType.BFLOAT16, ComponentType.FLOAT8_E4M3, ComponentType.FLOAT8_E5M2,
-}
-_SIGNED = {
-    ComponentType.SINT8, ComponentType.SINT16, ComponentType.SINT32, ComponentType.SINT64,
-    ComponentType.SINT8_PACKED_NV,
-}
+        from coopmat.dtypes import element
+        return element(self).is_signed
 
 
 class Scope(enum.IntEnum):
@@ -69,47 +75,45 @@ class Scope(enum.IntEnum):
     SUBGROUP = 3
     QUEUE_FAMILY = 5
 
+    @classmethod
+    def _missing_(cls, value: object) -> Scope | None:
+        return _pseudo_member(cls, value)
+
 
 def component_type_name(value: int) -> str:
     """The enum's name without prefix, or the bare number for a value we don't know."""
-    try:
-        return ComponentType(value).name
-    except ValueError:
-        return str(int(value))
+    return ComponentType(value).name
 
 
 def scope_name(value: int) -> str:
-    try:
-        return Scope(value).name
-    except ValueError:
-        return str(int(value))
+    return Scope(value).name
 
 
-def parse_component_type(value: int | str) -> int:
+def parse_component_type(value: int | str) -> ComponentType:
     """Accept a number, a short name (FLOAT16) or a full one (VK_COMPONENT_TYPE_FLOAT16_KHR).
 
     Unknown numbers stay numbers: they are kept, never dropped.
     """
     if isinstance(value, int):
-        return value
+        return ComponentType(value)
     s = value.strip()
     if s.lstrip("-").isdigit():
-        return int(s)
+        return ComponentType(int(s))
     s = s.removeprefix("VK_COMPONENT_TYPE_")
     for suffix in ("_KHR", "_EXT", "_NV"):
         s = s.removesuffix(suffix)
     aliases = {"FLOAT_E4M3": "FLOAT8_E4M3", "FLOAT_E5M2": "FLOAT8_E5M2"}
     s = aliases.get(s, s)
     if s + "_NV" in ComponentType.__members__:
-        return int(ComponentType[s + "_NV"])
-    return int(ComponentType[s])
+        return ComponentType[s + "_NV"]
+    return ComponentType[s]
 
 
-def parse_scope(value: int | str) -> int:
+def parse_scope(value: int | str) -> Scope:
     if isinstance(value, int):
-        return value
+        return Scope(value)
     s = value.strip()
     if s.isdigit():
-        return int(s)
+        return Scope(int(s))
     s = s.removeprefix("VK_SCOPE_").removesuffix("_KHR").removesuffix("_NV")
-    return int(Scope[s])
+    return Scope[s]

@@ -19,15 +19,28 @@ from coopmat.device.enums import (
     scope_name,
 )
 
+# Assumed where a recorded device list does not say (the GPUs recorded without limits,
+# NVIDIA's, report these).
+RECORD_SHARED_MEMORY = 49152
+RECORD_INVOCATIONS = 1024
 
-def _type_json(value: int) -> str | int:
-    name = component_type_name(value)
-    return int(value) if name.lstrip("-").isdigit() else name
+
+def _type_json(value: ComponentType) -> str | int:
+    return value.name if value.known else int(value)
 
 
-def _scope_json(value: int) -> str | int:
-    name = scope_name(value)
-    return int(value) if name.isdigit() else name
+def _scope_json(value: Scope) -> str | int:
+    return value.name if value.name in Scope.__members__ else int(value)
+
+
+def _get(d: dict[str, Any], *keys: str, default: Any = KeyError) -> Any:
+    """The first of `keys` present in a recorded entry (formats name fields differently)."""
+    for k in keys:
+        if k in d:
+            return d[k]
+    if default is KeyError:
+        raise KeyError(keys[0])
+    return default
 
 
 @dataclass(frozen=True)
@@ -37,12 +50,12 @@ class CooperativeMatrixProperties:
     M: int
     N: int
     K: int
-    a_type: int
-    b_type: int
-    c_type: int
-    result_type: int
+    a_type: ComponentType
+    b_type: ComponentType
+    c_type: ComponentType
+    result_type: ComponentType
     saturating_accumulation: bool
-    scope: int
+    scope: Scope
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,12 +68,10 @@ class CooperativeMatrixProperties:
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> CooperativeMatrixProperties:
-        """From a recorded entry: our own JSON keys or ../shared/device-data's (A, B, C, R, sat)."""
+        """From a recorded entry: `coopmat.info --json`'s keys or the short ones of the
+        recorded device lists in tests/data (A, B, C, R, sat)."""
         def get(*keys: str) -> Any:
-            for k in keys:
-                if k in d:
-                    return d[k]
-            raise KeyError(keys[0])
+            return _get(d, *keys)
         return cls(
             M=int(get("M", "MSize")), N=int(get("N", "NSize")), K=int(get("K", "KSize")),
             a_type=parse_component_type(get("AType", "A")),
@@ -86,12 +97,12 @@ class FlexibleDimensionsProperties:
     m_granularity: int
     n_granularity: int
     k_granularity: int
-    a_type: int
-    b_type: int
-    c_type: int
-    result_type: int
+    a_type: ComponentType
+    b_type: ComponentType
+    c_type: ComponentType
+    result_type: ComponentType
     saturating_accumulation: bool
-    scope: int
+    scope: Scope
     workgroup_invocations: int
 
     @property
@@ -99,11 +110,22 @@ class FlexibleDimensionsProperties:
         return self.scope == Scope.WORKGROUP
 
     def component(self, which: str) -> ComponentType | None:
-        """The named type field ('a_type', ...) as a ComponentType, None if unknown."""
-        try:
-            return ComponentType(getattr(self, which))
-        except ValueError:
-            return None
+        """The named type field ('a_type', ...), None where its value is unknown."""
+        value: ComponentType = getattr(self, which)
+        return value if value.known else None
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> FlexibleDimensionsProperties:
+        """From `coopmat.info --json`'s keys or the recorded text form's (see record.py)."""
+        def get(*keys: str, default: Any = KeyError) -> Any:
+            return _get(d, *keys, default=default)
+        return cls(
+            int(get("MGranularity")), int(get("NGranularity")), int(get("KGranularity")),
+            parse_component_type(get("AType", "A")), parse_component_type(get("BType", "B")),
+            parse_component_type(get("CType", "C")),
+            parse_component_type(get("ResultType", "Result", "R")),
+            bool(get("saturatingAccumulation", "saturating", "sat", default=False)),
+            parse_scope(get("scope")), int(get("workgroupInvocations", default=0)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -220,6 +242,10 @@ class PhysicalDeviceInfo:
     @property
     def has_cooperative_matrix(self) -> bool:
         return self.extensions.get("VK_KHR_cooperative_matrix", False)
+
+    def has(self, feature: str) -> bool:
+        """Whether the device offers the feature (a VkPhysicalDevice*Features member name)."""
+        return self.features.get(feature, False)
 
 
 VENDORS = {

@@ -1,16 +1,16 @@
-"""One batched GEMM on the device: pick the kernel, stage operands, run, read back.
+"""Carry out a kernel choice: stage operands, run the repacks and the GEMM, read back.
 
 Operands arrive as numpy arrays shaped (batch, rows, cols) where batch is 1 for an operand
 shared by every batch entry (its batch stride is then 0). Each is written once into
 host-visible memory (the staging copy; on unified-memory devices, and for small problems
 on discrete ones, the kernel's own buffer) in the layout that reads it contiguously: a
 transposed view goes to the kernel's column-major path instead of being transposed.
+Which kernel runs is coopmat.policy's choice; this module only runs it.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -18,20 +18,24 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coopmat import codegen
-from coopmat.codegen import GemmParams, GemmTraits, Layout, Tile, abi
-from coopmat.codegen.abi import shape_values
-from coopmat.codegen.nv2_tiles import nv2_tile_candidates, nv2_traits
+from coopmat.codegen import GemmTraits, Layout, abi
 from coopmat.codegen.pack import pack_kernel
-from coopmat.codegen.pack import wide_ok as pack_wide_ok
-from coopmat.device.enums import ComponentType
-from coopmat.device.model import CooperativeMatrixProperties
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
-from coopmat.dispatch.types import TypePair, numpy_dtype
-from coopmat.errors import MissingFeatureError, OutOfDeviceMemoryError
+from coopmat.dtypes import numpy_dtype
+from coopmat.errors import OutOfDeviceMemoryError
+from coopmat.policy import (
+    KernelChoice,
+    OperandLayout,
+    Options,
+    PackChoice,
+    Problem,
+    TypePair,
+    choose,
+)
 
 
 @dataclass
@@ -80,26 +84,25 @@ class PreparedGemm:
     `read(out)` copies D out; `release()` hands the buffers back to the pool.
     """
 
-    def __init__(self, rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
-                 a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
-                 alpha: float | int, beta: float | int, traits: GemmTraits | None = None,
-                 family: str | None = None):
+    def __init__(self, rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
+                 c: np.ndarray | None, batch: int, alpha: float | int, beta: float | int,
+                 traits: GemmTraits | None = None, options: Options | None = None):
         self.rt = rt
-        family = family or os.environ.get(FAMILY_ENV) or None
-        key = (id(rt), config, pair, a.shape, a.strides, b.shape, b.strides,
-               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits, family,
-               os.environ.get(SPECIALIZE_ENV))
+        options = options or Options()
+        key = (id(rt), pair, a.shape, a.strides, b.shape, b.strides,
+               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits, options)
         with _plans_lock:
             plan = _plans.get(key)
             if plan is not None:
                 _plans.move_to_end(key)
         if plan is None:
-            plan = _make_plan(rt, config, pair, a, b, c, batch, alpha, beta, traits, family)
+            plan = _make_plan(rt, pair, a, b, c, batch, alpha, beta, traits, options)
             with _plans_lock:
                 _plans[key] = plan
                 while len(_plans) > PLAN_CACHE:
                     _plans.popitem(last=False)
         self.plan = plan
+        self.choice = plan.choice
         self.traits = plan.traits
         self.shape = plan.shape
         self.result_dtype = plan.result_dtype
@@ -182,9 +185,6 @@ class PreparedGemm:
         self._acquired = []
 
 
-_tiles: dict[tuple[object, ...], codegen.Tile] = {}
-
-
 @dataclass(frozen=True)
 class PackStep:
     """A dispatch that repacks an 8-bit operand K-contiguous before the GEMM (pack.py)."""
@@ -196,41 +196,15 @@ class PackStep:
     nbytes: int
 
 
-# 8-bit operands that are not K-contiguous (a row-major B, a column-major A) are repacked
-# K-contiguous for problems of more than this many rows: tensor cores take 8-bit
-# fragments K-contiguous, and with few rows the GEMM reads B about once, so a repack (one
-# more read and a write) would cost more than it saves.
-PACK_MIN_M = codegen.SMALL_M + 1
-K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
-
-
-def packs(rt: Runtime, pair: TypePair, operand: int, layout: Layout, M: int,
-          traits: GemmTraits | None) -> bool:
-    """Whether operand 0 (A) or 1 (B), staged in `layout`, is repacked K-contiguous before
-    the GEMM: explicit traits asking for the K-contiguous layout decide; otherwise 8-bit
-    operands and more than SMALL_M rows."""
-    want = K_CONTIGUOUS[operand]
-    if layout is want:
-        return False
-    if traits is not None:
-        return (traits.a_layout, traits.b_layout)[operand] is want
-    return (pair.operand.bits == 8 and M >= PACK_MIN_M
-            and rt.device.has("storageBuffer8BitAccess") and rt.device.has("shaderInt8"))
-
-
-def _pack_step(rt: Runtime, operand: int, staged: Staged, k: int, other: int,
-               batch: int) -> tuple[PackStep, Staged]:
-    """Repack `staged` (other x k, stored as k lines of `other` elements) into `other` lines
-    of k; returns the step and the operand as the GEMM then reads it."""
-    pk = pack_kernel(pack_wide_ok(other, staged.ld, staged.batch_stride))
-    ld = pk.leading_dimension(k)
-    out = Staged(K_CONTIGUOUS[operand], ld, other * ld if staged.batch_stride else 0,
-                 batch * other * ld)
-    step = PackStep(operand, rt.pipelines.get(pk),
-                    pk.push_constants(k, other, staged.ld, staged.batch_stride, out.ld,
-                                      out.batch_stride),
-                    pk.workgroups(k, other, batch), out.nbytes)
-    return step, out
+def _pack_step(rt: Runtime, pack: PackChoice, itemsize: int) -> PackStep:
+    pk = pack_kernel(pack.wide)
+    src, dst = pack.source, pack.packed
+    return PackStep(pack.operand, rt.pipelines.get(pk),
+                    pk.push_constants(pack.lines, pack.other, src.ld, src.batch_stride,
+                                      dst.ld, dst.batch_stride),
+                    pk.workgroups(pack.lines, pack.other,
+                                  pack.packed_elems // (pack.other * dst.ld)),
+                    pack.packed_elems * itemsize)
 
 
 @dataclass(frozen=True)
@@ -238,7 +212,7 @@ class Plan:
     """Everything about a call that depends only on shapes, strides, types and scalars:
     computed once and reused (a small matmul's Python cost is mostly this)."""
 
-    traits: GemmTraits
+    choice: KernelChoice
     pipeline: Pipeline
     staged: tuple[Staged, Staged, Staged | None]
     shape: tuple[int, int, int]
@@ -247,9 +221,14 @@ class Plan:
     push_constants: bytes
     groups: tuple[int, int, int]
     packs: tuple[PackStep, ...] = ()
-    # Bytes the kernel may read past the end of A and of B as it reads them (after any
-    # repack): their buffers are allocated that much larger (codegen.overread_elems).
-    margins: tuple[int, int] = (0, 0)
+
+    @property
+    def traits(self) -> GemmTraits:
+        return self.choice.traits
+
+    @property
+    def margins(self) -> tuple[int, int]:
+        return self.choice.margins
 
     @property
     def io_bytes(self) -> int:
@@ -266,208 +245,63 @@ DIRECT_MAX_BYTES = 128 * 1024
 _plans: OrderedDict[tuple[object, ...], Plan] = OrderedDict()
 _plans_lock = threading.Lock()
 
+# Each shape-specialized kernel is a pipeline kept for the life of the process, so a sweep
+# over many large shapes would grow that set without bound: only this many kernel and
+# shape combinations are specialized per process (unless Options.specialize is
+# 'always'); later ones run the shared kernel.
+MAX_SPECIALIZED = 64
+_specialized: set[GemmTraits] = set()
+_specialized_lock = threading.Lock()
 
-def _make_plan(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
-               a: np.ndarray, b: np.ndarray, c: np.ndarray | None, batch: int,
-               alpha: float | int, beta: float | int, traits: GemmTraits | None,
-               family: str | None) -> Plan:
+
+def _admit(traits: GemmTraits, options: Options) -> GemmTraits:
+    """The specialization budget: the policy asked for a specialized kernel; past
+    MAX_SPECIALIZED of them in this process, the shared one runs instead."""
+    if not traits.specialized or options.specialize == "always":
+        return traits
+    with _specialized_lock:
+        if traits in _specialized or len(_specialized) < MAX_SPECIALIZED:
+            _specialized.add(traits)
+            return traits
+    return replace(traits, specialized=())
+
+
+def problem_of(pair: TypePair, a: Staged, b: Staged, c: Staged | None, M: int, N: int,
+               K: int, batch: int, alpha: float | int, beta: float | int) -> Problem:
+    """The policy's view of a staged call."""
+    return Problem(pair, M, N, K, OperandLayout(a.layout, a.ld, a.batch_stride),
+                   OperandLayout(b.layout, b.ld, b.batch_stride), batch,
+                   has_c=c is not None, c_batch_stride=c.batch_stride if c else 0,
+                   alpha=alpha, beta=beta)
+
+
+def _make_plan(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
+               c: np.ndarray | None, batch: int, alpha: float | int, beta: float | int,
+               traits: GemmTraits | None, options: Options) -> Plan:
     M, K = a.shape[1:]
     N = b.shape[2]
     sa, sb = _plan(a), _plan(b)
     sc = _plan(c) if c is not None else None
-    result_dtype = numpy_dtype(pair.result)
+    info = rt.device.info
+    choice = choose(info, problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta),
+                    options, tuning.choices(info) if options.tuning else {}, traits)
+    choice = replace(choice, traits=_admit(choice.traits, options))
+    result_dtype = numpy_dtype(pair.stored)
     d_bytes = batch * M * N * result_dtype.itemsize
-    steps: list[PackStep] = []
-    ka, kb = sa, sb  # A and B as the GEMM kernel reads them
-    if packs(rt, pair, 0, sa.layout, M, traits):  # column-major A: K lines of M
-        step, ka = _pack_step(rt, 0, sa, K, M, a.shape[0])
-        steps.append(step)
-    if packs(rt, pair, 1, sb.layout, M, traits):  # row-major B: K lines of N
-        step, kb = _pack_step(rt, 1, sb, K, N, b.shape[0])
-        steps.append(step)
+    steps = tuple(_pack_step(rt, p, a.itemsize) for p in choice.packs)
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
                     *(st.nbytes for st in steps)])
-    params = GemmParams(
-        M=M, N=N, K=K, lda=ka.ld, ldb=kb.ld, ldc=N, ldd=N,
-        batch_stride_a=ka.batch_stride, batch_stride_b=kb.batch_stride,
-        batch_stride_c=sc.batch_stride if sc else 0, batch_stride_d=M * N,
-        alpha=alpha, beta=beta if c is not None else 0,
-    )
-    if traits is None:
-        traits = default_traits(rt, config, pair, ka.layout, kb.layout, c is not None, params,
-                                family, batch)
-    item = pair.operand.bits // 8
-    margins = (codegen.overread_elems(traits, ka.ld) * item,
-               codegen.overread_elems(traits, kb.ld) * item)
-    if max(ka.nbytes + margins[0], kb.nbytes + margins[1]) > \
-            rt.device.info.limits.max_storage_buffer_range:
-        # No room for the exact variant's margin: the bounds-checked one needs none.
-        traits, margins = replace(traits, exact=False), (0, 0)
-    kernel = codegen.build_gemm(traits)
-    return Plan(traits, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
-                d_bytes, kernel.push_constants(params), kernel.workgroups(M, N, batch),
-                tuple(steps), margins)
+    kernel = codegen.build_gemm(choice.traits)
+    return Plan(choice, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
+                d_bytes, kernel.push_constants(choice.params), kernel.workgroups(M, N, batch),
+                steps)
 
 
-SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
-# Problems of at least this many operations get a kernel with their sizes and strides
-# compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8;
-# README), for one extra build of ~0.5 s per shape, kept in the disk caches.
-SPECIALIZE_MIN_OPS = 2 ** 36
-# Each specialized kernel is a pipeline kept for the life of the process, so a sweep over
-# many large shapes would grow that set without bound: by default only this many kernel
-# and shape combinations are specialized per process, later ones run the shared kernel.
-MAX_SPECIALIZED = 64
-_specialized: set[tuple[GemmTraits, tuple[int, ...]]] = set()
-_specialized_lock = threading.Lock()
-
-
-def specializes(traits: GemmTraits, params: GemmParams, batch: int) -> bool:
-    """Whether this call gets a shape-specialized kernel: $COOPMAT_SPECIALIZE=1 always,
-    0 never; otherwise khr kernels of problems of SPECIALIZE_MIN_OPS or more, up to
-    MAX_SPECIALIZED kernel and shape combinations."""
-    if traits.family != "khr":
-        return False
-    mode = os.environ.get(SPECIALIZE_ENV, "auto")
-    if mode in ("0", "1"):
-        return mode == "1"
-    if 2 * params.M * params.N * params.K * batch < SPECIALIZE_MIN_OPS:
-        return False
-    key = (traits, shape_values(params))
-    with _specialized_lock:
-        if key not in _specialized and len(_specialized) >= MAX_SPECIALIZED:
-            return False
-        _specialized.add(key)
-        return True
-
-
-FAMILY_ENV = "COOPMAT_FAMILY"
-NV2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
-                "cooperativeMatrixTensorAddressing")
-# Where no tuning is recorded: the family that measured faster on a device that offers
-# both (NVIDIA H200, driver 580, `python -m coopmat.bench --families khr,nv2`; README).
-PREFERRED_FAMILY: dict[str, str] = {}
-
-
-def nv2_available(rt: Runtime) -> bool:
-    return all(rt.device.has(f) for f in NV2_FEATURES)
-
-
-# Output sizes up to this many elements form the "@medium" shape class: with the big tiles
-# that win at 4096^3 they leave most of a large GPU's cores idle (a 1024^2 output is 32
-# tiles of 128x256).
-MEDIUM_MN = 2048 * 2048
-
-
-def shape_class(pair: TypePair, M: int, N: int = 1 << 30) -> str:
-    """The key tuning results are kept under: the pair, then '@small-m' for few rows
-    (M <= SMALL_M), '@medium' for outputs of at most MEDIUM_MN elements, else nothing."""
-    if M <= codegen.SMALL_M:
-        return pair.describe() + "@small-m"
-    return pair.describe() + ("@medium" if M * N <= MEDIUM_MN else "")
-
-
-def choose_family(rt: Runtime, pair: TypePair, family: str | None,
-                  M: int = 1 << 30, N: int = 1 << 30) -> tuple[str, Tile | None]:
-    """(family, tuned tile or None). `family` (or $COOPMAT_FAMILY) forces one: 'khr' or
-    'nv2'; otherwise a tuned choice, then PREFERRED_FAMILY, then 'khr'."""
-    forced = family or os.environ.get(FAMILY_ENV) or None
-    if forced not in (None, "auto", "khr", "nv2"):
-        raise ValueError(f"unknown kernel family {forced!r}: use 'khr', 'nv2' or 'auto'")
-    if forced == "nv2" and not nv2_available(rt):
-        lacking = [f for f in NV2_FEATURES if not rt.device.has(f)]
-        raise MissingFeatureError(
-            f"the nv2 kernel family needs VK_NV_cooperative_matrix2 with "
-            f"{', '.join(lacking)}, which device {rt.device.info.index} "
-            f"({rt.device.info.name}) lacks")
-    key = shape_class(pair, M, N)
-    found = tuning.tuned(rt.device.info, key)
-    if found is None and key.endswith("@medium"):  # tuned before the class existed
-        found = tuning.tuned(rt.device.info, pair.describe())
-    if forced in ("khr", "nv2"):
-        return forced, found[1] if found and found[0] == forced else None
-    if found and (found[0] == "khr" or nv2_available(rt)):
-        return found
-    preferred = PREFERRED_FAMILY.get(pair.describe(), "khr")
-    return ("nv2" if preferred == "nv2" and nv2_available(rt) else "khr"), None
-
-
-def nv2_candidates(rt: Runtime, pair: TypePair) -> list[Tile]:
-    """The nv2 tiles this device's workgroup-scope list and limits allow, default first."""
-    limits = rt.device.info.limits
-    wg_max = limits.cooperative_matrix_workgroup_scope_max_workgroup_size or \
-        limits.max_compute_work_group_invocations
-    return nv2_tile_candidates(
-        pair.operand, pair.result, rt.device.info.flexible_dimensions_properties,
-        limits.subgroup_size, limits.max_compute_shared_memory_size, wg_max,
-        reserved_shared_memory=(
-            limits.cooperative_matrix_workgroup_scope_reserved_shared_memory or 0),
-        max_dimension=limits.cooperative_matrix_flexible_dimensions_max_dimension)
-
-
-def default_traits(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
-                   a_layout: Layout, b_layout: Layout, has_c: bool,
-                   params: GemmParams, family: str | None = None,
-                   batch: int = 1) -> GemmTraits:
-    """The kernel variant for this device, config and problem: the family and tile
-    (tuned, or the default), and for khr the fastest variant the problem allows
-    (fastest_variant)."""
-    limits = rt.device.info.limits
-    fam, tile = choose_family(rt, pair, family, params.M, params.N)
-    if fam == "nv2":
-        info = rt.device.info
-        flex = info.flexible_dimensions_properties
-        if tile is None:  # the default is the first candidate
-            tile = next(iter(nv2_candidates(rt, pair)), None)
-        if tile is None:
-            raise MissingFeatureError(
-                f"device {info.index} ({info.name}) lists no workgroup-scope matrix for "
-                f"{pair.describe()}")
-        return nv2_traits(pair.operand, pair.result, flex, limits.subgroup_size, a_layout,
-                          b_layout, has_c, tile)
-    if tile is None:
-        small = params.M <= codegen.SMALL_M
-        tile_key = (pair, config, limits.subgroup_size, limits.max_compute_shared_memory_size,
-                    limits.max_compute_work_group_invocations, small)
-        cached = _tiles.get(tile_key)
-        if cached is None:
-            pick = codegen.small_m_tile if small else codegen.default_tile
-            cached = _tiles[tile_key] = pick(
-                pair.operand, pair.result, config.M, config.N, config.K, limits.subgroup_size,
-                limits.max_compute_shared_memory_size,
-                limits.max_compute_work_group_invocations)
-        tile = cached
-    traits = GemmTraits(
-        a_type=ComponentType(config.a_type), b_type=ComponentType(config.b_type),
-        c_type=ComponentType(config.c_type), result_type=ComponentType(config.result_type),
-        m=config.M, n=config.N, k=config.K, subgroup_size=limits.subgroup_size,
-        a_layout=a_layout, b_layout=b_layout, has_c=has_c, aligned=False, tile=tile)
-    return fastest_variant(traits, params, batch)
-
-
-def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1) -> GemmTraits:
-    """khr traits with the fastest variant `params` (a call of `batch` products) allow:
-    exact (whole tiles, no bounds checks), else aligned (vector loads), else general; and
-    specialized for these sizes and strides where `specializes` says so."""
-    if traits.family != "khr":
-        return traits
-    general = replace(traits, aligned=False, exact=False, specialized=())
-    aligned = replace(general, aligned=True)
-    if not codegen.aligned_ok(aligned, params):
-        best = general
-    else:
-        exact = replace(aligned, exact=True)
-        best = exact if codegen.exact_ok(exact, params) else aligned
-    if specializes(best, params, batch):
-        best = replace(best, specialized=shape_values(params))
-    return best
-
-
-def run_gemm(rt: Runtime, config: CooperativeMatrixProperties, pair: TypePair,
-             a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: np.ndarray,
-             alpha: float | int, beta: float | int, family: str | None = None) -> GemmResult:
+def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
+             out: np.ndarray, alpha: float | int, beta: float | int,
+             options: Options | None = None) -> GemmResult:
     """out[i] = alpha * a[i] @ b[i] (+ beta * c[i]); 3-D arrays, batch 1 broadcasts."""
-    g = PreparedGemm(rt, config, pair, a, b, c, out.shape[0], alpha, beta, family=family)
+    g = PreparedGemm(rt, pair, a, b, c, out.shape[0], alpha, beta, options=options)
     try:
         seconds = g.execute()
         g.read(out)

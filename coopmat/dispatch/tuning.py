@@ -3,7 +3,8 @@ disk. A tuned choice names the kernel family and its tile for one dtype pair and
 class; where none is recorded, the codegen's default tile is used.
 
 A user's own tuning file wins; otherwise a table shipped in coopmat/dispatch/tuned/ for the
-device (PCI vendor and device id) applies. Those tables come from `--tune` runs recorded
+device (PCI vendor and device id) applies. Whether they are used at all is the policy's
+Options.tuning ($COOPMAT_NO_TUNING). Those tables come from `--tune` runs recorded
 in README.md (the NVIDIA H200: 10de-2335; the H100 80GB HBM3: 10de-2330)."""
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from coopmat.cachedir import cache_root
 from coopmat.codegen import Tile
 from coopmat.device.model import PhysicalDeviceInfo
 
-ENV_DISABLE = "COOPMAT_NO_TUNING"
 SHIPPED = Path(__file__).parent / "tuned"
 _lock = threading.Lock()
 _loaded: dict[str, dict[str, Any]] = {}
@@ -51,14 +51,16 @@ def _table(info: PhysicalDeviceInfo) -> dict[str, Any]:
         return _loaded[key]
 
 
-def tuned(info: PhysicalDeviceInfo, pair_name: str) -> tuple[str, Tile] | None:
-    """(family, tile) recorded for the dtype pair (e.g. 'float16->float32'), if any."""
-    if os.environ.get(ENV_DISABLE) == "1":
-        return None
-    entry = _table(info).get(pair_name)
-    if not entry:
-        return None
-    return entry["family"], Tile(*entry["tile"])
+def choices(info: PhysicalDeviceInfo) -> dict[str, tuple[str, Tile]]:
+    """Every recorded (family, tile), by shape-class key ('float16->float32@medium')."""
+    return {key: (entry["family"], Tile(*entry["tile"]))
+            for key, entry in _table(info).items()
+            if isinstance(entry, dict) and "family" in entry and "tile" in entry}
+
+
+def tuned(info: PhysicalDeviceInfo, key: str) -> tuple[str, Tile] | None:
+    """(family, tile) recorded for a shape-class key, if any."""
+    return choices(info).get(key)
 
 
 def record(info: PhysicalDeviceInfo, pair_name: str, family: str, tile: Tile,

@@ -1,0 +1,42 @@
+"""Policy: which kernel runs a product, as pure functions of the device's capabilities
+(a PhysicalDeviceInfo, live or recorded), the problem and the options. Mechanism (how a
+choice is run: buffers, pipelines, submission) lives in coopmat.dispatch.
+
+    from coopmat.policy import Options, Problem, OperandLayout, choose, resolve
+    pair = resolve(info, np.float16, np.float16)          # float16 -> float16, f32 acc.
+    choice = choose(info, Problem(pair, M, N, K, a, b), Options.from_env())
+    choice.traits, choice.params, choice.packs, choice.margins
+"""
+
+from coopmat.policy.kernel import (
+    MEDIUM_MN,
+    PACK_MIN_M,
+    SPECIALIZE_MIN_OPS,
+    KernelChoice,
+    OperandLayout,
+    PackChoice,
+    Problem,
+    Tuned,
+    choose,
+    choose_family,
+    fastest_variant,
+    repacks,
+    shape_class,
+    specializes,
+)
+from coopmat.policy.options import Options
+from coopmat.policy.types import (
+    TypePair,
+    config_for,
+    config_pairs,
+    resolve,
+    result_pairs,
+    usable_configs,
+)
+
+__all__ = [
+    "MEDIUM_MN", "PACK_MIN_M", "SPECIALIZE_MIN_OPS", "KernelChoice", "OperandLayout",
+    "Options", "PackChoice", "Problem", "Tuned", "TypePair", "choose", "choose_family",
+    "config_for", "config_pairs", "fastest_variant", "repacks", "resolve", "result_pairs",
+    "shape_class", "specializes", "usable_configs",
+]

@@ -1,0 +1,263 @@
+"""Kernel choice: one pure function from (device, problem, options) to a kernel.
+
+Given a device's capabilities (PhysicalDeviceInfo, live or recorded), a problem (types,
+sizes, how A and B sit in memory) and Options, `choose` returns the kernel to run: family,
+tile and variant (GemmTraits), the push-constant values, the 8-bit repacks to run first,
+and the read-past margins the operands' buffers need. It touches no Vulkan object and
+reads no environment variable, so it is tested against recorded devices without a GPU;
+the dispatcher (coopmat.dispatch.gemm) carries the choice out.
+
+The rules, each with its measurement in docs/kernels.md:
+- family: forced by Options, else the tuned choice for the device, dtype pair and shape
+  class, else khr;
+- khr tile: tuned, else the default for the shape class (few rows, or general);
+- khr variant: exact (whole tiles, no bounds checks) > aligned (vector loads) > general,
+  whichever the sizes and strides allow; sizes and strides compiled in for problems of
+  SPECIALIZE_MIN_OPS or more (Options.specialize);
+- 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, Layout, Tile, abi
+from coopmat.codegen.nv2_tiles import nv2_traits
+from coopmat.codegen.pack import PackKernel, wide_ok
+from coopmat.codegen.variants import khr_tile, khr_traits, nv2_tiles
+from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
+from coopmat.device.record import nv2_usable
+from coopmat.errors import MissingFeatureError
+from coopmat.policy.options import Options
+from coopmat.policy.types import TypePair, config_for
+
+# Problems of at least this many operations get a kernel with their sizes and strides
+# compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8),
+# for one extra build of ~0.5 s per shape, kept in the disk caches.
+SPECIALIZE_MIN_OPS = 2 ** 36
+# Output sizes up to this many elements form the "@medium" shape class: with the big tiles
+# that win at 4096^3 they leave most of a large GPU's cores idle (a 1024^2 output is 32
+# tiles of 128x256).
+MEDIUM_MN = 2048 * 2048
+# 8-bit operands that are not K-contiguous (a row-major B, a column-major A) are repacked
+# K-contiguous for problems of more than SMALL_M rows: tensor cores take 8-bit fragments
+# K-contiguous, and with few rows the GEMM reads B about once, so a repack (one more read
+# and a write) would cost more than it saves.
+PACK_MIN_M = SMALL_M + 1
+K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
+
+# Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
+Tuned = Mapping[str, tuple[str, Tile]]
+
+
+@dataclass(frozen=True)
+class OperandLayout:
+    """How an operand sits in memory: layout, leading dimension and batch stride (in
+    elements; a batch stride of 0 shares the operand across the batch)."""
+
+    layout: Layout
+    ld: int
+    batch_stride: int = 0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One batched product D[i] = alpha * A[i] @ B[i] (+ beta * C[i])."""
+
+    pair: TypePair
+    M: int
+    N: int
+    K: int
+    a: OperandLayout
+    b: OperandLayout
+    batch: int = 1
+    has_c: bool = False
+    c_batch_stride: int = 0
+    alpha: float | int = 1
+    beta: float | int = 0
+
+
+@dataclass(frozen=True)
+class PackChoice:
+    """Repack operand 0 (A) or 1 (B), `lines` lines of `other` elements, K-contiguous
+    before the GEMM (codegen/pack.py)."""
+
+    operand: int
+    wide: bool
+    lines: int  # K
+    other: int  # M for A, N for B
+    source: OperandLayout
+    packed: OperandLayout
+    packed_elems: int  # elements of the packed copy, whole batch
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    traits: GemmTraits
+    params: GemmParams
+    packs: tuple[PackChoice, ...] = ()
+    # Bytes the kernel may read past the end of A and of B as it reads them (after any
+    # repack): their buffers must be that much larger (codegen.overread_elems).
+    margins: tuple[int, int] = (0, 0)
+    why: str = ""  # "tuned", "default" or "forced", for listings and the bench
+
+
+def shape_class(pair: TypePair, M: int, N: int = 1 << 30) -> str:
+    """The key tuning results are kept under: the pair, then '@small-m' for few rows
+    (M <= SMALL_M), '@medium' for outputs of at most MEDIUM_MN elements, else nothing."""
+    if M <= SMALL_M:
+        return pair.describe() + "@small-m"
+    return pair.describe() + ("@medium" if M * N <= MEDIUM_MN else "")
+
+
+def tuned_choice(tuned: Tuned, pair: TypePair, M: int, N: int) -> tuple[str, Tile] | None:
+    key = shape_class(pair, M, N)
+    found = tuned.get(key)
+    if found is None and key.endswith("@medium"):  # tuned before the class existed
+        found = tuned.get(pair.describe())
+    return found
+
+
+def choose_family(info: PhysicalDeviceInfo, pair: TypePair, options: Options, tuned: Tuned,
+                  M: int = 1 << 30, N: int = 1 << 30) -> tuple[str, Tile | None]:
+    """(family, tuned tile or None): Options.family forces one; otherwise the tuned
+    choice (where the device can run its family), else khr."""
+    if options.family == "nv2" and not nv2_usable(info):
+        raise MissingFeatureError(
+            f"the nv2 kernel family needs VK_NV_cooperative_matrix2 with "
+            f"cooperativeMatrixWorkgroupScope, cooperativeMatrixFlexibleDimensions and "
+            f"cooperativeMatrixTensorAddressing, which device {info.index} ({info.name}) "
+            f"lacks")
+    found = tuned_choice(tuned, pair, M, N) if options.tuning else None
+    if options.family is not None:
+        return options.family, found[1] if found and found[0] == options.family else None
+    if found and (found[0] == "khr" or nv2_usable(info)):
+        return found
+    return "khr", None
+
+
+def repacks(info: PhysicalDeviceInfo, pair: TypePair, operand: int, layout: Layout, M: int,
+            traits: GemmTraits | None = None) -> bool:
+    """Whether operand 0 (A) or 1 (B), in `layout`, is repacked K-contiguous first:
+    explicit traits asking for the K-contiguous layout decide; otherwise 8-bit operands
+    and more than SMALL_M rows."""
+    want = K_CONTIGUOUS[operand]
+    if layout is want:
+        return False
+    if traits is not None:
+        return (traits.a_layout, traits.b_layout)[operand] is want
+    return (pair.operand.bits == 8 and M >= PACK_MIN_M
+            and info.has("storageBuffer8BitAccess") and info.has("shaderInt8"))
+
+
+def _pack(operand: int, src: OperandLayout, lines: int, other: int,
+          batch: int) -> PackChoice:
+    ld = PackKernel.leading_dimension(lines)
+    packed = OperandLayout(K_CONTIGUOUS[operand], ld, other * ld if src.batch_stride else 0)
+    copies = batch if src.batch_stride else 1
+    return PackChoice(operand, wide_ok(other, src.ld, src.batch_stride), lines, other, src,
+                      packed, copies * other * ld)
+
+
+@functools.lru_cache(maxsize=256)
+def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
+                  small_m: bool) -> Tile:
+    return khr_tile(cfg, limits, small_m)
+
+
+def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Options) -> bool:
+    """Whether a khr kernel gets this problem's sizes and strides compiled in."""
+    if traits.family != "khr" or options.specialize == "never":
+        return False
+    return options.specialize == "always" or \
+        2 * params.M * params.N * params.K * batch >= SPECIALIZE_MIN_OPS
+
+
+def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
+                    options: Options | None = None) -> GemmTraits:
+    """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
+    checks), else aligned (vector loads), else general; and specialized for these sizes
+    and strides where `specializes` says so."""
+    if traits.family != "khr":
+        return traits
+    general = replace(traits, aligned=False, exact=False, specialized=())
+    aligned = replace(general, aligned=True)
+    if not abi.aligned_ok(aligned, params):
+        best = general
+    else:
+        exact = replace(aligned, exact=True)
+        best = exact if abi.exact_ok(exact, params) else aligned
+    if specializes(best, params, batch, options or Options()):
+        best = replace(best, specialized=abi.shape_values(params))
+    return best
+
+
+def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                   b_layout: Layout, params: GemmParams, options: Options,
+                   tuned: Tuned) -> tuple[GemmTraits, str]:
+    """(traits, why) for the problem as the kernel reads it (after any repack)."""
+    pair = problem.pair
+    fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
+    why = "forced" if options.family else "tuned" if tile is not None else "default"
+    if fam == "nv2":
+        if tile is None:
+            tile = next(iter(nv2_tiles(info, pair.operand, pair.result)), None)
+        if tile is None:
+            raise MissingFeatureError(
+                f"device {info.index} ({info.name}) lists no workgroup-scope matrix for "
+                f"{pair.describe()}")
+        traits = nv2_traits(pair.operand, pair.result, info.flexible_dimensions_properties,
+                            info.limits.subgroup_size, a_layout, b_layout, problem.has_c, tile)
+        return replace(traits, out_type=pair.out), why
+    cfg = config_for(info, pair)
+    if cfg is None:
+        raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
+                                  f"subgroup-scope matrix for {pair.describe()}")
+    if tile is None:
+        tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M)
+    traits = khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
+                        out_type=pair.out)
+    return fastest_variant(traits, params, problem.batch, options), why
+
+
+def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
+           tuned: Tuned | None = None, traits: GemmTraits | None = None) -> KernelChoice:
+    """The kernel for `problem` on `info`. With `traits` (the tuner's candidates), those
+    traits run: only repacks, parameters and margins are derived."""
+    options = options or Options()
+    tuned = tuned or {}
+    p = problem
+    packs: list[PackChoice] = []
+    a, b = p.a, p.b  # as the GEMM kernel reads them
+    if repacks(info, p.pair, 0, a.layout, p.M, traits):  # column-major A: K lines of M
+        packs.append(_pack(0, a, p.K, p.M, p.batch))
+        a = packs[-1].packed
+    if repacks(info, p.pair, 1, b.layout, p.M, traits):  # row-major B: K lines of N
+        packs.append(_pack(1, b, p.K, p.N, p.batch))
+        b = packs[-1].packed
+    params = GemmParams(
+        M=p.M, N=p.N, K=p.K, lda=a.ld, ldb=b.ld, ldc=p.N, ldd=p.N,
+        batch_stride_a=a.batch_stride, batch_stride_b=b.batch_stride,
+        batch_stride_c=p.c_batch_stride, batch_stride_d=p.M * p.N,
+        alpha=p.alpha, beta=p.beta if p.has_c else 0)
+    why = "explicit"
+    if traits is None:
+        traits, why = default_traits(info, p, a.layout, b.layout, params, options, tuned)
+    item = p.pair.operand.bits // 8
+    margins = (abi.overread_elems(traits, a.ld) * item, abi.overread_elems(traits, b.ld) * item)
+    sizes = (_elems(p, a, 0), _elems(p, b, 1))
+    if max(sizes[0] * item + margins[0], sizes[1] * item + margins[1]) > \
+            info.limits.max_storage_buffer_range:
+        # No room for the exact variant's margin: the bounds-checked one needs none.
+        traits, margins = replace(traits, exact=False), (0, 0)
+    return KernelChoice(traits, params, tuple(packs), margins, why)
+
+
+def _elems(p: Problem, x: OperandLayout, operand: int) -> int:
+    """Elements an operand's buffer holds (batch copies x lines x ld)."""
+    lines = {(0, Layout.ROW_MAJOR): p.M, (0, Layout.COLUMN_MAJOR): p.K,
+             (1, Layout.ROW_MAJOR): p.K, (1, Layout.COLUMN_MAJOR): p.N}[(operand, x.layout)]
+    copies = p.batch if x.batch_stride else 1
+    return copies * lines * x.ld

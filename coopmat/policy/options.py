@@ -1,0 +1,53 @@
+"""The options that steer kernel choice, read from the environment once.
+
+`Options.from_env()` is the one place the COOPMAT_* variables that affect kernel choice
+are read; everything below it takes an Options value. A bad value is a ValueError that
+names the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+FAMILY_ENV = "COOPMAT_FAMILY"
+SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
+NO_TUNING_ENV = "COOPMAT_NO_TUNING"
+
+FAMILIES = ("khr", "nv2")
+_SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """family: force 'khr' or 'nv2' (None: the policy's choice). specialize: 'auto'
+    (large problems, within a per-process budget), 'always' or 'never'. tuning: use
+    tuned choices (the user's table, else the shipped one)."""
+
+    family: str | None = None
+    specialize: str = "auto"
+    tuning: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
+        env = os.environ if env is None else env
+        family = env.get(FAMILY_ENV, "").strip() or None
+        if family not in (None, "auto", *FAMILIES):
+            raise ValueError(f"{FAMILY_ENV}={family!r} is not a kernel family: use "
+                             f"'khr', 'nv2' or 'auto'")
+        spec = env.get(SPECIALIZE_ENV, "").strip()
+        if spec not in _SPECIALIZE:
+            raise ValueError(f"{SPECIALIZE_ENV}={spec!r}: use 1 (always), 0 (never) or "
+                             f"leave it unset (large problems)")
+        return cls(family=None if family == "auto" else family,
+                   specialize=_SPECIALIZE[spec],
+                   tuning=env.get(NO_TUNING_ENV, "").strip() != "1")
+
+    def with_family(self, family: str | None) -> Options:
+        """These options with a per-call family (None or 'auto' keeps the current one)."""
+        if family is None or family == "auto":
+            return self
+        if family not in FAMILIES:
+            raise ValueError(f"unknown kernel family {family!r}: use 'khr', 'nv2' or 'auto'")
+        return replace(self, family=family)
