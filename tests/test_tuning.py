@@ -9,10 +9,11 @@ import pytest
 
 import coopmat
 from coopmat.codegen import Tile
+from coopmat.device.record import nv2_usable
 from coopmat.dispatch import gemm, tuning
 from coopmat.dispatch.runtime import runtime
-from coopmat.dispatch.types import TypePair
 from coopmat.linalg import last_kernel_traits
+from coopmat.policy import TypePair, shape_class
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_recorded_tile_is_used_and_can_be_ignored(private_tuning, monkeypatch):
     other = Tile(2 * cfg.m, 2 * cfg.n, cfg.k, 2, 1, 1)
     assert other != default
     # The problem's own class: a shipped table (the H200's) may hold the others.
-    key = gemm.shape_class(TypePair(cfg.a_type, cfg.result_type), 70, 50)
+    key = shape_class(TypePair(cfg.a_type, cfg.result_type), 70, 50)
     assert key == "int8->int32@medium"
     tuning.record(info, key, "khr", other, {"note": "test"})
     assert json.loads(tuning.path_for(info).read_text())[key]["tile"][:3] == [
@@ -70,7 +71,7 @@ def test_forcing_a_family(private_tuning, monkeypatch):
     assert last_kernel_traits().family == "khr"
     with pytest.raises(ValueError, match="unknown kernel family 'xyz'"):
         coopmat.matmul(a, a, family="xyz")
-    if not gemm.nv2_available(runtime()):
+    if not nv2_usable(runtime().device.info):
         with pytest.raises(coopmat.MissingFeatureError, match="nv2 kernel family needs"):
             coopmat.matmul(a, a, family="nv2")
         monkeypatch.setenv("COOPMAT_FAMILY", "nv2")
@@ -79,24 +80,3 @@ def test_forcing_a_family(private_tuning, monkeypatch):
     else:
         coopmat.matmul(a, a, family="nv2")
         assert last_kernel_traits().family == "nv2"
-
-
-def test_medium_shape_class(private_tuning):
-    """Outputs of at most MEDIUM_MN elements have their own class ('@medium'); where it was
-    never tuned they take the square class's choice, and large outputs never take it."""
-    from coopmat.dispatch.types import component_type
-
-    info = private_tuning
-    rt = runtime()
-    pair = TypePair(component_type(np.dtype(np.int8)), component_type(np.dtype(np.int32)))
-    big, mid = Tile(64, 64, 32, 2, 2, 2), Tile(32, 32, 32, 2, 2, 1)
-    side = int(gemm.MEDIUM_MN ** 0.5)
-    assert gemm.shape_class(pair, side, side) == "int8->int32@medium"
-    assert gemm.shape_class(pair, side, side + 1) == "int8->int32"
-    assert gemm.shape_class(pair, 64, 10 ** 6) == "int8->int32@small-m"
-    tuning.record(info, "int8->int32", "khr", big, {})
-    assert gemm.choose_family(rt, pair, "khr", side, side) == ("khr", big)  # fallback
-    tuning.record(info, "int8->int32@medium", "khr", mid, {})
-    assert gemm.choose_family(rt, pair, "khr", side, side) == ("khr", mid)
-    assert gemm.choose_family(rt, pair, "khr", side, side + 1) == ("khr", big)
-    assert gemm.choose_family(rt, pair, "khr", 65, 100) == ("khr", mid)

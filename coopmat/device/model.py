@@ -57,6 +57,13 @@ class CooperativeMatrixProperties:
     saturating_accumulation: bool
     scope: Scope
 
+    def __post_init__(self) -> None:
+        # Typed, whatever the caller passed: unknown values become members named by
+        # their number (enums.py), never bare ints.
+        for name in ("a_type", "b_type", "c_type", "result_type"):
+            object.__setattr__(self, name, ComponentType(getattr(self, name)))
+        object.__setattr__(self, "scope", Scope(self.scope))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "M": self.M, "N": self.N, "K": self.K,
@@ -104,6 +111,13 @@ class FlexibleDimensionsProperties:
     saturating_accumulation: bool
     scope: Scope
     workgroup_invocations: int
+
+    def __post_init__(self) -> None:
+        # Typed, whatever the caller passed: unknown values become members named by
+        # their number (enums.py), never bare ints.
+        for name in ("a_type", "b_type", "c_type", "result_type"):
+            object.__setattr__(self, name, ComponentType(getattr(self, name)))
+        object.__setattr__(self, "scope", Scope(self.scope))
 
     @property
     def workgroup_scope(self) -> bool:

@@ -161,7 +161,10 @@ def _limits(d: dict[str, Any], notes: list[str]) -> DeviceLimits:
 
 def _inferred_features(configs: tuple[CooperativeMatrixProperties, ...],
                        flex: tuple[FlexibleDimensionsProperties, ...],
-                       nv2_ext: bool, notes: list[str]) -> dict[str, bool]:
+                       nv2_ext: bool, extensions: dict[str, bool],
+                       notes: list[str]) -> dict[str, bool]:
+    """Features (and, into `extensions`, the extensions) the listed types imply, for a
+    record that lists none."""
     from coopmat.dtypes import ELEMENT_TYPES
 
     features = dict.fromkeys(_BASE_FEATURES, True)
@@ -169,6 +172,8 @@ def _inferred_features(configs: tuple[CooperativeMatrixProperties, ...],
         for t in (p.a_type, p.b_type, p.c_type, p.result_type):
             row = ELEMENT_TYPES.get(t)
             features.update(dict.fromkeys(row.features if row else (), True))
+            if row is not None and row.vk_extension:
+                extensions.setdefault(row.vk_extension, True)
     if nv2_ext and any(e.workgroup_scope for e in flex):
         features.update(dict.fromkeys(_NV2_FEATURES, True))
     notes.append("features not recorded: inferred from the listed component types")
@@ -184,14 +189,15 @@ def from_record(d: dict[str, Any], index: int = 0, *, source: str = "",
         d.get("cooperativeMatrixProperties") or d.get("configs") or []))
     flex = tuple(FlexibleDimensionsProperties.from_record(e)
                  for e in d.get("flexibleDimensionsProperties") or ()) or flex_beside
-    extensions = {e: False for e in RELEVANT_EXTENSIONS}
-    extensions["VK_KHR_cooperative_matrix"] = bool(d.get("khr_coopmat", bool(configs)))
-    extensions["VK_NV_cooperative_matrix2"] = bool(d.get("nv_coopmat2", bool(flex)))
+    extensions = {"VK_KHR_cooperative_matrix": bool(d.get("khr_coopmat", bool(configs))),
+                  "VK_NV_cooperative_matrix2": bool(d.get("nv_coopmat2", bool(flex)))}
     extensions.update({k: bool(v) for k, v in d.get("extensions", {}).items()})
     recorded = d.get("features")
     features = ({k: bool(v) for k, v in recorded.items()} if isinstance(recorded, dict)
                 else _inferred_features(configs, flex,
-                                        extensions["VK_NV_cooperative_matrix2"], notes))
+                                        extensions["VK_NV_cooperative_matrix2"], extensions,
+                                        notes))
+    extensions = {e: extensions.get(e, False) for e in RELEVANT_EXTENSIONS} | extensions
     limits = _limits(d, notes)
     vendor = _vendor_id(d)
     name = str(d.get("name", source or "recorded device"))
