@@ -8,7 +8,7 @@ int8). With --stream N, also the kernel's throughput when N dispatches run back 
 in one submission without barriers, the way vk_cooperative_matrix_perf measures its
 figures; --stream-inputs K makes those dispatches cycle through K copies of A and B, so
 that overlapping dispatches no longer find each other's operands in cache. Sweep
-definitions live in benchmarks/gemm.py.
+definitions live in coopmat/bench_sweeps.py. Installed, the same command is `coopmat-bench`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import functools
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import sys
@@ -24,12 +25,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 import coopmat
+from coopmat import bench_sweeps as sweeps
 from coopmat import codegen, policy
+from coopmat._cli import prog, write
 from coopmat.codegen import GemmParams, Layout
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.device.record import nv2_usable
@@ -39,16 +42,6 @@ from coopmat.dispatch.runtime import runtime
 from coopmat.dtypes import by_name, element
 from coopmat.linalg import matmul, supported_dtypes
 from coopmat.policy import Options, TypePair
-
-
-def _load_sweeps() -> Any:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gemm.py"
-    spec = importlib.util.spec_from_file_location("coopmat_bench_sweeps", path)
-    if spec is None or spec.loader is None or not path.exists():
-        raise SystemExit(f"coopmat.bench: sweep definitions not found at {path}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @dataclass
@@ -319,9 +312,18 @@ def fmt_time(t: Timing | None) -> str:
     return f"{v * 1e3:7.3f}ms" if v >= 1e-3 else f"{v * 1e6:7.1f}us"
 
 
+def dtype_label(r: Row) -> str:
+    """'float16->float16 (f32)': the pair and the accumulator measured, where it is not the
+    result type."""
+    if not r.accumulator or r.accumulator == r.dtype.split("->")[1]:
+        return r.dtype
+    row = by_name(r.accumulator)
+    return f"{r.dtype} ({row.short if row else r.accumulator})"
+
+
 def table(rows: list[Row], peers: list[str]) -> str:
     stream = any(r.stream_dispatches for r in rows)
-    head = (f"{'dtype':<18}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}{'kernel':>10}"
+    head = (f"{'dtype (accumulator)':<26}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}{'kernel':>10}"
             f"{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
     if stream:
@@ -335,7 +337,7 @@ def table(rows: list[Row], peers: list[str]) -> str:
         if r.kernel_time:
             spread = f"{(r.kernel_time.max - r.kernel_time.min) / r.kernel_time.median:7.0%}"
         fam = r.kernel.split("-")[0] if r.kernel else r.family
-        line = (f"{r.dtype:<18}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
+        line = (f"{dtype_label(r):<26}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
                 f"{fmt_time(r.kernel_time):>10}{fmt_rate(rate):>9}{spread:>8}"
                 f"{fmt_time(r.e2e_time):>10}")
         if stream:
@@ -354,38 +356,64 @@ def table(rows: list[Row], peers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def peer_label(peer: str, dtype: str) -> str:
+    """A peer's line in the plot, saying what ran: numpy has no 16- or 8-bit BLAS path, so
+    numpy_peer runs floats in float32 and integers in int32, on the CPU."""
+    op = dtype.split("->")[0]
+    if peer == "numpy":
+        return f"numpy ({'float32' if 'float' in op else 'int32'} on CPU)"
+    if peer == "torch":
+        return "torch._int_mm (CUDA)" if op == "int8" else "torch.matmul (CUDA, cuBLAS)"
+    return peer
+
+
 def plot(rows: list[Row], path: str, title: str) -> None:
+    """Throughput against size per dtype pair (square sizes, nn layout), log-scaled: the
+    kernel alone and end to end differ by orders of magnitude at small sizes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     dtypes = sorted({r.dtype for r in rows})
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(5 * len(dtypes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.8), squeeze=False)
     for ax, dt in zip(axes[0], dtypes, strict=False):
         sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
         sel.sort(key=lambda r: r.M)
         for fam in sorted({r.family for r in sel}):  # auto, khr, nv2 as requested
             mine = [r for r in sel if r.family == fam]
             xs = [r.M for r in mine]
-            ax.plot(xs, [r.rate(r.kernel_time) or np.nan for r in mine], "o-",
-                    label=f"coopmat {fam} kernel")
+            line = ax.plot(xs, [r.rate(r.kernel_time) or np.nan for r in mine], "o-",
+                           label=f"coopmat {fam}: kernel (GPU timestamps)")[0]
             ax.plot(xs, [r.rate(r.e2e_time) or np.nan for r in mine], "o--",
-                    label=f"coopmat {fam} end-to-end")
+                    color=line.get_color(), label=f"coopmat {fam}: end to end (numpy -> numpy)")
+            if any(r.stream_time for r in mine):
+                ax.plot(xs, [r.rate(r.stream_time) or np.nan for r in mine], "o:",
+                        color=line.get_color(),
+                        label=f"coopmat {fam}: back-to-back dispatches (--stream)")
         first: dict[int, Row] = {}  # peers are the same for every family: one per size
         for r in sel:
             first.setdefault(r.M, r)
         for p in sorted({p for r in sel for p in r.peers}):
             pts = sorted(first.values(), key=lambda r: r.M)
             ax.plot([r.M for r in pts], [r.rate(r.peers.get(p)) or np.nan for r in pts], "s-",
-                    label=p)
+                    label=peer_label(p, dt))
+        if not sel:
+            ax.text(0.5, 0.5, "no square size with layout nn", ha="center",
+                    transform=ax.transAxes)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 256, not 2^8
+        ax.set_yscale("log")
         ax.set_xlabel("M = N = K")
         ax.set_ylabel("TOPS" if "int" in dt else "TFLOP/s")
         ax.set_title(dt)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        if sel:
+            # below the axes: no line hides behind it
+            ax.legend(fontsize=7, handlelength=3.5, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.14))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
 def candidates_for(rt: Any, pair: TypePair, config: Any,
@@ -497,21 +525,128 @@ def overhead(args: argparse.Namespace) -> dict[str, float]:
     return {"median_s": t.median, "min_s": t.min}
 
 
+FAMILIES = ("auto", "khr", "nv2")
+
+
+def _dtype_name(name: str, item: str) -> str:
+    """A dtype's numpy-style name from any name coopmat.dtypes knows (float16, f16, i8)."""
+    row = by_name(name)
+    if row is None or row.numpy is None:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {name.strip()!r} in {item!r}; known: float16 (f16), bfloat16 "
+            f"(bf16), int8 (i8), uint8 (u8), float8_e4m3fn (e4m3), float8_e5m2 (e5m2), "
+            f"float32 (f32), int32 (i32), uint32 (u32)")
+    return row.name
+
+
+def parse_dtype(item: str) -> tuple[str, str]:
+    """One --dtypes entry: 'float16:float32', 'f16:f32', 'float16->float32' (quoted: the
+    shell reads an unquoted '>' as a redirection), 'float16' (its default result), and
+    an optional third field for the accumulator ('f16:f16:f16': float16 accumulation).
+    Returns the canonical 'float16->float32' and the accumulator ('' = matmul's default)."""
+    text = item.strip()
+    if text.endswith("-") or text.endswith(">") or text.count("->") > 1 or text.count(":") > 2:
+        raise argparse.ArgumentTypeError(
+            f"malformed dtype pair {item!r}: write OPERAND:RESULT[:ACCUMULATOR], e.g. "
+            "float16:float32 or f16:f16:f16 (an unquoted '->' is cut short by the shell, "
+            "which reads '>' as a redirection)")
+    if "->" in text:
+        text = text.replace("->", ":")
+    elif "-" in text or ">" in text:
+        raise argparse.ArgumentTypeError(
+            f"malformed dtype pair {item!r}: write OPERAND:RESULT, e.g. float16:float32")
+    parts = text.split(":")
+    op = _dtype_name(parts[0], item)
+    if len(parts) == 1:
+        default = element(by_name(op).component).default_result  # type: ignore[union-attr]
+        if default is None:
+            raise argparse.ArgumentTypeError(f"{op} is no GEMM operand type")
+        return f"{op}->{element(default).name}", ""
+    acc = _dtype_name(parts[2], item) if len(parts) == 3 else ""
+    return f"{op}->{_dtype_name(parts[1], item)}", acc
+
+
+def _items(value: str, what: str) -> list[str]:
+    items = [x.strip() for x in value.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"empty entry in {what} list {value!r}")
+    return items
+
+
+def parse_dtypes(value: str) -> list[tuple[str, str]]:
+    return list(dict.fromkeys(parse_dtype(x) for x in _items(value, "dtype")))
+
+
+def parse_sizes(value: str) -> list[tuple[int, int, int]]:
+    """'N' (square) or 'MxNxK' entries, comma-separated."""
+    out: list[tuple[int, int, int]] = []
+    for item in _items(value, "size"):
+        parts = item.lower().split("x")
+        if len(parts) not in (1, 3) or not all(p.strip().isdigit() and int(p) > 0
+                                               for p in parts):
+            raise argparse.ArgumentTypeError(
+                f"malformed size {item!r}: write N (for NxNxN) or MxNxK, positive integers")
+        dims = [int(p) for p in parts]
+        out.append((dims[0], dims[1], dims[2]) if len(dims) == 3 else (dims[0],) * 3)
+    return out
+
+
+def choices(known: tuple[str, ...] | list[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list of names out of `known`."""
+    def parse(value: str) -> list[str]:
+        items = _items(value, what)
+        bad = [x for x in items if x not in known]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(map(repr, bad))}; known: {', '.join(known)}")
+        return list(dict.fromkeys(items))
+    return parse
+
+
+def check_output_path(ap: argparse.ArgumentParser, flag: str, path: str | None) -> None:
+    """Fail now, not after the run, when `path` cannot be written."""
+    if path is None:
+        return
+    p = Path(path)
+    parent = p.parent
+    if p.is_dir():
+        ap.error(f"{flag} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        ap.error(f"{flag} {path}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        ap.error(f"{flag} {path}: not writable")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (the full usage of this many options runs to a dozen)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    sweeps = _load_sweeps()
-    ap = argparse.ArgumentParser(prog="python -m coopmat.bench", description=__doc__.split("\n")[0])
+    ap = _Parser(prog=prog("coopmat.bench"), description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
                     help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")
-    ap.add_argument("--dtypes", help="comma list, e.g. float16->float32,int8->int32")
-    ap.add_argument("--sizes", help="comma list of N (square) or MxNxK")
-    ap.add_argument("--layouts", help="comma list of nn,tn,nt")
+    ap.add_argument("--dtypes", type=parse_dtypes, metavar="LIST",
+                    help="comma list of OPERAND:RESULT pairs, e.g. float16:float32,int8:int32 "
+                         "or f16:f32,bf16:f32; a bare operand (float16) takes matmul's default "
+                         "result; a third field names the accumulator (f16:f16:f16: float16 "
+                         "accumulation; default float32 for float16); the quoted "
+                         "'float16->float32' form works too (default: the pairs the device "
+                         "offers)")
+    ap.add_argument("--sizes", type=parse_sizes, metavar="LIST",
+                    help="comma list of N (square) or MxNxK")
+    ap.add_argument("--layouts", type=choices(sweeps.LAYOUTS, "layout"), metavar="LIST",
+                    help=f"comma list out of {','.join(sweeps.LAYOUTS)}")
     ap.add_argument("--repeat", type=int, default=20, help="timed runs per case (median)")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds per measurement at most")
     ap.add_argument("--numpy-max-ops", type=float, default=2 * 1024.0 ** 3,
                     help="skip the numpy peer above this many operations")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--families", default="auto",
+    ap.add_argument("--families", type=choices(FAMILIES, "kernel family"), default=["auto"],
+                    metavar="LIST",
                     help="comma list of kernel families to run side by side: auto, khr, nv2")
     ap.add_argument("--tune", action="store_true",
                     help="first time candidate kernels per dtype and keep the fastest on disk")
@@ -536,29 +671,32 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--stream-inputs needs --stream and at least 1 copy")
     if args.stream and args.stream_inputs > args.stream:
         ap.error("--stream-inputs cannot exceed the --stream dispatch count")
+    check_output_path(ap, "--json", args.json_path)
+    check_output_path(ap, "--plot", args.plot_path)
+    if args.plot_path and importlib.util.find_spec("matplotlib") is None:
+        ap.error("--plot needs matplotlib (pip install 'coopmat[bench]')")
 
-    rt = runtime(args.device)
+    try:
+        rt = runtime(args.device)
+    except coopmat.CoopmatError as exc:  # no driver, no such device: one line, no traceback
+        print(f"coopmat.bench: {exc}", file=sys.stderr)
+        return 1
     info = rt.device.info
     preset = args.preset or ("cpu" if info.device_type == "CPU" else "gpu")
-    sizes = sweeps.PRESETS[preset]["sizes"]
-    layouts = sweeps.PRESETS[preset]["layouts"]
-    if args.sizes:
-        sizes = [tuple(int(x) for x in s.split("x")) if "x" in s else (int(s),) * 3
-                 for s in args.sizes.split(",")]
-    if args.layouts:
-        layouts = args.layouts.split(",")
+    sizes = args.sizes or sweeps.PRESETS[preset]["sizes"]
+    layouts = args.layouts or sweeps.PRESETS[preset]["layouts"]
     offered = supported_dtypes(args.device)
-    dtypes = args.dtypes.split(",") if args.dtypes else [d for d in sweeps.DTYPES if d in offered]
-    tune_report = tune(args, dtypes) if args.tune else []
+    dtypes = args.dtypes or [(d, "") for d in sweeps.DTYPES if d in offered]
+    tune_report = tune(args, list(dict.fromkeys(d for d, _ in dtypes))) if args.tune else []
     torch = None if args.no_peers else torch_peer()
     peers = (["numpy"] if not args.no_peers else []) + (["torch"] if torch else [])
 
-    families = args.families.split(",")
+    families = args.families
     if "nv2" in families and not nv2_usable(info):
         print("coopmat.bench: the device lacks the nv2 family's features; running without it",
               file=sys.stderr)
         families = [f for f in families if f != "nv2"] or ["auto"]
-    cases = [Row(dt, s[0], s[1], s[2], lay, fam) for dt in dtypes for s in sizes
+    cases = [Row(dt, s[0], s[1], s[2], lay, fam, acc) for dt, acc in dtypes for s in sizes
              for lay in layouts for fam in families]
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -575,16 +713,16 @@ def main(argv: list[str] | None = None) -> int:
     ov = overhead(args)
 
     title = f"{info.name}, driver {info.driver_info or info.driver_version}"
-    print(title)
-    print(table(cases, peers))
-    print(f"per-call overhead, 64x64x64 float16 end to end: {ov['median_s'] * 1e6:.0f} us "
+    write(title)
+    write(table(cases, peers))
+    write(f"per-call overhead, 64x64x64 float16 end to end: {ov['median_s'] * 1e6:.0f} us "
           f"(median of 200; min {ov['min_s'] * 1e6:.0f} us)")
     if args.json_path:
         doc = {
             "device": {"name": info.name, "driver": info.driver_info,
                        "driverVersion": info.driver_version, "api": info.api_version},
             "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "command": " ".join(["python -m coopmat.bench", *(argv or sys.argv[1:])]),
+            "command": " ".join([ap.prog, *(argv or sys.argv[1:])]),
             "peers": {"torch": torch.name if torch else None, "numpy": np.__version__},
             "overhead_64_f16": ov,
             "tuning": tune_report,

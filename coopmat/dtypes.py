@@ -136,6 +136,7 @@ _BY_DTYPE: dict[np.dtype[Any], ElementType] = {
     row.numpy: row for row in _ROWS if row.numpy is not None}
 _BY_NAME: dict[str, ElementType] = {row.name: row for row in _ROWS}
 _BY_NAME.update({row.short: row for row in _ROWS})
+_BY_NAME.update({row.webgpu: row for row in _ROWS if row.webgpu})  # i8, i32, ...
 _BY_NAME.setdefault("float8_e4m3", ELEMENT_TYPES[CT.FLOAT8_E4M3])
 
 # Types a GEMM's A and B may have, and the accumulator / result types of those GEMMs.

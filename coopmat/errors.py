@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+# Said after any "no usable driver" error: which drivers offer what coopmat needs.
+DRIVER_ADVICE = (
+    "coopmat needs a Vulkan driver with VK_KHR_cooperative_matrix: NVIDIA's driver, Mesa >= 23.3 "
+    "RADV (AMD RDNA3 and newer), Mesa ANV (Intel) or Mesa >= 26 lavapipe (CPU); Debian 12's "
+    "Mesa 22.3 offers it on no device. In a coopmat checkout, scripts/run runs a command in a "
+    "CPU sandbox with lavapipe")
+
 
 class CoopmatError(Exception):
     """Base class of every coopmat error."""

@@ -1,5 +1,7 @@
 """`python -m coopmat.info`: what each Vulkan device offers for cooperative-matrix GEMM.
 
+Installed, the same command is `coopmat-info`.
+
 Prints, per device, the raw VkCooperativeMatrixPropertiesKHR list (with the reason any
 entry is not a WebGPU config), the GPUSubgroupMatrixConfig list, the `subgroup-matrix`
 verdict, the relevant features, extensions and limits. `--json` prints the same as JSON;
@@ -16,10 +18,11 @@ import sys
 from typing import Any
 
 from coopmat import device
+from coopmat._cli import prog, write
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.select import ENV_VAR
 from coopmat.device.webgpu import SubgroupMatrixSupport
-from coopmat.errors import CoopmatError, NoCooperativeMatrixDeviceError
+from coopmat.errors import CoopmatError
 
 JSON_SCHEMA_VERSION = 1
 
@@ -115,7 +118,7 @@ def render(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport, selected: bool)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m coopmat.info", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("coopmat.info"), description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
     ap.add_argument("--device", help="only this device: index or name substring "
                     f"(default: ${ENV_VAR} if set, else all devices, the default choice marked)")
@@ -124,19 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         infos = device.enumerate_devices()
-        selector = args.device or os.environ.get(ENV_VAR) or None
-        if selector is not None:
-            shown = [device.match(infos, selector)]
-        else:
+        if args.device or os.environ.get(ENV_VAR):
+            # --device, else $COOPMAT_DEVICE: one device, which must offer the extension
+            shown = [device.select(infos, args.device or None)]
+            selected = shown[0].index
+        else:  # all devices; fails when none offers the extension
             shown = infos
-        if not any(d.has_cooperative_matrix for d in shown):
-            names = ", ".join(f"{d.index}: {d.name}" for d in shown)
-            raise NoCooperativeMatrixDeviceError(
-                f"no Vulkan device offers VK_KHR_cooperative_matrix (devices: {names})")
-        try:
-            selected: int | None = device.select(infos, selector).index
-        except CoopmatError:
-            selected = None
+            selected = device.select(infos).index
     except CoopmatError as exc:
         print(f"coopmat.info: {exc}", file=sys.stderr)
         return 1
@@ -145,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {"schemaVersion": JSON_SCHEMA_VERSION, "selectedDevice": selected,
                "devices": [device_dict(d, s) for d, s in zip(shown, sups, strict=False)]}
-        print(json.dumps(out, indent=2))
+        write(json.dumps(out, indent=2))
     else:
         pages = [render(d, s, d.index == selected) for d, s in zip(shown, sups, strict=True)]
-        print("\n\n".join(pages))
+        write("\n\n".join(pages))
     return 0
 
 

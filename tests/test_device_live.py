@@ -105,7 +105,13 @@ def test_bad_coopmat_device_is_one_line_and_nonzero(live_device_info):
     assert r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "no Vulkan device whose name contains 'no-such-gpu-xyz'" in lines[0]
+    # The variable is named: the user may not remember it is set.
+    assert "COOPMAT_DEVICE='no-such-gpu-xyz' matches no Vulkan device" in lines[0]
+    assert live_device_info.name in lines[0]  # the devices there are
+    r = run_info("--device", "no-such-gpu-xyz")
+    assert r.returncode == 1
+    assert "no Vulkan device whose name contains 'no-such-gpu-xyz'" in r.stderr
+    assert "COOPMAT_DEVICE" not in r.stderr
     r = run_info("--device", "97")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "no Vulkan device with index 97" in r.stderr
@@ -119,6 +125,18 @@ def test_no_driver_is_one_line_and_nonzero(live_device_info):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("coopmat.info: ")
     assert "Vulkan" in r.stderr
+
+
+def test_bench_without_driver_is_one_line_and_nonzero(live_device_info):
+    env = {**os.environ, "VK_DRIVER_FILES": "/nonexistent/icd.json",
+           "VK_ICD_FILENAMES": "/nonexistent/icd.json"}
+    r = subprocess.run([sys.executable, "-m", "coopmat.bench", "--sizes", "16", "--no-peers"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("coopmat.bench: no usable Vulkan driver"), lines[0]
+    assert "VK_KHR_cooperative_matrix" in lines[0]  # the advice: which drivers have it
 
 
 def test_no_loader_is_one_line_and_nonzero():

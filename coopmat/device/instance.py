@@ -7,7 +7,7 @@ import threading
 from typing import Any
 
 from coopmat.device.vkffi import vk
-from coopmat.errors import NoDeviceError, VulkanUnavailableError
+from coopmat.errors import DRIVER_ADVICE, NoDeviceError, VulkanUnavailableError
 
 API_VERSION_1_3 = (1 << 22) | (3 << 12)
 
@@ -77,8 +77,8 @@ def instance() -> Any:
                 _instance = v.vkCreateInstance(info, None)
             except v.VkError as exc:
                 raise VulkanUnavailableError(
-                    f"vkCreateInstance failed ({type(exc).__name__}): no usable Vulkan driver"
-                ) from exc
+                    f"no usable Vulkan driver: vkCreateInstance failed ({type(exc).__name__}). "
+                    + DRIVER_ADVICE) from None
             if messenger_info is not None:
                 global _messenger
                 create = v.vkGetInstanceProcAddr(_instance, "vkCreateDebugUtilsMessengerEXT")
@@ -91,7 +91,8 @@ def physical_devices() -> list[Any]:
     try:
         devices = list(v.vkEnumeratePhysicalDevices(instance()))
     except v.VkError as exc:
-        raise NoDeviceError(f"vkEnumeratePhysicalDevices failed ({type(exc).__name__})") from exc
+        raise NoDeviceError(f"vkEnumeratePhysicalDevices failed ({type(exc).__name__}). "
+                            + DRIVER_ADVICE) from None
     if not devices:
-        raise NoDeviceError("Vulkan reports no physical device")
+        raise NoDeviceError("Vulkan reports no physical device. " + DRIVER_ADVICE)
     return devices

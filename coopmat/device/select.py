@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 
 from coopmat.device.model import PhysicalDeviceInfo
-from coopmat.errors import DeviceNotFoundError, NoCooperativeMatrixDeviceError
+from coopmat.errors import DRIVER_ADVICE, DeviceNotFoundError, NoCooperativeMatrixDeviceError
 
 ENV_VAR = "COOPMAT_DEVICE"
 
@@ -15,20 +15,29 @@ def _listing(devices: Sequence[PhysicalDeviceInfo]) -> str:
     return ", ".join(f"{d.index}: {d.name}" for d in devices)
 
 
-def match(devices: Sequence[PhysicalDeviceInfo], selector: int | str) -> PhysicalDeviceInfo:
-    """The device a selector names: an index, or a case-insensitive name substring."""
+def match(devices: Sequence[PhysicalDeviceInfo], selector: int | str,
+          source: str | None = None) -> PhysicalDeviceInfo:
+    """The device a selector names: an index, or a case-insensitive name substring.
+
+    `source` names where the selector came from (an environment variable, say): the error
+    then names it, since the user may not know it is set."""
     text = str(selector).strip()
     if text.isdigit():
         i = int(text)
         for d in devices:
             if d.index == i:
                 return d
-        raise DeviceNotFoundError(f"no Vulkan device with index {i} (devices: {_listing(devices)})")
-    hits = [d for d in devices if text.lower() in d.name.lower()]
-    if not hits:
+        what = f"no Vulkan device with index {i}"
+    else:
+        hits = [d for d in devices if text.lower() in d.name.lower()]
+        if hits:
+            return hits[0]
+        what = f"no Vulkan device whose name contains {text!r}"
+    if source is not None:
         raise DeviceNotFoundError(
-            f"no Vulkan device whose name contains {text!r} (devices: {_listing(devices)})")
-    return hits[0]
+            f"{source}={str(selector)!r} matches no Vulkan device (devices: {_listing(devices)}); "
+            "unset it, or set it to one of these indices or a part of its name")
+    raise DeviceNotFoundError(f"{what} (devices: {_listing(devices)})")
 
 
 def select(devices: Sequence[PhysicalDeviceInfo],
@@ -38,17 +47,22 @@ def select(devices: Sequence[PhysicalDeviceInfo],
     `selector`, else $COOPMAT_DEVICE, else the first discrete GPU with
     VK_KHR_cooperative_matrix, else the first device with it.
     """
+    source = None
     if selector is None:
         selector = os.environ.get(ENV_VAR) or None
+        source = ENV_VAR
     if selector is not None:
-        d = match(devices, selector)
+        d = match(devices, selector, source)
         if not d.has_cooperative_matrix:
-            raise NoCooperativeMatrixDeviceError(
-                f"device {d.index} ({d.name}) does not offer VK_KHR_cooperative_matrix")
+            what = f"device {d.index} ({d.name}) does not offer VK_KHR_cooperative_matrix"
+            if source is not None:
+                what = f"{source}={str(selector)!r} selects {what}; unset it or pick another"
+            raise NoCooperativeMatrixDeviceError(f"{what} (devices: {_listing(devices)})")
         return d
     capable = [d for d in devices if d.has_cooperative_matrix]
     if not capable:
         raise NoCooperativeMatrixDeviceError(
-            f"no Vulkan device offers VK_KHR_cooperative_matrix (devices: {_listing(devices)})")
+            f"no Vulkan device offers VK_KHR_cooperative_matrix (devices: {_listing(devices)}). "
+            + DRIVER_ADVICE)
     discrete = [d for d in capable if d.device_type == "DISCRETE_GPU"]
     return (discrete or capable)[0]

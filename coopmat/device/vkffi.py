@@ -15,7 +15,7 @@ from typing import Any
 
 import cffi
 
-from coopmat.errors import VulkanUnavailableError
+from coopmat.errors import DRIVER_ADVICE, VulkanUnavailableError
 
 EXTRA_CDEF = """
 typedef struct {
@@ -78,17 +78,18 @@ extra.cdef(EXTRA_CDEF)
 @functools.cache
 def vk() -> Any:
     """The `vulkan` module; raises VulkanUnavailableError when no loader is installed."""
+    # `from None`: the binding's own exception says less than ours and would print as a
+    # second traceback above it.
     try:
         import vulkan
-    except ImportError as exc:
+    except ImportError:
         raise VulkanUnavailableError(
-            "the `vulkan` Python package is not installed (pip install vulkan==1.3.275.1)"
-        ) from exc
-    except OSError as exc:  # the binding dlopens libvulkan.so.1 at import
+            "the `vulkan` Python package is not installed (pip install 'vulkan>=1.3.275.1')"
+        ) from None
+    except OSError:  # the binding dlopens libvulkan.so.1 at import
         raise VulkanUnavailableError(
-            "no Vulkan loader found (libvulkan.so.1): install the Vulkan loader and a driver "
-            "(on Debian: libvulkan1 and mesa-vulkan-drivers), or run through scripts/run"
-        ) from exc
+            "no Vulkan loader found (libvulkan.so.1): install the loader (on Debian, "
+            "libvulkan1) and a driver. " + DRIVER_ADVICE) from None
     return vulkan
 
 
