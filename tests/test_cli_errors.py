@@ -29,18 +29,25 @@ def usage_error(capsys, *argv: str) -> str:
 
 
 def test_dtype_spellings():
-    assert bench.parse_dtypes("float16:float32,f16:f16,bf16:f32,i8:i32,u8:u32") == [
+    def pairs(value: str) -> list[str]:
+        return [dt for dt, acc in bench.parse_dtypes(value)]
+
+    assert pairs("float16:float32,f16:f16,bf16:f32,i8:i32,u8:u32") == [
         "float16->float32", "float16->float16", "bfloat16->float32", "int8->int32",
         "uint8->uint32"]
-    assert bench.parse_dtypes("float16->float32") == ["float16->float32"]
+    assert pairs("float16->float32") == ["float16->float32"]
     # A bare operand takes matmul's default result.
-    assert bench.parse_dtypes("float16,bfloat16,int8,uint8") == [
+    assert pairs("float16,bfloat16,int8,uint8") == [
         "float16->float16", "bfloat16->float32", "int8->int32", "uint8->uint32"]
-    assert bench.parse_dtypes("F16:F32, f16:f32") == ["float16->float32"]
+    assert pairs("F16:F32, f16:f32") == ["float16->float32"]
+    # A third field names the accumulator; float8 operands by their short names.
+    assert bench.parse_dtypes("f16:f16:f16,f16:f16") == [("float16->float16", "float16"),
+                                                         ("float16->float16", "")]
+    assert pairs("e4m3") == ["float8_e4m3fn->float32"]
 
 
 @pytest.mark.parametrize("value", ["float16-", "float16>", "float16-float32", "float17:float32",
-                                   "float16:", "f16:f32:f32", "f16,,f32", ""])
+                                   "float16:", "f16:f32:f32:f32", "f16,,f32", ""])
 def test_bad_dtypes_are_usage_errors(capsys, value):
     err = usage_error(capsys, "--dtypes", value)
     assert "--dtypes" in err

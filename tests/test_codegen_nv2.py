@@ -318,7 +318,7 @@ def test_cli_validate_all_includes_nv2(capsys: pytest.CaptureFixture[str]) -> No
     assert sum(ln.startswith("PASS nv2-") for ln in lines) == 48
     assert cli.main(["--list", "--properties", str(H200)]) == 0
     names = capsys.readouterr().out.splitlines()
-    assert len(names) == 11 * 24 + 40  # khr variants, then nv2 ones
+    assert len(names) == (11 + 3) * 24 + 48  # khr variants, then nv2 ones
 
 
 @needs_spirv_tools
