@@ -323,8 +323,8 @@ def dtype_label(r: Row) -> str:
 
 def table(rows: list[Row], peers: list[str]) -> str:
     stream = any(r.stream_dispatches for r in rows)
-    head = (f"{'dtype (accumulator)':<26}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}{'kernel':>10}"
-            f"{'T*OP/s':>9}"
+    head = (f"{'dtype (accumulator)':<26}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}"
+            f"{'kernel':>10}{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
     if stream:
         head += f"{'stream T*OP/s':>16}{'(wall)':>9}"

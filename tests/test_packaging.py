@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -42,9 +43,14 @@ def test_bench_needs_nothing_outside_the_package(tmp_path):
     arguments and finds its sweeps: --help needs no device."""
     shutil.copytree(ROOT / "coopmat", tmp_path / "coopmat",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # The dependencies stay where this interpreter finds them (a venv's site-packages, or
+    # a PYTHONPATH folder on the GPU machines); the checkout itself must not be on the path.
+    deps = {str(Path(importlib.import_module(m).__file__ or "").parent.parent)
+            for m in ("numpy", "cffi", "ml_dtypes")} - {str(ROOT)}
     for module in ("coopmat.bench", "coopmat.info"):
         r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                            text=True, cwd=tmp_path, timeout=120,
-                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+                           env={"PATH": "/usr/bin:/bin",
+                                "PYTHONPATH": os.pathsep.join([str(tmp_path), *deps])})
         assert r.returncode == 0, r.stderr
         assert f"python -m {module}" in r.stdout
