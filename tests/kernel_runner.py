@@ -264,3 +264,17 @@ def unpack(flat: np.ndarray, batch: int, rows: int, cols: int, ld: int,
             start = b * batch_stride + i * ld
             out[b, i] = flat[start:start + cols]
     return out
+
+
+def param_id(v: object) -> str:
+    """A short pytest id for component types, layouts and tuples of them."""
+    from coopmat.codegen import Layout
+    from coopmat.device.enums import ComponentType
+
+    if isinstance(v, ComponentType):
+        return v.name.lower()
+    if isinstance(v, Layout):
+        return "r" if v == Layout.ROW_MAJOR else "c"
+    if isinstance(v, tuple):
+        return "".join(param_id(x) for x in v)
+    return str(v)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_runner import KernelRunner, NoDevice, pack, unpack
+from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
 
 from coopmat.codegen import (
     GemmParams,
@@ -177,20 +177,10 @@ def run_case(runner: KernelRunner, tr: GemmTraits, case: Case, seed: int = 0) ->
 LAYOUTS = list(itertools.product(Layout, Layout))
 
 
-def _id(v: object) -> str:
-    if isinstance(v, CT):
-        return v.name.lower()
-    if isinstance(v, Layout):
-        return "r" if v == Layout.ROW_MAJOR else "c"
-    if isinstance(v, tuple):
-        return "".join(_id(x) for x in v)
-    return str(v)
-
-
 @pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
 @pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
 def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tuple[Layout, Layout],
                        has_c: bool, aligned: bool) -> None:
     """Every lavapipe config x layouts x C x edge handling, with edges in M, N and K."""
@@ -207,8 +197,8 @@ def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tup
 @pytest.mark.parametrize("buffering", [3, 4], ids=lambda b: f"buf{b}")
 @pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
 @pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
 def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
                                  layouts: tuple[Layout, Layout], has_c: bool, aligned: bool,
                                  buffering: int) -> None:
@@ -226,8 +216,8 @@ def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
 
 @pytest.mark.parametrize("buffering", [1, 2, 3, 4], ids=lambda b: f"buf{b}")
 @pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
 def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
                        layouts: tuple[Layout, Layout], has_c: bool, buffering: int) -> None:
     """The exact variant (no bounds checks, no edge epilogue) on whole tiles: several
@@ -244,7 +234,7 @@ def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
                                   (32, 32, 16), (33, 31, 17), (5, 70, 40), (64, 3, 100)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("layouts", [(Layout.ROW_MAJOR, Layout.ROW_MAJOR),
-                                     (Layout.COLUMN_MAJOR, Layout.COLUMN_MAJOR)], ids=_id)
+                                     (Layout.COLUMN_MAJOR, Layout.COLUMN_MAJOR)], ids=param_id)
 def test_sizes_general(runner: KernelRunner, size: tuple[int, int, int],
                        layouts: tuple[Layout, Layout]) -> None:
     tr = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False)
@@ -253,7 +243,7 @@ def test_sizes_general(runner: KernelRunner, size: tuple[int, int, int],
     run_case(runner, staged, Case(*size, alpha=1.0, beta=1.0))
 
 
-@pytest.mark.parametrize("config", CONFIGS[1:3], ids=_id)
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=param_id)
 @pytest.mark.parametrize("broadcast", ["a", "b", "c", "ab"])
 @pytest.mark.parametrize("buffering", [2, 3], ids=lambda b: f"buf{b}")
 def test_batch_with_broadcast(runner: KernelRunner, config: tuple[CT, CT], broadcast: str,

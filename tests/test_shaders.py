@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_runner import KernelRunner, NoDevice, pack, unpack
+from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
 
 from coopmat.codegen import GemmParams, GemmTraits, Kernel, Layout, Tile, build_gemm
 from coopmat.codegen.family import family_for
@@ -191,22 +191,12 @@ def traits(ab: CT, res: CT, a_layout: Layout = Layout.ROW_MAJOR,
                       tile)
 
 
-def _id(v: object) -> str:
-    if isinstance(v, CT):
-        return v.name.lower()
-    if isinstance(v, Layout):
-        return "r" if v == Layout.ROW_MAJOR else "c"
-    if isinstance(v, tuple):
-        return "".join(_id(x) for x in v)
-    return str(v)
-
-
 def _scalars(res: CT) -> tuple[int, int]:
     return (2, -1) if res.is_float else (3, -2)
 
 
 # -- the tests -------------------------------------------------------------------------------
-@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
 def test_edges_and_interior(runner: KernelRunner, config: tuple[CT, CT]) -> None:
     """Every lavapipe config with C, alpha and beta: 40 x 48 with K = 24 gives one interior
     workgroup (direct cooperative-matrix stores), three straddling the edges (the checked
@@ -215,7 +205,7 @@ def test_edges_and_interior(runner: KernelRunner, config: tuple[CT, CT]) -> None
     check_case(runner, traits(*config), Case(40, 48, 24, alpha=alpha, beta=beta), seed=1)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
 def test_odd_sizes_strides_batch(runner: KernelRunner, config: tuple[CT, CT]) -> None:
     """Sizes off every tile and matrix multiple, strides that break the direct-store
     alignment (so every workgroup takes the checked epilogue), two batches sharing B."""
@@ -227,13 +217,13 @@ def test_odd_sizes_strides_batch(runner: KernelRunner, config: tuple[CT, CT]) ->
 
 @pytest.mark.parametrize("layouts", [(Layout.ROW_MAJOR, Layout.COLUMN_MAJOR),
                                      (Layout.COLUMN_MAJOR, Layout.ROW_MAJOR),
-                                     (Layout.COLUMN_MAJOR, Layout.COLUMN_MAJOR)], ids=_id)
+                                     (Layout.COLUMN_MAJOR, Layout.COLUMN_MAJOR)], ids=param_id)
 def test_column_major(runner: KernelRunner, layouts: tuple[Layout, Layout]) -> None:
     check_case(runner, traits(CT.SINT8, CT.SINT32, *layouts), Case(33, 40, 41, alpha=-1,
                                                                   beta=2), seed=3)
 
 
-@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=_id)
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=param_id)
 def test_without_c(runner: KernelRunner, config: tuple[CT, CT]) -> None:
     """HAS_C undefined: three bindings, D = alpha * A @ B."""
     check_case(runner, traits(*config, has_c=False), Case(24, 19, 9, alpha=1), seed=4)

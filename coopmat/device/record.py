@@ -30,13 +30,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from coopmat.device.enums import Scope
 from coopmat.device.model import (
     RECORD_INVOCATIONS,
     RECORD_SHARED_MEMORY,
     RELEVANT_EXTENSIONS,
     SHADER_STAGE_COMPUTE,
-    VENDORS,
     CooperativeMatrixProperties,
     DeviceLimits,
     FlexibleDimensionsProperties,
@@ -236,5 +234,5 @@ def nv2_usable(info: PhysicalDeviceInfo) -> bool:
         info.has(f) for f in _NV2_FEATURES)
 
 
-__all__ = ["FLEX_SUFFIX", "Scope", "flexible_dims_beside", "from_record", "load_flexible_dims",
-           "load_records", "nv2_usable", "parse_flexible_dims_text", "VENDORS"]
+__all__ = ["FLEX_SUFFIX", "flexible_dims_beside", "from_record", "load_flexible_dims",
+           "load_records", "nv2_usable", "parse_flexible_dims_text"]
