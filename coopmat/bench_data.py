@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from coopmat.array import asarray, empty, synchronize
-from coopmat.linalg import last_kernel_time, matmul
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.transfer import MODES
+from coopmat.linalg import last_kernel_time, matmul
 
 MiB = 1 << 20
 
@@ -72,10 +72,13 @@ def transfers(repeat: int, nbytes: int, out: list[dict[str, Any]]) -> float | No
     modes = [m for m in MODES if m == "staging" or rt.transfers.can_import]
     for mode in modes:
         dev = empty(x.shape, x.dtype)
-        up = _median(lambda mode=mode, dev=dev: rt.transfers.upload(x, dev.buffer, 0, mode),
-                     repeat, rt.stream.wait)
-        down = _median(lambda mode=mode, dev=dev: rt.transfers.download(dev.buffer, 0, back,
-                                                                         mode), repeat)
+        def up_once(mode: str = mode, dev: Any = dev) -> None:
+            rt.transfers.upload(x, dev.buffer, 0, mode)
+
+        def down_once(mode: str = mode, dev: Any = dev) -> None:
+            rt.transfers.download(dev.buffer, 0, back, mode)
+        up = _median(up_once, repeat, rt.stream.wait)
+        down = _median(down_once, repeat)
         assert np.array_equal(back.view(np.uint16), x.view(np.uint16)), mode
         out.append({"case": f"coopmat {mode}", "up_GBps": nbytes / up / 1e9,
                     "down_GBps": nbytes / down / 1e9})
@@ -112,8 +115,9 @@ def end_to_end(repeat: int, sizes: list[int], pinned_rate: float | None,
         b = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
         d = np.empty((n, n), np.float16)
         row: dict[str, Any] = {"case": f"numpy->numpy f16 {n}^3"}
-        row["coopmat_ms"] = 1e3 * _median(lambda a=a, b=b, d=d: matmul(a, b, out=d),
-                                          repeat)
+        def step(a: np.ndarray = a, b: np.ndarray = b, d: np.ndarray = d) -> None:
+            matmul(a, b, out=d)
+        row["coopmat_ms"] = 1e3 * _median(step, repeat)
         row["kernel_ms"] = 1e3 * (last_kernel_time() or float("nan"))
         ref = a[:64].astype(np.float32) @ b.astype(np.float32)
         row["max_err_first_rows"] = float(np.abs(d[:64].astype(np.float32) - ref).max())
