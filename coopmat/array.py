@@ -302,6 +302,18 @@ def asarray(x: Any, device: DeviceArg = None, dtype: Any = None) -> Array:
     return arr
 
 
+def staged(x: np.ndarray, rt: Runtime) -> Array:
+    """x in host-visible memory the device reads directly (over PCIe on a discrete GPU):
+    for a small operand used once, cheaper than a copy to device memory."""
+    dt = _check_dtype(x.dtype)
+    kind = rt.pool.kinds()[1]
+    storage = _Storage(rt, rt.pool.acquire(kind, max(x.nbytes, 1)), x.nbytes)
+    mapped = storage.buffer.mapped
+    assert mapped is not None
+    np.copyto(mapped[:x.nbytes].view(dt).reshape(x.shape), x)
+    return Array(storage, x.shape, dt)
+
+
 def synchronize(device: DeviceArg = None) -> None:
     """Wait until the work queued so far (on `device`, default every device used) has
     run; raise what failed."""

@@ -146,7 +146,7 @@ class Executor:
         (None where the queue has no timestamps)."""
         with self.lock:
             rec = self._recording(uploads, dispatches, downloads, timed=True)
-            ticket = self.stream.submit(rec.cmd, _what(dispatches, uploads, downloads))
+            ticket = self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
             # Timed runs share one query pair, so they hold the lock until read.
             self.stream.wait(ticket)
             return self._gpu_seconds()
@@ -156,7 +156,7 @@ class Executor:
         """Queue the work without waiting; returns the stream's ticket for it."""
         with self.lock:
             rec = self._recording(uploads, dispatches, downloads, timed=False)
-            return self.stream.submit(rec.cmd, _what(dispatches, uploads, downloads))
+            return self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
 
     def run_independent(self, dispatches: Sequence[Dispatch],
                         submits: int) -> list[tuple[float | None, float]]:

@@ -75,12 +75,12 @@ class Stream:
         self.completed = 0  # the last ticket known complete
         self._deferred: deque[tuple[int, Callable[[], None]]] = deque()
         self._error: Exception | None = None
-        self._what: dict[int, str] = {}
+        self._what: dict[int, str | Callable[[], str]] = {}
 
     # -- submitting ------------------------------------------------------------------
-    def submit(self, cmd: Any, what: str = "a GEMM") -> int:
+    def submit(self, cmd: Any, what: str | Callable[[], str] = "a GEMM") -> int:
         """Queue one recorded command buffer; returns its ticket. `what` names the work
-        in the error raised if it fails."""
+        in the error raised if it fails (a callable: named only then)."""
         lib = vk().lib
         with self.lock:
             ticket = self.submitted + 1
@@ -89,7 +89,7 @@ class Stream:
             with self.device.queue_lock:
                 r = lib.vkQueueSubmit(self.device.queue, 1, self._submit, vk().ffi.NULL)
             if r != 0:
-                raise _failure(f"vkQueueSubmit of {what}", r)
+                raise _failure(f"vkQueueSubmit of {_name(what)}", r)
             self.submitted = ticket
             self._what[ticket] = what
             if len(self._what) > 64:
@@ -131,14 +131,16 @@ class Stream:
             ready.append(self._deferred.popleft()[1])
         return ready
 
-    def wait(self, ticket: int | None = None) -> None:
+    def wait(self, ticket: int | None = None, spin: bool = True) -> None:
         """Block until `ticket` (default: everything submitted) has completed; raise what
-        failed in between. Other threads keep submitting while this one blocks."""
+        failed in between. Other threads keep submitting while this one blocks. spin:
+        poll briefly first (worth it for one waiter on short work; many threads polling
+        would only fight over the GIL)."""
         with self.lock:
             target = self.submitted if ticket is None else ticket
             pending = self._error is None and self.completed < target
         if pending:
-            self._block(target)
+            self._block(target, spin)
         with self.lock:
             ready = self._retire()
             err, self._error = self._error, None
@@ -146,11 +148,11 @@ class Stream:
         if err is not None:
             raise err
 
-    def _block(self, target: int) -> None:
+    def _block(self, target: int, spin: bool) -> None:
         v = vk()
         lib, ffi, dev = v.lib, v.ffi, self.device.handle
         value = ffi.new("uint64_t[1]")
-        t_spin = time.perf_counter() + SPIN_SECONDS
+        t_spin = time.perf_counter() + (SPIN_SECONDS if spin else 0.0)
         while time.perf_counter() < t_spin:
             if self.poll(value) >= target or self._error is not None:
                 return
@@ -164,7 +166,8 @@ class Stream:
             if r == 0:
                 return
             if r != 2:  # VK_TIMEOUT
-                self._error = _failure(f"waiting for {self._what.get(target, 'work')}", r)
+                self._error = _failure(f"waiting for {_name(self._what.get(target, 'work'))}",
+                                       r)
                 return
             waited += WAIT_SLICE_NS * 1e-9
             if waited > WAIT_TIMEOUT_S:
@@ -178,6 +181,10 @@ class Stream:
         finally:
             check("vkDeviceWaitIdle", vk().lib.vkDeviceWaitIdle(self.device.handle))
             vk().vkDestroySemaphore(self.device.handle, self.semaphore, None)
+
+
+def _name(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
 
 
 def _run(calls: list[Callable[[], None]]) -> None:

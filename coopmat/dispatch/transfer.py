@@ -92,6 +92,8 @@ class _Lane:
             commandBufferCount=2))
         self.staging = [transfers.pool.acquire(kind, CHUNK_BYTES) for _ in range(2)]
         self.tickets = [0, 0]
+        # Poll before blocking only when alone: lanes polling together fight for the GIL.
+        self.spin = True
         ffi = v.ffi
         self._begin = ffi.new("VkCommandBufferBeginInfo *", {
             "sType": v.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, "flags": ONE_TIME_SUBMIT})
@@ -104,7 +106,7 @@ class _Lane:
     def slot(self, i: int) -> np.ndarray:
         """Staging buffer i's bytes, once the device is done with its last use."""
         if self.tickets[i]:
-            self.t.stream.wait(self.tickets[i])
+            self.t.stream.wait(self.tickets[i], spin=self.spin)
             self.tickets[i] = 0
         mapped = self.staging[i].mapped
         assert mapped is not None
@@ -261,6 +263,7 @@ class Transfers:
         def run(li: int) -> None:
             lane = lanes[li]
             with lane.lock:
+                lane.spin = len(lanes) == 1
                 for j, (lo, hi, part) in enumerate(chunks[li::len(lanes)]):
                     i = j % 2
                     stage = lane.slot(i)
@@ -312,6 +315,7 @@ class Transfers:
             lane = lanes[li]
             mine = bounds[li::len(lanes)]
             with lane.lock:
+                lane.spin = len(lanes) == 1
                 def start(j: int) -> None:
                     lo, hi = mine[j]
                     lane.slot(j % 2)
@@ -346,6 +350,7 @@ class Transfers:
         def run(li: int) -> None:
             lane = lanes[li]
             with lane.lock:
+                lane.spin = len(lanes) == 1
                 for j, (lo, hi) in enumerate(bounds[li::len(lanes)]):
                     i = j % 2
                     lane.slot(i)
