@@ -13,13 +13,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coopmat.codegen import Layout, Tile
+from coopmat.codegen import KhrTraits, Layout, Nv2Traits, Tile
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.dispatch.tuning import SHIPPED
 from coopmat.errors import MissingFeatureError
 from coopmat.policy import (
     MEDIUM_MN,
+    KernelChoice,
     OperandLayout,
     Options,
     Problem,
@@ -35,6 +36,12 @@ DATA = Path(__file__).parent / "data"
 (LAVAPIPE,) = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")
 (RADV,) = load_records(DATA / "radv-gfx12-khr-coopmat.json")
 F16, F32, I8, I32 = np.float16, np.float32, np.int8, np.int32
+
+
+def khr(choice: KernelChoice) -> KhrTraits:
+    """The chosen traits, which must be the khr family's."""
+    assert isinstance(choice.traits, KhrTraits), choice.traits
+    return choice.traits
 
 
 def row_major(M: int, N: int, K: int, pair: TypePair, **kw: object) -> Problem:
@@ -74,9 +81,8 @@ def test_float8_where_the_driver_lists_it() -> None:
                    (ml_dtypes.float8_e5m2, CT.FLOAT8_E5M2)):
         pair = resolve(RADV, dt, dt)
         assert pair == TypePair(ct, CT.FLOAT32)
-        choice = choose(RADV, row_major(256, 256, 256, pair))
-        t = choice.traits
-        assert (t.a_type, t.b_type, t.result_type, t.family) == (ct, ct, CT.FLOAT32, "khr")
+        t = khr(choose(RADV, row_major(256, 256, 256, pair)))
+        assert (t.a_type, t.b_type, t.result_type) == (ct, ct, CT.FLOAT32)
         assert t.subgroup_size == 64 and (t.m, t.n, t.k) == (16, 16, 16)
         with pytest.raises(TypeError, match="unsupported dtype"):
             resolve(H200, dt, dt)  # driver 580 lists no float8 matrix
@@ -93,12 +99,12 @@ def test_large_float16_takes_the_tuned_tile_exact_and_specialized() -> None:
     pair = resolve(H200, F16, F16)
     tuned = shipped_h200()
     choice = choose(H200, row_major(8192, 8192, 8192, pair), Options(), tuned)
-    t = choice.traits
-    assert t.family == "khr" and t.exact and t.specialized and choice.why == "tuned"
+    t = khr(choice)
+    assert t.exact and t.specialized and choice.why == "tuned"
     assert t.tile == tuned["float16->float32"][1] and t.out_type == CT.FLOAT16
     assert choice.margins[0] > 0  # the exact look-ahead reads past A: its buffer grows
     off = choose(H200, row_major(8192, 8192, 8192, pair), Options(specialize="never"), tuned)
-    assert not off.traits.specialized
+    assert not khr(off).specialized
     untuned = choose(H200, row_major(8192, 8192, 8192, pair), Options(tuning=False), tuned)
     assert untuned.why == "default" and untuned.traits.tile != t.tile
 
@@ -136,9 +142,9 @@ def test_few_rows_get_their_own_tile_and_no_repack() -> None:
 
 def test_variants_follow_sizes_and_strides() -> None:
     pair = resolve(LAVAPIPE, F16, F16)
-    exact = choose(LAVAPIPE, row_major(64, 64, 64, pair)).traits
-    aligned = choose(LAVAPIPE, row_major(60, 64, 64, pair)).traits
-    general = choose(LAVAPIPE, row_major(61, 63, 63, pair)).traits
+    exact = khr(choose(LAVAPIPE, row_major(64, 64, 64, pair)))
+    aligned = khr(choose(LAVAPIPE, row_major(60, 64, 64, pair)))
+    general = khr(choose(LAVAPIPE, row_major(61, 63, 63, pair)))
     assert (exact.exact, exact.aligned) == (True, True)
     assert (aligned.exact, aligned.aligned) == (False, True)
     assert (general.exact, general.aligned) == (False, False)
@@ -148,13 +154,14 @@ def test_no_room_for_the_exact_margin_falls_back() -> None:
     pair = resolve(H200, F16, F16)
     small = replace(H200, limits=replace(H200.limits, max_storage_buffer_range=4096 * 4096 * 2))
     choice = choose(small, row_major(4096, 4096, 4096, pair))
-    assert not choice.traits.exact and choice.margins == (0, 0)
+    assert not khr(choice).exact and choice.margins == (0, 0)
 
 
 def test_forced_family_and_missing_features() -> None:
     pair = resolve(H200, F16, F16)
     nv2 = choose(H200, row_major(1024, 1024, 1024, pair), Options(family="nv2"))
-    assert nv2.traits.family == "nv2" and nv2.traits.out_type == CT.FLOAT16
+    assert isinstance(nv2.traits, Nv2Traits) and nv2.traits.family == "nv2"
+    assert nv2.traits.out_type == CT.FLOAT16
     assert nv2.why == "forced"
     with pytest.raises(MissingFeatureError, match="nv2 kernel family needs"):
         choose(LAVAPIPE, row_major(64, 64, 64, resolve(LAVAPIPE, F16, F16)),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coopmat import codegen
-from coopmat.codegen import GemmTraits, Layout, abi
+from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
 from coopmat.codegen.pack import pack_kernel
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
@@ -273,7 +273,8 @@ _specialized_lock = threading.Lock()
 def _admit(traits: GemmTraits, options: Options) -> GemmTraits:
     """The specialization budget: the policy asked for a specialized kernel; past
     MAX_SPECIALIZED of them in this process, the shared one runs instead."""
-    if not traits.specialized or options.specialize == "always":
+    if not isinstance(traits, KhrTraits) or not traits.specialized or \
+            options.specialize == "always":
         return traits
     with _specialized_lock:
         if traits in _specialized or len(_specialized) < MAX_SPECIALIZED:
