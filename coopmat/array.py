@@ -92,6 +92,7 @@ class Array:
         self.dtype = dtype
         self._strides = _c_strides(self.shape) if strides is None else tuple(strides)
         self._offset = offset
+        self._keep: Any = None  # what must live as long as this array (staging memory)
 
     # -- numpy's attributes ----------------------------------------------------------
     @property

@@ -14,6 +14,7 @@ import numpy as np
 
 from coopmat.array import Array, asarray, empty, same_runtime, staged
 from coopmat.codegen import Layout
+from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import (
     DIRECT_MAX_BYTES,
     DeviceOperand,
@@ -116,8 +117,9 @@ def _operand(x: Array, batch_shape: tuple[int, ...], which: int) -> DeviceOperan
                          Staged(layout, ld, bstride, span * x.itemsize))
 
 
-def _on(rt: Runtime, x: Any, dtype: Any = None) -> Array:
-    """x as an Array on rt's device: numpy operands are copied over for the call."""
+def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
+    """x as an Array on rt's device: numpy operands are copied over for the call, small
+    ones by a copy command in the GEMM's own submission (appended to `uploads`)."""
     if isinstance(x, Array):
         if x.runtime is not rt:
             raise DeviceMismatchError(
@@ -125,9 +127,15 @@ def _on(rt: Runtime, x: Any, dtype: Any = None) -> Array:
                 f"({x.device.info.name}) and {rt.device.info.index} ({rt.device.info.name})")
         return x
     host = np.asarray(x, dtype=dtype)
-    if host.nbytes <= DIRECT_MAX_BYTES:  # read where it lies: no copy command, no wait
-        return staged(host, rt)
-    return asarray(host, device=rt.device)
+    if host.nbytes > DIRECT_MAX_BYTES or host.nbytes == 0:
+        return asarray(host, device=rt.device)
+    stage = staged(host, rt)
+    if rt.pool.unified:  # the staging memory is device memory
+        return stage
+    arr = empty(host.shape, host.dtype, device=rt.device)
+    uploads.append(Copy(stage.buffer, arr.buffer, host.nbytes))
+    arr._keep = stage  # the staging memory goes back to the pool with arr
+    return arr
 
 
 def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | int,
@@ -170,7 +178,8 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
     else:
         result = empty(shape, result_dtype, device=rt.device)
 
-    A, B = _on(rt, a), _on(rt, b)
+    uploads: list[Copy] = []
+    A, B = _on(rt, a, uploads), _on(rt, b, uploads)
     A2 = A.reshape(1, K) if A.ndim == 1 else A
     B2 = B.reshape(K, 1) if B.ndim == 1 else B
     C: Array | None = None
@@ -219,7 +228,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
                          Staged(Layout.ROW_MAJOR, N, M * N if batch > 1 else 0,
                                 batch * M * N * result_dtype.itemsize))
     _, plan = enqueue_gemm(rt, pair, a_op, b_op, c_op, d_op, (batch, M, N, K), alpha, beta,
-                           options)
+                           options, uploads)
     _last.result = GemmResult(None, plan.traits)
     if key is not None:
         with _lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -123,12 +124,13 @@ class PreparedGemm:
             packed_operands = {step.operand for step in plan.packs}
             device_bufs: list[Buffer] = []
             self.uploads: list[Copy] = []
+            bulk_jobs: list[tuple[np.ndarray, Buffer]] = []
             for i, (x, s) in enumerate(inputs):
                 # The kernel's margin goes where it reads: after a repack, the packed copy.
                 margin = plan.margins[i] if i < 2 and i not in packed_operands else 0
                 dev_buf = self._take(operand_kind, s.nbytes + margin)
                 if self.bulk:
-                    rt.transfers.upload(_staged_view(x, s), dev_buf)
+                    bulk_jobs.append((_staged_view(x, s), dev_buf))
                     device_bufs.append(dev_buf)
                     continue
                 host = dev_buf if operand_kind is upload_kind else self._take(upload_kind, s.nbytes)
@@ -136,6 +138,8 @@ class PreparedGemm:
                 if host is not dev_buf:
                     self.uploads.append(Copy(host, dev_buf, s.nbytes))
                 device_bufs.append(dev_buf)
+            if bulk_jobs:
+                rt.transfers.upload_many(bulk_jobs)
             d_buf = self._take(d_kind, self.d_bytes)
             self.d_host = d_buf if d_kind is download_kind else self._take(
                 download_kind, self.d_bytes)
@@ -319,7 +323,7 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     problem = problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta)
     choice = choose(info, problem, options, tuning.choices(info) if options.tuning else {},
                     traits)
-    if not margins_ok and choice.traits.exact:
+    if not margins_ok and isinstance(choice.traits, KhrTraits) and choice.traits.exact:
         choice = choose(info, problem, options, {}, replace(choice.traits, exact=False))
     choice = replace(choice, traits=_admit(choice.traits, options))
     result_dtype = numpy_dtype(pair.stored)
@@ -377,9 +381,11 @@ class DeviceOperand:
 
 def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
                  c: DeviceOperand | None, d: DeviceOperand, shape: tuple[int, int, int, int],
-                 alpha: float | int, beta: float | int, options: Options) -> tuple[int, Plan]:
-    """Queue d = alpha * a @ b (+ beta * c) on buffers already on the device, without
-    waiting; returns the stream's ticket and the plan that ran."""
+                 alpha: float | int, beta: float | int, options: Options,
+                 uploads: Sequence[Copy] = ()) -> tuple[int, Plan]:
+    """Queue d = alpha * a @ b (+ beta * c) on buffers already on the device (after the
+    staging copies `uploads`, in the same submission), without waiting; returns the
+    stream's ticket and the plan that ran."""
     plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
                    None, options)
     fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
@@ -407,7 +413,7 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
             offsets.append((3, c.offset))
         dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups,
                                    tuple(o for o in offsets if o[1])))
-        ticket = rt.executor.submit([], dispatches)
+        ticket = rt.executor.submit(uploads, dispatches)
     finally:
         for buf in temps:  # later work on the queue is ordered after this GEMM
             rt.pool.release(buf) if buf.mapped is None else rt.pool.release_later(buf)

@@ -253,22 +253,33 @@ class Transfers:
                 return
             except (VulkanError, OutOfDeviceMemoryError):
                 pass  # pages the driver will not import: the staging path does it all
-        self._staged_upload(src, dst, dst_offset)
+        self._staged_upload([(src, dst, dst_offset)])
 
-    def _staged_upload(self, src: np.ndarray, dst: Buffer, dst_offset: int) -> None:
-        chunks = _chunks(src, CHUNK_BYTES)
+    def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]]) -> None:
+        """upload() of several arrays, their chunks spread over the lanes together (a
+        GEMM's A and B: one array's tail does not leave lanes idle)."""
+        if self.unified or self.mode == "import":
+            for src, dst in jobs:
+                self.upload(src, dst)
+            return
+        self._staged_upload([(src, dst, 0) for src, dst in jobs if src.nbytes])
+
+    def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]]) -> None:
+        chunks = [(src, dst, off, lo, hi, part) for src, dst, off in jobs
+                  for lo, hi, part in _chunks(src, CHUNK_BYTES)]
+        total = sum(src.nbytes for src, _, _ in jobs)
         lanes = self._lanes_of(Kind.UPLOAD, min(len(chunks), lane_count())
-                               if src.nbytes >= PARALLEL_MIN_BYTES else 1)
+                               if total >= PARALLEL_MIN_BYTES else 1)
 
         def run(li: int) -> None:
             lane = lanes[li]
             with lane.lock:
                 lane.spin = len(lanes) == 1
-                for j, (lo, hi, part) in enumerate(chunks[li::len(lanes)]):
+                for j, (src, dst, off, lo, hi, part) in enumerate(chunks[li::len(lanes)]):
                     i = j % 2
                     stage = lane.slot(i)
                     np.copyto(stage[:hi - lo].view(src.dtype).reshape(part.shape), part)
-                    lane.copy(i, lane.staging[i].handle, 0, dst.handle, dst_offset + lo, hi - lo,
+                    lane.copy(i, lane.staging[i].handle, 0, dst.handle, off + lo, hi - lo,
                               "a copy to the device")
         _on_lanes(run, len(lanes))
 
