@@ -108,7 +108,7 @@ class Executor:
 
     @staticmethod
     def _key(uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-             downloads: Sequence[Copy], timed: bool) -> tuple[Any, ...]:
+             downloads: Sequence[Copy], timed: bool, ordered: bool) -> tuple[Any, ...]:
         def copies(cs: Sequence[Copy]) -> tuple[Any, ...]:
             return tuple((c.src.addr, c.dst.addr, c.nbytes, c.src_offset, c.dst_offset)
                          for c in cs)
@@ -118,12 +118,16 @@ class Executor:
                    d.offsets, d.push_constants, d.groups) for d in dispatches),
             copies(downloads),
             timed,
+            ordered,
         )
 
     def _recording(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
                    downloads: Sequence[Copy], timed: bool) -> _Recorded:
-        """The cached recording of this work (recorded now if new). Caller holds lock."""
-        key = self._key(uploads, dispatches, downloads, timed)
+        """The cached recording of this work (recorded now if new). Caller holds lock.
+        It waits for earlier submissions only while some may still run: on an idle
+        queue the leading barrier would only cost time."""
+        ordered = self.stream.busy()
+        key = self._key(uploads, dispatches, downloads, timed, ordered)
         if self._generation != self.pool.generation:
             self._forget(len(self._recorded))  # a named buffer may be gone
             self._generation = self.pool.generation
@@ -134,7 +138,7 @@ class Executor:
                 raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
                                  f"{MAX_BINDINGS} buffers per run")
             self._forget(len(self._recorded) - RECORDED_CACHE + 1)
-            rec = self._record(uploads, dispatches, downloads, timed=timed)
+            rec = self._record(uploads, dispatches, downloads, timed=timed, ordered=ordered)
             self._recorded[key] = rec
         else:
             self._recorded.move_to_end(key)
@@ -145,8 +149,10 @@ class Executor:
         """Run one submission and wait for it; returns the dispatches' GPU time in seconds
         (None where the queue has no timestamps)."""
         with self.lock:
-            rec = self._recording(uploads, dispatches, downloads, timed=True)
-            ticket = self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
+            with self.stream.lock:  # no other submission between busy() and this one
+                rec = self._recording(uploads, dispatches, downloads, timed=True)
+                ticket = self.stream.submit(rec.cmd,
+                                            lambda: _what(dispatches, uploads, downloads))
             # Timed runs share one query pair, so they hold the lock until read.
             self.stream.wait(ticket)
             return self._gpu_seconds()
@@ -154,7 +160,7 @@ class Executor:
     def submit(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
                downloads: Sequence[Copy] = ()) -> int:
         """Queue the work without waiting; returns the stream's ticket for it."""
-        with self.lock:
+        with self.lock, self.stream.lock:
             rec = self._recording(uploads, dispatches, downloads, timed=False)
             return self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
 
@@ -202,7 +208,7 @@ class Executor:
 
     def _record(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
                 downloads: Sequence[Copy], desc_pool: Any = None,
-                barriers: bool = True, timed: bool = True) -> _Recorded:
+                barriers: bool = True, timed: bool = True, ordered: bool = True) -> _Recorded:
         v = vk()
         dev = self.device.handle
         cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
@@ -229,7 +235,8 @@ class Executor:
             flags=COMMAND_BUFFER_SIMULTANEOUS_USE))
         # After everything submitted earlier (the stream's ordering): a buffer an earlier
         # submission reads or writes may be this one's destination.
-        barrier_all(cmd)
+        if ordered:
+            barrier_all(cmd)
         # Host writes to coherent mapped memory are visible to the device at submit; this
         # barrier orders the staging copies before the shaders read.
         for c in uploads:

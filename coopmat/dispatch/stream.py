@@ -98,6 +98,13 @@ class Stream:
         _run(ready)
         return ticket
 
+    def busy(self) -> bool:
+        """Whether submitted work may still be running (polls the device)."""
+        with self.lock:
+            if self.completed < self.submitted:
+                self.completed = max(self.completed, self.poll())
+            return self.completed < self.submitted
+
     def defer(self, fn: Callable[[], None]) -> None:
         """Run `fn` once everything submitted so far has completed (now, if it has)."""
         with self.lock:
