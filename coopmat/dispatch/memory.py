@@ -183,7 +183,8 @@ class MemoryPool:
                 return self._allocate(kind, size)
             except OutOfDeviceMemoryError:
                 # Cached buffers may be what fills the heap: drop them and try once more.
-                self._trim(0)
+                dropped = self._trim(0)
+        self._drop_all(dropped)
         if self.stream is not None:
             self.stream.wait()  # buffers dropped above are freed when their work is done
         with self._lock:
@@ -197,7 +198,8 @@ class MemoryPool:
             self._free.setdefault((buf.kind, buf.size), []).append(buf)
             self._free.move_to_end((buf.kind, buf.size))
             self.cached_bytes += buf.size
-            self._trim(self.max_cached_bytes)
+            dropped = self._trim(self.max_cached_bytes)
+        self._drop_all(dropped)
 
     def release_later(self, buf: Buffer) -> None:
         """Give `buf` back once everything submitted so far has completed."""
@@ -206,16 +208,25 @@ class MemoryPool:
         else:
             self.stream.defer(lambda: self.release(buf))
 
-    def _trim(self, limit: int) -> None:
-        """Free least recently used cached buffers until at most `limit` bytes are cached."""
+    def _trim(self, limit: int) -> list[Buffer]:
+        """Take least recently used cached buffers out until at most `limit` bytes are
+        cached; the caller drops them after releasing the lock (the stream's lock is
+        taken after this one, never before)."""
+        out = []
         while self.cached_bytes > limit and self._free:
             key, bufs = next(iter(self._free.items()))
             buf = bufs.pop(0)
             if not bufs:
                 del self._free[key]
             self.cached_bytes -= buf.size
+            out.append(buf)
+        return out
+
+    def _drop_all(self, bufs: list[Buffer]) -> None:
+        for buf in bufs:
             self._drop(buf)
 
     def clear(self) -> None:
         with self._lock:
-            self._trim(0)
+            dropped = self._trim(0)
+        self._drop_all(dropped)
