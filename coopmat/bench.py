@@ -9,6 +9,7 @@ in one submission without barriers, the way vk_cooperative_matrix_perf measures 
 figures; --stream-inputs K makes those dispatches cycle through K copies of A and B, so
 that overlapping dispatches no longer find each other's operands in cache. Sweep
 definitions live in coopmat/bench_sweeps.py. Installed, the same command is `coopmat-bench`.
+`--data-path` measures the time around the kernel instead (coopmat/bench_data.py).
 """
 
 from __future__ import annotations
@@ -626,6 +627,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if "--data-path" in args_in:  # transfers, numpy -> numpy end to end, resident arrays
+        from coopmat import bench_data
+        return bench_data.main([a for a in args_in if a != "--data-path"])
     ap = _Parser(prog=prog("coopmat.bench"), description=__doc__.split("\n")[0])
     ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
                     help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")

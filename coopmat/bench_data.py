@@ -134,13 +134,14 @@ def end_to_end(repeat: int, sizes: list[int], pinned_rate: float | None,
         out.append(row)
 
 
-def resident(repeat: int, out: list[dict[str, Any]]) -> None:
+def resident(repeat: int, m: int, k: int, chain: int, small: int,
+             out: list[dict[str, Any]]) -> None:
     rng = np.random.default_rng(2)
     torch = _torch()
-    w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
-    x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
+    w = (rng.standard_normal((k, k), dtype=np.float32) / np.sqrt(k)).astype(np.float16)
+    x = rng.standard_normal((m, k), dtype=np.float32).astype(np.float16)
     W = asarray(w)
-    row: dict[str, Any] = {"case": "decode step 16x4096 @ W 4096^2 (W resident)"}
+    row: dict[str, Any] = {"case": f"decode step {m}x{k} @ W {k}^2 (W resident)"}
     row["coopmat_ms"] = 1e3 * _median(lambda: matmul(x, W).numpy(), repeat)
     matmul(x, w)
     kernel = last_kernel_time() or float("nan")
@@ -151,7 +152,6 @@ def resident(repeat: int, out: list[dict[str, Any]]) -> None:
             lambda: (torch.from_numpy(x).cuda() @ wt).cpu().numpy(), repeat)
     out.append(row)
 
-    chain = 100
     X = asarray(x)
 
     def run_chain() -> np.ndarray:
@@ -174,8 +174,8 @@ def resident(repeat: int, out: list[dict[str, Any]]) -> None:
         row["torch_ms"] = 1e3 * _median(tchain, repeat)
     out.append(row)
 
-    s = rng.standard_normal((64, 64), dtype=np.float32).astype(np.float16)
-    row = {"case": "64^3 f16 numpy->numpy"}
+    s = rng.standard_normal((small, small), dtype=np.float32).astype(np.float16)
+    row = {"case": f"{small}^3 f16 numpy->numpy"}
     row["coopmat_us"] = 1e6 * _median(lambda: matmul(s, s), max(repeat, 200))
     if torch is not None:
         row["torch_us"] = 1e6 * _median(
@@ -189,12 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sizes", default="4096,8192", help="square numpy->numpy GEMM sizes")
     ap.add_argument("--transfer-mib", type=int, default=256)
+    ap.add_argument("--decode", default="16x4096", metavar="MxK",
+                    help="the decode step: M rows against a K x K resident weight")
+    ap.add_argument("--chain", type=int, default=100, help="dependent products in the chain")
+    ap.add_argument("--small", type=int, default=64, help="the small numpy->numpy size")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     rate = transfers(args.repeat, args.transfer_mib * MiB, rows)
     end_to_end(args.repeat, [int(s) for s in args.sizes.split(",") if s], rate, rows)
-    resident(args.repeat, rows)
+    m, k = (int(v) for v in args.decode.lower().split("x"))
+    resident(args.repeat, m, k, args.chain, args.small, rows)
     info = runtime().device.info
     for r in rows:
         print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"

@@ -84,3 +84,19 @@ def test_stream_inputs_needs_stream():
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         bench.main(["--stream", "2", "--stream-inputs", "3"])
+
+
+def test_data_path_bench_runs_and_checks(live_device_info, tmp_path):
+    """`bench --data-path`: every section runs and reports (small sizes for a CPU)."""
+    from coopmat import bench
+    out = tmp_path / "data.json"
+    assert bench.main(["--data-path", "--repeat", "1", "--sizes", "96", "--transfer-mib", "2",
+                       "--decode", "8x128", "--chain", "5", "--small", "32",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    cases = [r["case"] for r in rows]
+    assert any(c.startswith("coopmat staging") for c in cases)
+    assert "numpy->numpy f16 96^3" in cases
+    e2e = next(r for r in rows if r["case"] == "numpy->numpy f16 96^3")
+    assert e2e["coopmat_ms"] > 0 and e2e["max_err_first_rows"] < 0.1
+    assert any("5 chained" in c for c in cases)
