@@ -2,6 +2,8 @@
 
     import coopmat
     d = coopmat.matmul(a, b)                   # numpy in, numpy out, on the GPU
+    w = coopmat.asarray(b)                     # kept on the GPU
+    y = (coopmat.asarray(a) @ w).numpy()       # queued there; .numpy() waits
     coopmat.devices(); coopmat.configs()       # what `python -m coopmat.info` shows
 """
 
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 from coopmat.errors import (
     CoopmatError,
+    DeviceLostError,
+    DeviceMismatchError,
     DeviceNotFoundError,
     MissingFeatureError,
     NoCooperativeMatrixDeviceError,
@@ -21,6 +25,7 @@ from coopmat.errors import (
 __version__ = "0.1.0"
 
 _LINALG = ("configs", "devices", "last_kernel_time", "matmul", "supported_dtypes")
+_ARRAY = ("Array", "asarray", "empty", "synchronize", "zeros")
 
 
 def __getattr__(name: str) -> object:
@@ -29,11 +34,15 @@ def __getattr__(name: str) -> object:
     if name in _LINALG:
         from coopmat import linalg
         return getattr(linalg, name)
+    if name in _ARRAY:
+        from coopmat import array
+        return getattr(array, name)
     raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
 
 __all__ = [
-    "CoopmatError", "DeviceNotFoundError", "MissingFeatureError",
+    "Array", "CoopmatError", "DeviceLostError", "DeviceMismatchError", "DeviceNotFoundError",
+    "MissingFeatureError",
     "NoCooperativeMatrixDeviceError", "NoDeviceError", "OutOfDeviceMemoryError", "VulkanError",
-    "VulkanUnavailableError", "configs", "devices", "last_kernel_time", "matmul",
-    "supported_dtypes",
+    "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "last_kernel_time",
+    "matmul", "supported_dtypes", "synchronize", "zeros",
 ]

@@ -33,7 +33,7 @@ import coopmat
 from coopmat import bench_sweeps as sweeps
 from coopmat import codegen, policy
 from coopmat._cli import prog, write
-from coopmat.codegen import GemmParams, Layout
+from coopmat.codegen import GemmParams, GemmTraits, Layout
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.device.record import nv2_usable
 from coopmat.dispatch import tuning
@@ -477,6 +477,7 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
     # (exact, aligned, shape-specialized) matmul would run.
     params = GemmParams(M, size, size, size, size, size, size, 0, 0, 0, M * size)
     for family, tile in candidates_for(rt, pair, config, small_m=small):
+        traits: GemmTraits
         if family == "nv2":
             traits = nv2_traits(pair.operand, pair.result,
                                 info.flexible_dimensions_properties,

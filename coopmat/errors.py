@@ -45,3 +45,11 @@ class VulkanError(CoopmatError):
         self.call = call
         self.result = result
         super().__init__(f"{call} failed with {result}")
+
+
+class DeviceLostError(VulkanError):
+    """The device was lost (VK_ERROR_DEVICE_LOST) while running submitted work."""
+
+
+class DeviceMismatchError(CoopmatError, ValueError):
+    """Operands of one operation live on different devices."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from coopmat import device
 from coopmat._cli import prog, write
-from coopmat.codegen import Layout
+from coopmat.codegen import KhrTraits, Layout
 from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.record import load_records
@@ -65,10 +65,11 @@ def kernel_choices(info: PhysicalDeviceInfo) -> list[dict[str, Any]]:
                 out.append({**row, "error": str(exc)})
                 continue
             t = choice.traits
+            khr = t if isinstance(t, KhrTraits) else None  # nv2: one general kernel
             out.append({
                 **row, "family": t.family, "tile": t.tile.describe(),
-                "variant": "exact" if t.exact else "aligned" if t.aligned else "general",
-                "specialized": bool(t.specialized), "subgroupSize": t.subgroup_size,
+                "variant": khr.variant if khr else "general",
+                "specialized": bool(khr and khr.specialized), "subgroupSize": t.subgroup_size,
                 "repacks": ["AB"[p.operand] for p in choice.packs],
                 "why": choice.why, "kernel": t.describe()})
     return out

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from coopmat.array import Array
 from coopmat.device.enums import ComponentType
 from coopmat.dispatch.gemm import GemmResult, check_fits, run_gemm
 from coopmat.dispatch.runtime import DeviceArg, runtime
@@ -36,7 +37,7 @@ def _core_dims_error(operand: int, dim: int, got: int, want: int) -> ValueError:
 
 
 def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float | int = 0,
-           out: np.ndarray | None = None, dtype: Any = None, accumulator: Any = None,
+           out: Any = None, dtype: Any = None, accumulator: Any = None,
            device: DeviceArg = None, family: str | None = None,
            out_dtype: Any = None) -> Any:
     """alpha * (a @ b) + beta * c on the GPU, with numpy.matmul's shape rules.
@@ -54,54 +55,34 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     - c: optional, broadcastable to the result's shape; alpha and beta scale the product
       and c (integers for integer results).
     - out: written in place; any array of the result's shape that numpy's default casting
-      ("same_kind") accepts the result dtype into.
+      ("same_kind") accepts the result dtype into (a coopmat.Array out: of the result
+      dtype, C-contiguous).
+    - Device arrays: when any of a, b, c, out is a coopmat.Array the product runs on that
+      array's device without waiting and returns an Array (numpy operands are copied
+      over for the call); otherwise numpy in, numpy out.
     - device: index, name substring, or a device object; default $COOPMAT_DEVICE or the
       first discrete GPU with VK_KHR_cooperative_matrix.
     - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope) or
       'nv2' (VK_NV_cooperative_matrix2, workgroup scope); default $COOPMAT_FAMILY, else
       the tuned or measured-faster one the device offers.
     """
+    if any(isinstance(x, Array) for x in (a, b, c, out)):
+        from coopmat.array_matmul import matmul_arrays
+        return matmul_arrays(a, b, c=c, alpha=alpha, beta=beta, out=out,
+                             dtype=_result_dtype_arg(dtype, out_dtype),
+                             accumulator=accumulator, device=device, family=family)
     a = np.asarray(a)
     b = np.asarray(b)
-    for i, x in enumerate((a, b)):
-        if x.ndim == 0:
-            raise ValueError(
-                f"matmul: Input operand {i} does not have enough dimensions (has 0, gufunc "
-                f"core with signature {_SIGNATURE} requires 1)")
-    if dtype is not None and out_dtype is not None and np.dtype(dtype) != np.dtype(out_dtype):
-        raise TypeError("matmul: dtype and out_dtype (its alias) disagree")
-    dtype = dtype if dtype is not None else out_dtype
+    _shapes(a.shape, b.shape)  # shape errors before any device is opened
+    dtype = _result_dtype_arg(dtype, out_dtype)
     options = Options.from_env().with_family(family)
     rt = runtime(device)
     pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
-    integer = not pair.result.is_float
-    if integer:
-        for name, val in (("alpha", alpha), ("beta", beta)):
-            if not float(val).is_integer():
-                raise TypeError(f"matmul: {name}={val!r} must be an integer for an integer result")
-        alpha, beta = int(alpha), int(beta)
-    else:
-        alpha, beta = float(alpha), float(beta)
-
+    alpha, beta = _scalars(pair, alpha, beta)
+    M, N, K, batch_shape, full_shape, shape = _shapes(a.shape, b.shape)
     a2 = a[np.newaxis, :] if a.ndim == 1 else a
     b2 = b[:, np.newaxis] if b.ndim == 1 else b
-    K = a2.shape[-1]
-    if b2.shape[-2] != K:
-        raise _core_dims_error(1, 0, b2.shape[-2], K)
-    M, N = a2.shape[-2], b2.shape[-1]
-    try:
-        batch_shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"matmul: operands could not be broadcast together with shapes {a.shape} "
-            f"{b.shape}") from None
-    full_shape = (*batch_shape, M, N)
-    shape = full_shape
-    if a.ndim == 1:
-        shape = (*shape[:-2], shape[-1])
-    if b.ndim == 1:
-        shape = shape[:-1]
 
     c_arr = None
     if c is not None and beta != 0:  # BLAS convention: beta == 0 means C is not read
@@ -127,7 +108,7 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
 
     if out is not None:
         if not isinstance(out, np.ndarray):
-            raise TypeError("matmul: out must be a numpy array")
+            raise TypeError("matmul: out must be a numpy array or a coopmat.Array")
         if out.shape != shape:
             raise ValueError(f"matmul: out has shape {out.shape}, the result has shape {shape}")
         if out.dtype != result_dtype and not np.can_cast(result_dtype, out.dtype,
@@ -169,6 +150,52 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     if out3 is None:
         np.copyto(result, target.reshape(shape), casting="same_kind")
     return _finish(result, out)
+
+
+def _result_dtype_arg(dtype: Any, out_dtype: Any) -> Any:
+    if dtype is not None and out_dtype is not None and np.dtype(dtype) != np.dtype(out_dtype):
+        raise TypeError("matmul: dtype and out_dtype (its alias) disagree")
+    return dtype if dtype is not None else out_dtype
+
+
+def _scalars(pair: TypePair, alpha: float | int, beta: float | int) -> tuple[Any, Any]:
+    """alpha and beta as the kernel takes them: integers for integer results."""
+    if not pair.result.is_float:
+        for name, val in (("alpha", alpha), ("beta", beta)):
+            if not float(val).is_integer():
+                raise TypeError(f"matmul: {name}={val!r} must be an integer for an integer result")
+        return int(alpha), int(beta)
+    return float(alpha), float(beta)
+
+
+def _shapes(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[
+        int, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """numpy.matmul's shape rules: (M, N, K, batch shape, shape with both matrix axes,
+    result shape)."""
+    for i, x in enumerate((a_shape, b_shape)):
+        if len(x) == 0:
+            raise ValueError(
+                f"matmul: Input operand {i} does not have enough dimensions (has 0, gufunc "
+                f"core with signature {_SIGNATURE} requires 1)")
+    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+    K = a2[-1]
+    if b2[-2] != K:
+        raise _core_dims_error(1, 0, b2[-2], K)
+    M, N = a2[-2], b2[-1]
+    try:
+        batch_shape = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise ValueError(
+            f"matmul: operands could not be broadcast together with shapes {a_shape} "
+            f"{b_shape}") from None
+    full_shape = (*batch_shape, M, N)
+    shape = full_shape
+    if len(a_shape) == 1:
+        shape = (*shape[:-2], shape[-1])
+    if len(b_shape) == 1:
+        shape = shape[:-1]
+    return M, N, K, tuple(batch_shape), full_shape, shape
 
 
 def _finish(result: np.ndarray, out: np.ndarray | None) -> Any:

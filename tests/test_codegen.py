@@ -11,7 +11,7 @@ import pytest
 
 from coopmat.codegen import (
     GemmParams,
-    GemmTraits,
+    KhrTraits,
     Layout,
     Tile,
     aligned_ok,
@@ -24,7 +24,7 @@ from coopmat.codegen import __main__ as cli
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.tiles import MAX_TUNE_CANDIDATES, tune_candidates
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import khr_variants
+from coopmat.codegen.variants import khr_traits, khr_variants
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.dispatch.tuning import SHIPPED
@@ -44,17 +44,17 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache.clear_memory_cache()
 
 
-def _variants(path: Path) -> list[GemmTraits]:
+def _variants(path: Path) -> list[KhrTraits]:
     (rec,) = load_records(path)
     return khr_variants(rec)
 
 
-def _staged_variants(path: Path) -> list[GemmTraits]:
+def _staged_variants(path: Path) -> list[KhrTraits]:
     """Per config: its first buffering-3 tune candidate in every layout pair (C and aligned
     alternating) and its first buffering-4 one in two."""
     (rec,) = load_records(path)
     lim = rec.limits
-    out: list[GemmTraits] = []
+    out: list[KhrTraits] = []
     for t in _variants(path):
         if t.a_layout != Layout.ROW_MAJOR or t.b_layout != Layout.ROW_MAJOR or t.has_c \
                 or t.aligned:
@@ -67,13 +67,40 @@ def _staged_variants(path: Path) -> list[GemmTraits]:
         for buffering, layouts in ((3, LAYOUTS), (4, LAYOUTS[1:3])):
             tile = next(x for x in tiles if x.buffering == buffering)
             for i, (a_layout, b_layout) in enumerate(layouts):
-                out.append(GemmTraits(**{**t.__dict__, "a_layout": a_layout,
-                                         "b_layout": b_layout, "has_c": i % 2 == 1,
-                                         "aligned": i // 2 == 0, "tile": tile}))
+                out.append(replace(t, a_layout=a_layout, b_layout=b_layout, has_c=i % 2 == 1,
+                                   aligned=i // 2 == 0, tile=tile))
     return out
 
 
 LAYOUTS = [(a, b) for a in Layout for b in Layout]
+
+
+def _khr(operand: CT, result: CT, m: int, n: int, k: int, subgroup_size: int, tile: Tile,
+         a_layout: Layout = Layout.ROW_MAJOR, b_layout: Layout = Layout.ROW_MAJOR,
+         has_c: bool = True, aligned: bool = False) -> KhrTraits:
+    """khr traits of a config with A and B of one type and C of the result type."""
+    return KhrTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
+                     a_layout=a_layout, b_layout=b_layout, has_c=has_c, tile=tile,
+                     subgroup_size=subgroup_size, m=m, n=n, k=k, aligned=aligned)
+
+
+def test_names_keep_their_recorded_form() -> None:
+    """describe() names are recorded (the bench's kernel column, docs/bench-*.json) and
+    name --dump's variants: KhrTraits spells them as GemmTraits always did."""
+    (rec,) = load_records(H200)
+    f16 = next(c for c in rec.cooperative_matrix_properties
+               if (c.a_type, c.result_type, c.M, c.K) == (CT.FLOAT16, CT.FLOAT16, 16, 16))
+    t = khr_traits(f16, rec.limits, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
+                   Tile(128, 256, 32, 2, 2, 4), aligned=True, exact=True)
+    assert t.describe() == "khr-f16f16-f16-16x16x16-sg32-rr-noc-exact-t128x256x32s2x2b4"
+    spec = replace(t, specialized=(8192,) * 7 + (0, 0, 0, 8192 * 8192))
+    assert spec.describe() == (t.describe() + "-for8192x8192x8192x8192x8192x8192x8192x0x0x0"
+                               "x67108864")
+    assert replace(t, a_layout=Layout.COLUMN_MAJOR, has_c=True, exact=False).describe() == \
+        "khr-f16f16-f16-16x16x16-sg32-cr-c-aligned-t128x256x32s2x2b4"
+    f32 = replace(t, c_type=CT.FLOAT32, result_type=CT.FLOAT32, out_type=CT.FLOAT16,
+                  aligned=False, exact=False)
+    assert f32.describe() == "khr-f16f16-f32-16x16x16-sg32-rr-noc-general-t128x256x32s2x2b4-outf16"
 
 
 def test_variant_counts() -> None:
@@ -84,7 +111,7 @@ def test_variant_counts() -> None:
     assert len(_variants(LAVAPIPE)) == (4 + 1) * 24
 
 
-def _float8_variants() -> list[GemmTraits]:
+def _float8_variants() -> list[KhrTraits]:
     """The float8 kernels of a driver that lists float8 matrices (RADV on RDNA4, recorded
     from Mesa's source: tests/data/README.md)."""
     return [t for t in _variants(RADV) if t.a_type in (CT.FLOAT8_E4M3, CT.FLOAT8_E5M2)]
@@ -105,14 +132,14 @@ def test_float8_variants() -> None:
 @needs_spirv_tools
 @pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE) + _float8_variants(),
                          ids=lambda t: t.describe())
-def test_spirv_val(traits: GemmTraits) -> None:
+def test_spirv_val(traits: KhrTraits) -> None:
     result = validate(build_gemm(traits).spirv)
     assert result.ok, result.message
 
 
 @needs_spirv_tools
 @pytest.mark.parametrize("traits", _staged_variants(H200), ids=lambda t: t.describe())
-def test_spirv_val_staged(traits: GemmTraits) -> None:
+def test_spirv_val_staged(traits: KhrTraits) -> None:
     """Buffering 3 (two shared stages) and 4 (streamed B fragments) on the H200's configs."""
     result = validate(build_gemm(traits).spirv)
     assert result.ok, result.message
@@ -121,9 +148,9 @@ def test_spirv_val_staged(traits: GemmTraits) -> None:
 def test_two_stages_double_the_staging() -> None:
     """Buffering 3 holds two copies of the A/B staging (the edge scratch stays single), and
     tile selection counts them: every GPU candidate fits 48 KiB, and 256x256x16 does not."""
-    def traits(tile: Tile) -> GemmTraits:
-        return GemmTraits(CT.FLOAT16, CT.FLOAT16, CT.FLOAT16, CT.FLOAT16, 16, 16, 16, 32,
-                          Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, True, True, tile)
+    def traits(tile: Tile) -> KhrTraits:
+        return _khr(CT.FLOAT16, CT.FLOAT16, 16, 16, 16, 32, tile, b_layout=Layout.COLUMN_MAJOR,
+                    aligned=True)
     one, two = (plan_kernel(traits(Tile(128, 128, 32, 2, 2, b))) for b in (2, 3))
     scratch = 4 * 16 * 16 * 2
     staging = (128 * (32 + 8) * 2) * 2  # A and B: 128 lines of 32 halves + 8 halves of pad
@@ -140,16 +167,16 @@ def test_two_stages_double_the_staging() -> None:
             for al in Layout:
                 for bl in Layout:
                     for aligned in (False, True):
-                        plan = plan_kernel(GemmTraits(a, a, r, r, 16, 16, k, 32, al, bl, True,
-                                                      aligned, tile))
+                        plan = plan_kernel(_khr(a, r, 16, 16, k, 32, tile, al, bl,
+                                                aligned=aligned))
                         assert plan.shared_bytes <= 49152, tile
     assert Tile(256, 256, 16, 2, 4, 3) not in tune_candidates(CT.FLOAT16, CT.FLOAT16, 16, 16,
                                                               16, 32, 49152, 1024)
     # CPU drivers keep the buffering-2 list.
     assert {t.buffering for t in tune_candidates(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, 49152,
                                                  1024, cpu=True)} == {2}
-    with pytest.raises(ValueError):
-        Tile(32, 32, 16, 2, 2, 5).check(8, 8, 8)
+    with pytest.raises(ValueError, match="buffering"):
+        _khr(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, Tile(32, 32, 16, 2, 2, 5)).check_tile()
 
 
 @needs_spirv_tools
@@ -186,9 +213,8 @@ def test_default_tiles() -> None:
     # Tight limits shrink the tile instead of failing.
     small = default_tile(CT.FLOAT16, CT.FLOAT32, 16, 16, 16, 32, 8192, 128)
     assert small.subgroups * 32 <= 128
-    assert build_gemm(GemmTraits(CT.FLOAT16, CT.FLOAT16, CT.FLOAT32, CT.FLOAT32, 16, 16, 16, 32,
-                                 Layout.ROW_MAJOR, Layout.ROW_MAJOR, True, False,
-                                 small)).shared_memory_bytes <= 8192
+    assert build_gemm(_khr(CT.FLOAT16, CT.FLOAT32, 16, 16, 16, 32,
+                           small)).shared_memory_bytes <= 8192
 
 
 def test_kernel_metadata_and_push_constants() -> None:
@@ -215,7 +241,7 @@ def test_aligned_preconditions() -> None:
     assert not aligned_ok(t, bad_k) and not aligned_ok(t, bad_ld)
     with pytest.raises(ValueError):
         build_gemm(t).push_constants(bad_k)
-    general = GemmTraits(**{**t.__dict__, "aligned": False})
+    general = replace(t, aligned=False)
     build_gemm(general).push_constants(bad_k)  # the general variant takes anything
 
 
@@ -251,8 +277,7 @@ def test_disk_cache(tmp_path: Path) -> None:
     cache.clear_memory_cache()
     files[0].write_bytes(first.spirv[:-4] + b"\0\0\0\0")  # a doctored entry is what loads
     assert build_gemm(t).spirv != first.spirv
-    assert cache.cache_key(t) != cache.cache_key(GemmTraits(**{**t.__dict__, "has_c": not
-                                                               t.has_c}))
+    assert cache.cache_key(t) != cache.cache_key(replace(t, has_c=not t.has_c))
     assert build_gemm(t) is build_gemm(t)  # memory cache
 
 
@@ -340,10 +365,8 @@ def test_shipped_tuning_tables_name_candidate_tiles(table: Path) -> None:
                                            lim.max_compute_work_group_invocations,
                                            small_m=shape_class == "small-m"):
                 continue
-            traits = GemmTraits(a_type, a_type, result_type, result_type, c.M, c.N, c.K,
-                                lim.subgroup_size, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
-                                True, tile)
-            plan = plan_kernel(traits)
+            plan = plan_kernel(_khr(a_type, result_type, c.M, c.N, c.K, lim.subgroup_size, tile,
+                                    has_c=False, aligned=True))
             assert plan.shared_bytes <= lim.max_compute_shared_memory_size, key
             assert plan.invocations <= lim.max_compute_work_group_invocations, key
             fits.append(c)

@@ -23,7 +23,7 @@ from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
 
 from coopmat.codegen import (
     GemmParams,
-    GemmTraits,
+    KhrTraits,
     Layout,
     Tile,
     aligned_ok,
@@ -81,9 +81,11 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory,
 
 
 def traits(ab: CT, res: CT, a_layout: Layout, b_layout: Layout, has_c: bool, aligned: bool,
-           tile: Tile = DEFAULT_TILE) -> GemmTraits:
-    return GemmTraits(ab, ab, res, res, *SHAPE, SUBGROUP, a_layout, b_layout, has_c, aligned,
-                      tile)
+           tile: Tile = DEFAULT_TILE) -> KhrTraits:
+    m, n, k = SHAPE
+    return KhrTraits(a_type=ab, b_type=ab, c_type=res, result_type=res, a_layout=a_layout,
+                     b_layout=b_layout, has_c=has_c, tile=tile, subgroup_size=SUBGROUP,
+                     m=m, n=n, k=k, aligned=aligned)
 
 
 @dataclass
@@ -113,7 +115,7 @@ def _fill(t: CT) -> float | int:
     return np.nan if t.is_float else 0x55
 
 
-def run_case(runner: KernelRunner, tr: GemmTraits, case: Case, seed: int = 0) -> None:
+def run_case(runner: KernelRunner, tr: KhrTraits, case: Case, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     M, N, K, batch = case.M, case.N, case.K, case.batch
     A = _random(tr.a_type, (batch, M, K), rng)

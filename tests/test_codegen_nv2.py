@@ -8,6 +8,7 @@ numpy; they skip on devices without workgroup scope and tensor addressing (lavap
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ import pytest
 
 from coopmat.codegen import (
     GemmParams,
-    GemmTraits,
     Layout,
+    Nv2Traits,
     Tile,
     build_gemm,
     cache,
@@ -26,6 +27,7 @@ from coopmat.codegen import (
     nv2_traits,
 )
 from coopmat.codegen import __main__ as cli
+from coopmat.codegen.family import Nv2WorkgroupFamily
 from coopmat.codegen.nv2_tiles import NV2_TYPES, entry_for_tile
 from coopmat.codegen.nv2_workgroup import DEFAULT_UNROLL
 from coopmat.codegen.tools import disassemble, find_tool, validate
@@ -58,14 +60,14 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache.clear_memory_cache()
 
 
-def _nv2_variants(path: Path = H200) -> list[GemmTraits]:
+def _nv2_variants(path: Path = H200) -> list[Nv2Traits]:
     (rec,) = load_records(path)
-    return [t for t in device_variants(rec) if t.family == "nv2"]
+    return [t for t in device_variants(rec) if isinstance(t, Nv2Traits)]
 
 
 def _traits(a: CT, r: CT, a_layout: Layout = Layout.ROW_MAJOR,
             b_layout: Layout = Layout.ROW_MAJOR, has_c: bool = True,
-            tile: Tile | None = None) -> GemmTraits:
+            tile: Tile | None = None) -> Nv2Traits:
     tile = tile or default_nv2_tile(a, r, FLEX, 32, SHARED, 256)
     assert tile is not None
     return nv2_traits(a, r, FLEX, 32, a_layout, b_layout, has_c, tile)
@@ -198,25 +200,25 @@ def test_variant_count() -> None:
 
 @needs_spirv_tools
 @pytest.mark.parametrize("traits", _nv2_variants(), ids=lambda t: t.describe())
-def test_spirv_val(traits: GemmTraits) -> None:
+def test_spirv_val(traits: Nv2Traits) -> None:
     result = validate(build_gemm(traits).spirv)
     assert result.ok, result.message
 
 
-def _candidate_traits() -> list[GemmTraits]:
+def _candidate_traits() -> list[Nv2Traits]:
     out = []
     for a, r in sorted(NV2_TYPES):
         for tile in nv2_tile_candidates(a, r, FLEX, 32, SHARED, 256):
             for buffering in (1, 2):
                 t = _traits(a, r, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True,
-                            Tile(**{**tile.__dict__, "buffering": buffering}))
+                            replace(tile, buffering=buffering))
                 out.append(t)
     return out
 
 
 @needs_spirv_tools
 @pytest.mark.parametrize("traits", _candidate_traits(), ids=lambda t: t.describe())
-def test_spirv_val_tuning_candidates(traits: GemmTraits) -> None:
+def test_spirv_val_tuning_candidates(traits: Nv2Traits) -> None:
     result = validate(build_gemm(traits).spirv)
     assert result.ok, result.message
 
@@ -294,17 +296,33 @@ def test_kernel_metadata() -> None:
     assert not k.aligned_ok(p)  # one variant serves every alignment
 
 
+def test_names_keep_their_recorded_form() -> None:
+    """describe() names are recorded (docs/bench-h100.json): the granularities fill the
+    shape slot and 'general' the variant one, as before the per-family traits."""
+    t = _traits(CT.FLOAT16, CT.FLOAT16, has_c=False, tile=Tile(256, 128, 32, 2, 2, 1))
+    assert t.granularity == (32, 16, 16) and t.invocations == 128
+    assert t.describe() == "nv2-f16f16-f16-32x16x16-sg32-rr-noc-general-t256x128x32s2x2b1"
+    f16 = _traits(CT.FLOAT16, CT.FLOAT32, Layout.COLUMN_MAJOR, Layout.COLUMN_MAJOR, True,
+                  Tile(128, 128, 32, 2, 2, 2))
+    assert replace(f16, out_type=CT.FLOAT16).describe() == \
+        "nv2-f16f16-f32-32x16x16-sg32-cc-c-general-t128x128x32s2x2b2-outf16"
+
+
 def test_rejects_traits_it_cannot_build() -> None:
     t = _traits(CT.FLOAT16, CT.FLOAT32)
     bad = [
-        GemmTraits(**{**t.__dict__, "aligned": True}),
-        GemmTraits(**{**t.__dict__, "tile": Tile(100, 128, 16, 2, 4, 1)}),  # not x 32
-        GemmTraits(**{**t.__dict__, "tile": Tile(128, 128, 16, 3, 1, 1)}),  # 96 lanes
-        GemmTraits(**{**t.__dict__, "result_type": CT.SINT32, "c_type": CT.SINT32}),
+        replace(t, tile=Tile(100, 128, 16, 2, 4, 1)),  # not x 32
+        replace(t, tile=Tile(128, 128, 16, 3, 1, 1)),  # 96 lanes
+        replace(t, result_type=CT.SINT32, c_type=CT.SINT32),
     ]
     for b in bad:
         with pytest.raises(ValueError):
             build_gemm(b)
+    with pytest.raises(TypeError):  # one kernel for every alignment: no variants to ask for
+        replace(t, aligned=True)  # type: ignore[call-arg]
+    khr = next(x for x in device_variants(load_records(LAVAPIPE)[0]) if x.family == "khr")
+    with pytest.raises(ValueError, match="not 'nv2'"):  # another family's traits
+        Nv2WorkgroupFamily().describe(khr)
     with pytest.raises(ValueError):  # no listed entry at 96 invocations
         nv2_traits(CT.FLOAT16, CT.FLOAT32, FLEX, 32, Layout.ROW_MAJOR, Layout.ROW_MAJOR, True,
                    Tile(128, 128, 16, 3, 1, 1))
@@ -431,7 +449,7 @@ def test_live_batched_with_broadcast(nv2_runtime: Any, pair: tuple[CT, CT],
 
 
 # -- the emitted modules, executed per the SPIR-V specs (no driver runs them here) ---------
-def _emulate(traits: GemmTraits, M: int, N: int, K: int, batch: int = 1,
+def _emulate(traits: Nv2Traits, M: int, N: int, K: int, batch: int = 1,
              broadcast_b: bool = False, pad: int = 3,
              emitter: dict[str, Any] | None = None) -> dict[int, int]:
     """Run the module on the spec-level interpreter with padded leading dimensions (pad
@@ -512,7 +530,7 @@ def test_emulated_batches_broadcast_and_prefetch(pair: tuple[CT, CT]) -> None:
     tile = EMU_TILE[pair]
     for buffering in (1, 2):
         t = _traits(*pair, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True,
-                    Tile(**{**tile.__dict__, "buffering": buffering}))
+                    replace(tile, buffering=buffering))
         _emulate(t, 33, 40, 70, batch=3, broadcast_b=True)
     _emulate(_traits(*pair, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, False, tile), 1, 1, 1)
 
@@ -540,7 +558,7 @@ def test_emulated_fast_path_batches_and_codegen_parameters(pair: tuple[CT, CT]) 
     M, N, K = tile.tile_m, 2 * tile.tile_n, 5 * tile.tile_k
     for buffering in (1, 2):
         t = _traits(*pair, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True,
-                    Tile(**{**tile.__dict__, "buffering": buffering}))
+                    replace(tile, buffering=buffering))
         for unroll in (1, 2, 3, 8):
             loads = _emulate(t, M, N, K, batch=3, broadcast_b=unroll == 2, pad=-1,
                              emitter={"unroll": unroll})

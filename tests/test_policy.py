@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coopmat.codegen import Layout, Tile
+from coopmat.codegen import KhrTraits, Layout, Nv2Traits, Tile
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.tiles import default_tile, kernel_subgroup_size
 from coopmat.codegen.variants import khr_subgroup_size
@@ -24,6 +24,7 @@ from coopmat.dispatch.tuning import SHIPPED
 from coopmat.errors import MissingFeatureError
 from coopmat.policy import (
     MEDIUM_MN,
+    KernelChoice,
     OperandLayout,
     Options,
     Problem,
@@ -44,6 +45,12 @@ BMG, LNL = load_records(DATA / "anv-xe2-khr-coopmat.json")
 RECORDED = {"h200": H200, "lavapipe": LAVAPIPE, "rdna4": RADV, "rdna3": RDNA3,
             "xe-hpg": XE_HPG, "xe2-bmg": BMG, "xe2-lnl": LNL}
 F16, F32, I8, I32 = np.float16, np.float32, np.int8, np.int32
+
+
+def khr(choice: KernelChoice) -> KhrTraits:
+    """The chosen traits, which must be the khr family's."""
+    assert isinstance(choice.traits, KhrTraits), choice.traits
+    return choice.traits
 
 
 def row_major(M: int, N: int, K: int, pair: TypePair, **kw: object) -> Problem:
@@ -83,9 +90,8 @@ def test_float8_where_the_driver_lists_it() -> None:
                    (ml_dtypes.float8_e5m2, CT.FLOAT8_E5M2)):
         pair = resolve(RADV, dt, dt)
         assert pair == TypePair(ct, CT.FLOAT32)
-        choice = choose(RADV, row_major(256, 256, 256, pair))
-        t = choice.traits
-        assert (t.a_type, t.b_type, t.result_type, t.family) == (ct, ct, CT.FLOAT32, "khr")
+        t = khr(choose(RADV, row_major(256, 256, 256, pair)))
+        assert (t.a_type, t.b_type, t.result_type) == (ct, ct, CT.FLOAT32)
         assert t.subgroup_size == 32 and (t.m, t.n, t.k) == (16, 16, 16)
         with pytest.raises(TypeError, match="unsupported dtype"):
             resolve(H200, dt, dt)  # driver 580 lists no float8 matrix
@@ -102,12 +108,12 @@ def test_large_float16_takes_the_tuned_tile_exact_and_specialized() -> None:
     pair = resolve(H200, F16, F16)
     tuned = shipped_h200()
     choice = choose(H200, row_major(8192, 8192, 8192, pair), Options(), tuned)
-    t = choice.traits
-    assert t.family == "khr" and t.exact and t.specialized and choice.why == "tuned"
+    t = khr(choice)
+    assert t.exact and t.specialized and choice.why == "tuned"
     assert t.tile == tuned["float16->float32"][1] and t.out_type == CT.FLOAT16
     assert choice.margins[0] > 0  # the exact look-ahead reads past A: its buffer grows
     off = choose(H200, row_major(8192, 8192, 8192, pair), Options(specialize="never"), tuned)
-    assert not off.traits.specialized
+    assert not khr(off).specialized
     untuned = choose(H200, row_major(8192, 8192, 8192, pair), Options(tuning=False), tuned)
     assert untuned.why == "default" and untuned.traits.tile != t.tile
 
@@ -145,9 +151,9 @@ def test_few_rows_get_their_own_tile_and_no_repack() -> None:
 
 def test_variants_follow_sizes_and_strides() -> None:
     pair = resolve(LAVAPIPE, F16, F16)
-    exact = choose(LAVAPIPE, row_major(64, 64, 64, pair)).traits
-    aligned = choose(LAVAPIPE, row_major(60, 64, 64, pair)).traits
-    general = choose(LAVAPIPE, row_major(61, 63, 63, pair)).traits
+    exact = khr(choose(LAVAPIPE, row_major(64, 64, 64, pair)))
+    aligned = khr(choose(LAVAPIPE, row_major(60, 64, 64, pair)))
+    general = khr(choose(LAVAPIPE, row_major(61, 63, 63, pair)))
     assert (exact.exact, exact.aligned) == (True, True)
     assert (aligned.exact, aligned.aligned) == (False, True)
     assert (general.exact, general.aligned) == (False, False)
@@ -157,13 +163,14 @@ def test_no_room_for_the_exact_margin_falls_back() -> None:
     pair = resolve(H200, F16, F16)
     small = replace(H200, limits=replace(H200.limits, max_storage_buffer_range=4096 * 4096 * 2))
     choice = choose(small, row_major(4096, 4096, 4096, pair))
-    assert not choice.traits.exact and choice.margins == (0, 0)
+    assert not khr(choice).exact and choice.margins == (0, 0)
 
 
 def test_forced_family_and_missing_features() -> None:
     pair = resolve(H200, F16, F16)
     nv2 = choose(H200, row_major(1024, 1024, 1024, pair), Options(family="nv2"))
-    assert nv2.traits.family == "nv2" and nv2.traits.out_type == CT.FLOAT16
+    assert isinstance(nv2.traits, Nv2Traits) and nv2.traits.family == "nv2"
+    assert nv2.traits.out_type == CT.FLOAT16
     assert nv2.why == "forced"
     with pytest.raises(MissingFeatureError, match="nv2 kernel family needs"):
         choose(LAVAPIPE, row_major(64, 64, 64, resolve(LAVAPIPE, F16, F16)),
@@ -203,10 +210,9 @@ def test_subgroup_size_is_chosen_not_inherited() -> None:
 def test_recorded_devices_get_the_tile_of_their_width() -> None:
     # 256 invocations and a 128 x 128 block of D on every GPU; the block per subgroup
     # scales with the width (64 accumulator elements per lane); the CPU keeps 32 x 32.
-    f16 = {name: choose(info, row_major(4096, 4096, 4096, resolve(info, F16, F16))).traits
+    f16 = {name: khr(choose(info, row_major(4096, 4096, 4096, resolve(info, F16, F16))))
            for name, info in RECORDED.items()}
-    tiles = {name: (t.subgroup_size, t.tile, t.tile.accumulators(t.m, t.n))
-             for name, t in f16.items()}
+    tiles = {name: (t.subgroup_size, t.tile, t.accumulators) for name, t in f16.items()}
     assert tiles == {
         "h200": (32, Tile(128, 128, 32, 2, 4, 2), (4, 2)),
         "rdna4": (32, Tile(128, 128, 32, 2, 4, 2), (4, 2)),
@@ -219,7 +225,7 @@ def test_recorded_devices_get_the_tile_of_their_width() -> None:
     for name, t in f16.items():
         if name != "lavapipe":
             assert t.tile.subgroups * t.subgroup_size == 256, name
-            rows, cols = t.tile.accumulators(t.m, t.n)
+            rows, cols = t.accumulators
             assert rows * cols * t.m * t.n // t.subgroup_size == 64, name
 
 
@@ -259,7 +265,7 @@ def test_intel_matrices_and_types() -> None:
     assert {(c.M, c.N) for c in XE_HPG.cooperative_matrix_properties} == {(8, 8)}
     assert {(c.M, c.N) for c in BMG.cooperative_matrix_properties} == {(8, 16)}
     # int8 runs K = 32 matrices, two K steps of them per 64-byte tile_k.
-    t = choose(XE_HPG, row_major(4096, 4096, 4096, resolve(XE_HPG, I8, I8))).traits
+    t = khr(choose(XE_HPG, row_major(4096, 4096, 4096, resolve(XE_HPG, I8, I8))))
     assert (t.m, t.n, t.k, t.tile.tile_k) == (8, 8, 32, 64)
     # ANV reports 48 KiB of shared memory: the default tiles use about 28.
     assert XE_HPG.limits.max_compute_shared_memory_size == 48 * 1024
@@ -289,15 +295,19 @@ def test_tiles_per_width_and_their_shrinking(width: int) -> None:
     m, n = (16, 16) if width >= 32 else (8, width)
     tile = default_tile(CT.FLOAT16, CT.FLOAT32, m, n, 16, width, 48 * 1024, 1024)
     assert tile.tile_m == tile.tile_n == 128 and tile.subgroups * width == 256
-    rows, cols = tile.accumulators(m, n)
+
+    def traits(t: Tile, a_layout: Layout = Layout.ROW_MAJOR,
+               b_layout: Layout = Layout.ROW_MAJOR) -> KhrTraits:
+        return KhrTraits(a_type=CT.FLOAT16, b_type=CT.FLOAT16, c_type=CT.FLOAT32,
+                         result_type=CT.FLOAT32, a_layout=a_layout, b_layout=b_layout,
+                         has_c=True, tile=t, subgroup_size=width, m=m, n=n, k=16)
+
+    rows, cols = traits(tile).accumulators
     assert rows * m * cols * n == 64 * width
     # Vulkan's minimum (16 KiB, 128 invocations): the tile shrinks until it fits.
     small = default_tile(CT.FLOAT16, CT.FLOAT32, m, n, 16, width, 16 * 1024, 128)
     assert small.subgroups * width <= 128
-    from coopmat.codegen.traits import GemmTraits
-
     for a_layout in Layout:
         for b_layout in Layout:
-            plan = plan_kernel(GemmTraits(CT.FLOAT16, CT.FLOAT16, CT.FLOAT32, CT.FLOAT32, m, n,
-                                          16, width, a_layout, b_layout, True, False, small))
+            plan = plan_kernel(traits(small, a_layout, b_layout))
             assert plan.shared_bytes <= 16 * 1024

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
 
-from coopmat.codegen import GemmParams, GemmTraits, Kernel, Layout, Tile, build_gemm
+from coopmat.codegen import GemmParams, Kernel, KhrTraits, Layout, Tile, build_gemm
 from coopmat.codegen.family import family_for
 from coopmat.codegen.tools import compile_glsl, find_glslang, find_tool, validate
 from coopmat.device.enums import ComponentType as CT
@@ -42,7 +42,7 @@ GLSL_TYPE = {CT.FLOAT16: ("float16_t", 2), CT.FLOAT32: ("float", 4), CT.SINT8: (
 
 
 # -- the GLSL kernel -----------------------------------------------------------------------
-def defines(tr: GemmTraits) -> dict[str, object]:
+def defines(tr: KhrTraits) -> dict[str, object]:
     ab, ab_bytes = GLSL_TYPE[tr.a_type]
     d = GLSL_TYPE[tr.result_type][0]
     out: dict[str, object] = {"AB_TYPE": ab, "AB_BYTES": ab_bytes, "D_TYPE": d,
@@ -52,7 +52,7 @@ def defines(tr: GemmTraits) -> dict[str, object]:
     return out
 
 
-def specialization(tr: GemmTraits) -> dict[int, int]:
+def specialization(tr: KhrTraits) -> dict[int, int]:
     """The shader's constant_id -> value for `tr` (ids as declared in the shader)."""
     t = tr.tile
     return {0: tr.m, 1: tr.n, 2: tr.k, 3: t.tile_m, 4: t.tile_n, 5: t.tile_k,
@@ -69,7 +69,7 @@ def _compiled(define_items: tuple[tuple[str, object], ...]) -> bytes:
     return spirv
 
 
-def glsl_kernel(tr: GemmTraits) -> Kernel:
+def glsl_kernel(tr: KhrTraits) -> Kernel:
     """The shader compiled for `tr`'s types, with the generated kernel's metadata (local
     size, bindings, push constants, workgroup grid): the ABI is the same."""
     spirv = _compiled(tuple(defines(tr).items()))
@@ -130,7 +130,7 @@ def _operand(t: CT, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndar
     return rng.integers(lo, hi, shape, endpoint=True).astype(NP[t])
 
 
-def check_case(runner: KernelRunner, tr: GemmTraits, case: Case, seed: int = 0) -> None:
+def check_case(runner: KernelRunner, tr: KhrTraits, case: Case, seed: int = 0) -> None:
     """Run the GLSL kernel and the generated one on the same operands; both must equal
     numpy's result exactly, and D's padding must stay untouched."""
     rng = np.random.default_rng(seed)
@@ -186,9 +186,11 @@ def check_case(runner: KernelRunner, tr: GemmTraits, case: Case, seed: int = 0) 
 
 def traits(ab: CT, res: CT, a_layout: Layout = Layout.ROW_MAJOR,
            b_layout: Layout = Layout.ROW_MAJOR, has_c: bool = True,
-           tile: Tile = TILE) -> GemmTraits:
-    return GemmTraits(ab, ab, res, res, *SHAPE, SUBGROUP, a_layout, b_layout, has_c, False,
-                      tile)
+           tile: Tile = TILE) -> KhrTraits:
+    m, n, k = SHAPE
+    return KhrTraits(a_type=ab, b_type=ab, c_type=res, result_type=res, a_layout=a_layout,
+                     b_layout=b_layout, has_c=has_c, tile=tile, subgroup_size=SUBGROUP,
+                     m=m, n=n, k=k)
 
 
 def _scalars(res: CT) -> tuple[int, int]:

@@ -1,8 +1,11 @@
 """SPIR-V generation for cooperative-matrix GEMM kernels.
 
-    traits = khr_variants(info)[0]         # info: a device's PhysicalDeviceInfo
+    traits = khr_variants(info)[0]         # a KhrTraits; info: a PhysicalDeviceInfo
     kernel = build_gemm(traits)            # cached in memory and on disk
     kernel.spirv, kernel.local_size, kernel.push_constants(GemmParams(...)), ...
+
+Traits (traits.py): GemmTraits, the base every family shares, with one subclass per
+family: KhrTraits and Nv2Traits.
 
 Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
 arithmetic), khr_tiled (the KHR subgroup-scope kernel), nv2_workgroup (the
@@ -19,7 +22,7 @@ from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_tile_candidates, nv2_traits
 from coopmat.codegen.tiles import SMALL_M, default_tile, small_m_tile, tune_candidates
-from coopmat.codegen.traits import GemmParams, GemmTraits, Layout, Tile
+from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, Layout, Nv2Traits, Tile
 from coopmat.codegen.variants import (
     device_variants,
     khr_tile,
@@ -31,7 +34,8 @@ from coopmat.codegen.variants import (
 )
 
 __all__ = [
-    "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "Layout", "Tile",
+    "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "KhrTraits", "Layout",
+    "Nv2Traits", "Tile",
     "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "exact_ok", "overread_elems",
     "device_variants", "khr_tile", "khr_traits", "khr_tune_tiles", "khr_variants",
     "nv2_tile_candidates", "nv2_tiles", "nv2_traits", "nv2_variants", "register_family",

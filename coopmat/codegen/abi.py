@@ -10,9 +10,10 @@ Workgroup (x, y, z) covers (column tile, row tile, batch).
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 from coopmat.codegen.plan import element_bytes, plan_kernel
-from coopmat.codegen.traits import GemmParams, GemmTraits, Layout
+from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, Layout, Nv2Traits
 
 BINDING_A, BINDING_B, BINDING_D, BINDING_C = 0, 1, 2, 3
 
@@ -35,10 +36,18 @@ def cd_alignment_elems(traits: GemmTraits) -> int:
     """Element alignment that cooperative-matrix loads/stores of C and D need.
 
     Vulkan asks the pointer and the stride of such accesses to be aligned to the lesser
-    of 16 bytes and one row of the matrix.
+    of 16 bytes and one row of the matrix (khr: an n-column accumulator). nv2 kernels do
+    not read the flag this decides (tensor layouts address C and D); for them it is
+    computed alike, from the column granularity.
     """
     es = element_bytes(traits.stored_type)
-    return min(16, traits.n * es) // es
+    if isinstance(traits, KhrTraits):
+        cols = traits.n
+    elif isinstance(traits, Nv2Traits):
+        cols = traits.n_granularity
+    else:
+        raise TypeError(f"traits of no known family: {traits!r}")
+    return min(16, cols * es) // es
 
 
 def direct_cd_ok(traits: GemmTraits, p: GemmParams) -> bool:
@@ -54,9 +63,9 @@ def aligned_ok(traits: GemmTraits, p: GemmParams) -> bool:
     entirely inside the matrix or entirely outside, and start on a vector boundary. Its
     interior output tiles use direct cooperative-matrix stores, which need C/D alignment.
     """
-    if traits.family != "khr":
+    if not isinstance(traits, KhrTraits):
         return False  # only the khr family has an aligned variant
-    plan = plan_kernel(GemmTraits(**{**traits.__dict__, "aligned": True}))
+    plan = plan_kernel(replace(traits, aligned=True))
     a_inner = p.K if traits.a_layout == Layout.ROW_MAJOR else p.M
     b_inner = p.N if traits.b_layout == Layout.ROW_MAJOR else p.K
     for s, inner, ld, bs in ((plan.a, a_inner, p.lda, p.batch_stride_a),
@@ -82,7 +91,7 @@ def overread_elems(traits: GemmTraits, ld: int) -> int:
     tile_k more elements of the last line where K is contiguous; tile_k * ld covers both.
     """
     t = traits.tile
-    if traits.family != "khr" or not traits.exact or t.buffering == 1:
+    if not isinstance(traits, KhrTraits) or not traits.exact or t.buffering == 1:
         return 0
     return (2 if t.buffering == 3 else 1) * t.tile_k * ld
 
@@ -97,7 +106,8 @@ def shape_values(p: GemmParams) -> tuple[int, ...]:
 
 def check_params(traits: GemmTraits, p: GemmParams) -> None:
     """Raise ValueError for sizes the kernels do not handle (32-bit indexing, M,N,K >= 1)."""
-    if traits.specialized and traits.specialized != shape_values(p):
+    if isinstance(traits, KhrTraits) and traits.specialized and \
+            traits.specialized != shape_values(p):
         raise ValueError(f"kernel specialized for {traits.specialized}, called with "
                          f"{shape_values(p)}")
     if min(p.M, p.N, p.K) < 1:

@@ -1,20 +1,23 @@
 """Kernel families: independent generators behind one `build_gemm` entry point.
 
-A family turns GemmTraits (whose `family` field names it) into a Kernel that follows the
-shared ABI in abi.py, so callers never depend on which family built a kernel. The KHR
-subgroup-scope tiled kernel ("khr") and the VK_NV_cooperative_matrix2 workgroup-scope
-kernel ("nv2") register themselves here.
+A family turns traits of its own GemmTraits subclass (whose `family` names it) into a
+Kernel that follows the shared ABI in abi.py, so callers never depend on which family
+built a kernel. The KHR subgroup-scope tiled kernel ("khr", KhrTraits) and the
+VK_NV_cooperative_matrix2 workgroup-scope kernel ("nv2", Nv2Traits) register themselves
+here.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from coopmat.codegen import abi
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.plan import plan_kernel
-from coopmat.codegen.traits import GemmTraits
+from coopmat.codegen.traits import GemmTraits, KhrTraits, Nv2Traits
 from coopmat.codegen.types import vulkan_features
+
+T = TypeVar("T", bound=GemmTraits)
 
 
 class KernelFamily(Protocol):
@@ -31,6 +34,13 @@ class KernelFamily(Protocol):
         ...
 
 
+def _own(traits: GemmTraits, cls: type[T]) -> T:
+    """`traits` as the family's own class; ValueError for another family's."""
+    if not isinstance(traits, cls):
+        raise ValueError(f"traits of family {traits.family!r}, not {cls.family!r}")
+    return traits
+
+
 class KhrTiledFamily:
     """VK_KHR_cooperative_matrix, subgroup scope, shared-memory tiling (khr_tiled.py)."""
 
@@ -39,19 +49,20 @@ class KhrTiledFamily:
     def describe(self, traits: GemmTraits) -> Kernel:
         from coopmat.codegen.khr_tiled import required_capabilities
 
-        plan = plan_kernel(traits)
+        plan = plan_kernel(_own(traits, KhrTraits))
+        khr = plan.traits
         return Kernel(
-            traits=traits, spirv=b"", local_size=(plan.invocations, 1, 1),
-            required_subgroup_size=traits.subgroup_size,
+            traits=khr, spirv=b"", local_size=(plan.invocations, 1, 1),
+            required_subgroup_size=khr.subgroup_size,
             shared_memory_bytes=plan.shared_bytes,
-            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(traits.has_c),
-            tile_mn=(traits.tile.tile_m, traits.tile.tile_n),
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(khr.has_c),
+            tile_mn=(khr.tile.tile_m, khr.tile.tile_n),
             features=vulkan_features(required_capabilities(plan)))
 
     def generate(self, traits: GemmTraits) -> bytes:
         from coopmat.codegen.khr_tiled import emit_tiled_gemm
 
-        return emit_tiled_gemm(plan_kernel(traits))
+        return emit_tiled_gemm(plan_kernel(_own(traits, KhrTraits)))
 
 
 class Nv2WorkgroupFamily:
@@ -64,13 +75,13 @@ class Nv2WorkgroupFamily:
         from coopmat.codegen.nv2_workgroup import (
             NV2_FEATURES,
             check_traits,
-            invocations,
             required_capabilities,
         )
 
-        check_traits(traits)
+        nv2 = _own(traits, Nv2Traits)
+        check_traits(nv2)
         return Kernel(
-            traits=traits, spirv=b"", local_size=(invocations(traits), 1, 1),
+            traits=nv2, spirv=b"", local_size=(nv2.invocations, 1, 1),
             required_subgroup_size=None,
             # The module declares no Workgroup variables. The implementation stages
             # workgroup-scope matrices in shared memory of its own: the device's
@@ -79,15 +90,15 @@ class Nv2WorkgroupFamily:
             # maxComputeSharedMemorySize - reserved bytes. This kernel uses 0 of those
             # (nv2_tiles checks that the reservation itself fits).
             shared_memory_bytes=0,
-            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(traits.has_c),
-            tile_mn=(traits.tile.tile_m, traits.tile.tile_n),
-            features=tuple(sorted(set(vulkan_features(required_capabilities(traits)))
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(nv2.has_c),
+            tile_mn=(nv2.tile.tile_m, nv2.tile.tile_n),
+            features=tuple(sorted(set(vulkan_features(required_capabilities(nv2)))
                                   | set(NV2_FEATURES))))
 
     def generate(self, traits: GemmTraits) -> bytes:
         from coopmat.codegen.nv2_workgroup import emit_nv2_gemm
 
-        return emit_nv2_gemm(traits)
+        return emit_nv2_gemm(_own(traits, Nv2Traits))
 
 
 _FAMILIES: dict[str, KernelFamily] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coopmat.codegen import abi
-from coopmat.codegen.traits import GemmParams, GemmTraits
+from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,12 @@ class Kernel:
         return abi.aligned_ok(self.traits, p)
 
     def push_constants(self, p: GemmParams) -> bytes:
-        if self.traits.aligned and not abi.aligned_ok(self.traits, p):
-            raise ValueError("these sizes/strides break the aligned variant's preconditions; "
-                             "use the general variant")
-        if self.traits.exact and not abi.exact_ok(self.traits, p):
-            raise ValueError("these sizes are not whole workgroup tiles; the exact variant "
-                             "needs M, N, K multiples of its tile")
-        return abi.push_constants(self.traits, p)
+        t = self.traits
+        if isinstance(t, KhrTraits):  # the family with variants
+            if t.aligned and not abi.aligned_ok(t, p):
+                raise ValueError("these sizes/strides break the aligned variant's "
+                                 "preconditions; use the general variant")
+            if t.exact and not abi.exact_ok(t, p):
+                raise ValueError("these sizes are not whole workgroup tiles; the exact "
+                                 "variant needs M, N, K multiples of its tile")
+        return abi.push_constants(t, p)

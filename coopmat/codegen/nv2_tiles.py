@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from coopmat.codegen.traits import GemmTraits, Layout, Tile
+from coopmat.codegen.traits import Layout, Nv2Traits, Tile
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.model import FlexibleDimensionsProperties as FlexDims
 
@@ -200,12 +200,14 @@ def entry_for_tile(tile: Tile, a_type: CT, result_type: CT, flex_props: Iterable
 
 
 def nv2_traits(a_type: CT, result_type: CT, flex_props: Iterable[FlexDims], subgroup_size: int,
-               a_layout: Layout, b_layout: Layout, has_c: bool, tile: Tile) -> GemmTraits:
-    """GemmTraits(family="nv2") for a tile; m, n, k record the entry's granularities."""
+               a_layout: Layout, b_layout: Layout, has_c: bool, tile: Tile) -> Nv2Traits:
+    """Nv2Traits for a tile, with the granularities of the entry it runs under."""
     entry = entry_for_tile(tile, a_type, result_type, flex_props, subgroup_size)
     if entry is None:
         raise ValueError(f"no workgroup-scope entry for {a_type.name}->{result_type.name} "
                          f"fits tile {tile.describe()} at subgroup size {subgroup_size}")
-    return GemmTraits(a_type, a_type, result_type, result_type, entry.m_granularity,
-                      entry.n_granularity, entry.k_granularity, subgroup_size, a_layout,
-                      b_layout, has_c, False, tile, family="nv2")
+    return Nv2Traits(a_type=a_type, b_type=a_type, c_type=result_type,
+                     result_type=result_type, a_layout=a_layout, b_layout=b_layout,
+                     has_c=has_c, tile=tile, subgroup_size=subgroup_size,
+                     m_granularity=entry.m_granularity, n_granularity=entry.n_granularity,
+                     k_granularity=entry.k_granularity)

@@ -69,7 +69,7 @@ from coopmat.codegen.spv import (
     Scope,
     TensorClampMode,
 )
-from coopmat.codegen.traits import GemmTraits, Layout
+from coopmat.codegen.traits import Layout, Nv2Traits
 from coopmat.codegen.types import (
     scalar_type,
     signedness_operands,
@@ -102,7 +102,7 @@ FAST_ALIGN_BYTES = 16
 DEFAULT_UNROLL = 8
 
 
-def required_capabilities(traits: GemmTraits) -> set[Capability]:
+def required_capabilities(traits: Nv2Traits) -> set[Capability]:
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,
             Capability.CooperativeMatrixTensorAddressingNV, Capability.TensorAddressingNV}
     for ct in {traits.a_type, traits.b_type, traits.result_type, traits.stored_type}:
@@ -110,14 +110,11 @@ def required_capabilities(traits: GemmTraits) -> set[Capability]:
     return caps
 
 
-def check_traits(traits: GemmTraits) -> None:
+def check_traits(traits: Nv2Traits) -> None:
     """Raise ValueError for traits this family cannot build."""
     t, tile = traits, traits.tile
-    if t.family != "nv2":
+    if not isinstance(t, Nv2Traits):
         raise ValueError(f"traits of family {t.family!r}, not 'nv2'")
-    if t.aligned or t.exact or t.specialized:
-        raise ValueError("the nv2 family has one variant for every alignment and shape "
-                         "(aligned=False)")
     if t.a_type != t.b_type or t.c_type != t.result_type:
         raise ValueError("nv2 kernels need A and B of one type and C of the result type")
     from coopmat.codegen.nv2_tiles import NV2_TYPES
@@ -128,20 +125,17 @@ def check_traits(traits: GemmTraits) -> None:
             t.out_type == ComponentType.FLOAT16 and t.result_type == ComponentType.FLOAT32):
         raise ValueError(f"nv2 stores a {t.result_type!r} accumulator as itself or, for "
                          f"float32, as float16; not as {t.out_type!r}")
-    if min(t.m, t.n, t.k) < 1:
-        raise ValueError("granularities (m, n, k) must be positive")
-    if tile.tile_m % t.m or tile.tile_n % t.n or tile.tile_k % t.k:
+    if min(t.granularity) < 1:
+        raise ValueError("granularities must be positive")
+    if tile.tile_m % t.m_granularity or tile.tile_n % t.n_granularity or \
+            tile.tile_k % t.k_granularity:
         raise ValueError(f"tile {tile.describe()} is not a multiple of the granularities "
-                         f"{t.m}x{t.n}x{t.k}")
-    inv = invocations(traits)
+                         f"{'x'.join(map(str, t.granularity))}")
+    inv = t.invocations
     if inv < 1 or inv & (inv - 1):
         raise ValueError(f"workgroup size {inv} is not a power of two")
     if tile.buffering not in (1, 2):
         raise ValueError(f"buffering must be 1 or 2, not {tile.buffering}")
-
-
-def invocations(traits: GemmTraits) -> int:
-    return traits.tile.subgroups * traits.subgroup_size
 
 
 class _Operand:
@@ -167,7 +161,7 @@ class Nv2GemmEmitter:
     """`fast_path` adds the unclamped interior branch; `unroll` is its K steps per loop
     iteration. Both are codegen parameters for experiments (the family uses the defaults)."""
 
-    def __init__(self, traits: GemmTraits, *, fast_path: bool = True,
+    def __init__(self, traits: Nv2Traits, *, fast_path: bool = True,
                  unroll: int = DEFAULT_UNROLL) -> None:
         check_traits(traits)
         if unroll < 1:
@@ -452,10 +446,10 @@ class Nv2GemmEmitter:
         s = self.s
         s.f.finish()
         s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
-        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, invocations(self.t), 1, 1)
+        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, self.t.invocations, 1, 1)
         return s.mb.assemble()
 
 
-def emit_nv2_gemm(traits: GemmTraits, *, fast_path: bool = True,
+def emit_nv2_gemm(traits: Nv2Traits, *, fast_path: bool = True,
                   unroll: int = DEFAULT_UNROLL) -> bytes:
     return Nv2GemmEmitter(traits, fast_path=fast_path, unroll=unroll).build()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from coopmat.codegen.traits import GemmTraits, Layout, Tile
+from coopmat.codegen.traits import KhrTraits, Layout, Tile
 from coopmat.device.enums import ComponentType
 
 # Shared rows are padded by 16 bytes: consecutive rows then start in different banks,
@@ -64,7 +64,7 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class KernelPlan:
-    traits: GemmTraits
+    traits: KhrTraits
     a: StagePlan
     b: StagePlan
     acc_rows: int
@@ -76,7 +76,7 @@ class KernelPlan:
 
     @property
     def invocations(self) -> int:
-        return self.tile.subgroups * self.traits.subgroup_size
+        return self.traits.invocations
 
     @property
     def scratch_elems(self) -> int:
@@ -131,17 +131,17 @@ def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_g
 
 
 @functools.cache  # traits are frozen; dispatch asks for the same plan every call
-def plan_kernel(traits: GemmTraits) -> KernelPlan:
+def plan_kernel(traits: KhrTraits) -> KernelPlan:
     """Raise ValueError where the tile does not fit the traits."""
     t, tile = traits, traits.tile
-    tile.check(t.m, t.n, t.k)
+    t.check_tile()
     if t.specialized and len(t.specialized) != 11:
         raise ValueError("specialized holds M, N, K, lda, ldb, ldc, ldd and 4 batch strides")
-    if t.exact and not (t.aligned and t.family == "khr"):
+    if t.exact and not t.aligned:
         raise ValueError("the exact variant is a refinement of the khr aligned variant")
     if t.c_type != t.result_type:
         raise ValueError("C and Result component types must match (accumulators double as C)")
-    inv = tile.subgroups * t.subgroup_size
+    inv = t.invocations
     a = _stage(t.a_type, t.a_layout, tile.tile_m, tile.tile_k, t.m, t.k, t.aligned, inv,
                k_contiguous=Layout.ROW_MAJOR)
     b = _stage(t.b_type, t.b_layout, tile.tile_n, tile.tile_k, t.n, t.k, t.aligned, inv,
@@ -152,5 +152,5 @@ def plan_kernel(traits: GemmTraits) -> KernelPlan:
                              f"over {inv} invocations ({tile.describe()})")
     if (t.m * t.n) % t.subgroup_size:
         raise ValueError("accumulator elements must split evenly over the subgroup")
-    rows, cols = tile.accumulators(t.m, t.n)
+    rows, cols = t.accumulators
     return KernelPlan(traits=t, a=a, b=b, acc_rows=rows, acc_cols=cols)

@@ -77,7 +77,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from coopmat.codegen.plan import element_bytes, plan_kernel
-from coopmat.codegen.traits import GemmTraits, Layout, Tile
+from coopmat.codegen.traits import KhrTraits, Layout, Tile
 from coopmat.device.enums import ComponentType
 
 TILE_K_BYTES = 64
@@ -95,8 +95,11 @@ def _fits(tile: Tile, a_type: ComponentType, result_type: ComponentType, m: int,
     for a_layout in Layout:
         for b_layout in Layout:
             for aligned in (False, True):
-                traits = GemmTraits(a_type, a_type, result_type, result_type, m, n, k,
-                                    subgroup_size, a_layout, b_layout, True, aligned, tile)
+                traits = KhrTraits(a_type=a_type, b_type=a_type, c_type=result_type,
+                                   result_type=result_type, a_layout=a_layout,
+                                   b_layout=b_layout, has_c=True, tile=tile,
+                                   subgroup_size=subgroup_size, m=m, n=n, k=k,
+                                   aligned=aligned)
                 try:
                     plan = plan_kernel(traits)
                 except ValueError:

@@ -1,9 +1,24 @@
-"""What a GEMM kernel is built for (traits, tile) and what it is run with (params)."""
+"""What a GEMM kernel is built for (traits, tile) and what it is run with (params).
+
+Traits have one class per kernel family, because the families read a kernel's description
+differently:
+- KhrTraits (VK_KHR_cooperative_matrix, subgroup scope; khr_tiled.py): the kernel is
+  built from one cooperative-matrix shape the device lists (m x n x k), each subgroup owns
+  a grid of those matrices, and it comes in variants (aligned, exact, specialized);
+- Nv2Traits (VK_NV_cooperative_matrix2, workgroup scope; nv2_workgroup.py): the matrices
+  are the whole workgroup tile, any multiple of the granularities the device lists, and one
+  kernel serves every alignment and shape.
+GemmTraits, their base, holds what both share (types, layouts, C, the tile, the result's
+type in memory); callers outside codegen hold traits as GemmTraits and read a family's own
+fields only after an isinstance check.
+"""
 
 from __future__ import annotations
 
 import enum
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 from coopmat.device.enums import ComponentType
 from coopmat.dtypes import element, known
@@ -16,27 +31,15 @@ class Layout(enum.Enum):
     COLUMN_MAJOR = 1
 
 
-# Tile.buffering values: 1 load-then-multiply, 2 register prefetch, 3 register prefetch
-# into two shared stages (one barrier per K step), 4 as 2 with streamed B fragments.
-BUFFERING_MODES = (1, 2, 3, 4)
-
-
 @dataclass(frozen=True)
 class Tile:
-    """How one workgroup splits its share of the output.
+    """What one workgroup computes: a tile_m x tile_n block of D, walking K in steps of
+    tile_k, with a subgroups_m x subgroups_n grid of subgroups and a buffering mode.
 
-    The workgroup computes a tile_m x tile_n block of D, walking K in steps of tile_k.
-    Its subgroups form a subgroups_m x subgroups_n grid; each subgroup owns a
-    (tile_m / subgroups_m) x (tile_n / subgroups_n) block, held as a grid of
-    cooperative-matrix accumulators. buffering = 2 keeps the next K step's global loads
-    in registers while the current one is multiplied; 1 loads, then multiplies.
-    buffering = 3 stages A/B in two shared-memory copies (twice the staging memory) with
-    one workgroup barrier per K step: while the multiply reads one copy, the K step
-    prefetched into registers is stored into the other and the one after it is loaded.
-    buffering = 4 is buffering 2's pipeline (one copy, two barriers per K step). Both 3 and
-    4 multiply in the order that holds the fewest fragments: a K step's A fragments, then
-    one B fragment at a time against all of them (buffering 1 and 2 load every fragment
-    of the K step first).
+    One type for both families, as tuning tables record (family, tile) in one form
+    (coopmat/dispatch/tuning.py); what the grid and buffering mean is the family's (see
+    KhrTraits and Nv2Traits). In both, the workgroup has subgroups x subgroup size
+    invocations.
     """
 
     tile_m: int
@@ -50,59 +53,40 @@ class Tile:
     def subgroups(self) -> int:
         return self.subgroups_m * self.subgroups_n
 
-    def accumulators(self, m: int, n: int) -> tuple[int, int]:
-        """Accumulator grid (rows, columns) per subgroup for an m x n cooperative matrix."""
-        return (self.tile_m // self.subgroups_m // m, self.tile_n // self.subgroups_n // n)
-
-    def check(self, m: int, n: int, k: int) -> None:
-        """Raise ValueError unless the tile splits evenly into m x n x k cooperative matrices."""
-        if self.buffering not in BUFFERING_MODES:
-            raise ValueError(f"buffering must be one of {BUFFERING_MODES}, "
-                             f"not {self.buffering}")
-        if min(self.subgroups_m, self.subgroups_n) < 1:
-            raise ValueError("the subgroup grid needs at least one subgroup each way")
-        if self.tile_m % (self.subgroups_m * m) or self.tile_n % (self.subgroups_n * n):
-            raise ValueError(f"{self} does not split into {m}x{n} accumulators per subgroup")
-        if self.tile_k % k:
-            raise ValueError(f"tile_k={self.tile_k} is not a multiple of K={k}")
-
     def describe(self) -> str:
         return (f"{self.tile_m}x{self.tile_n}x{self.tile_k} "
                 f"sg{self.subgroups_m}x{self.subgroups_n} buf{self.buffering}")
 
 
-@dataclass(frozen=True)
-class GemmTraits:
-    """Everything that changes the generated binary.
+def _short(t: ComponentType) -> str:
+    return element(t).short if known(t) else str(int(t))
 
-    m, n, k are the cooperative matrix shape of the device config (not the GEMM's sizes,
-    which are runtime values in GemmParams). `family` names the KernelFamily that builds it.
-    `exact` (khr, with aligned): the problem is a whole number of workgroup tiles in M, N
-    and K, so the kernel skips every bounds check and edge path. `specialized` (khr): the
-    values of M, N, K, lda, ldb, ldc, ldd and the four batch strides baked into the code as
-    constants (the driver's compiler then folds the address arithmetic); empty: all read
-    from push constants.
+
+_LAYOUT_LETTER = {Layout.ROW_MAJOR: "r", Layout.COLUMN_MAJOR: "c"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmTraits(ABC):
+    """Everything that changes the generated binary: the part every family shares.
+
+    `subgroup_size` is the device's; with the tile's subgroup grid it sets the workgroup
+    size. `out_type`: the element type of C and D in memory where it differs from the
+    accumulator (result_type): float16 results of a float32-accumulating config, rounded
+    once in the epilogue. None: C and D hold result_type.
     """
+
+    # The name of the KernelFamily (codegen/family.py) that builds these traits.
+    family: ClassVar[str]
 
     a_type: ComponentType
     b_type: ComponentType
     c_type: ComponentType
     result_type: ComponentType
-    m: int
-    n: int
-    k: int
-    subgroup_size: int
     a_layout: Layout
     b_layout: Layout
     has_c: bool
-    aligned: bool
     tile: Tile
-    family: str = "khr"
-    exact: bool = False
-    specialized: tuple[int, ...] = ()
-    # The element type of C and D in memory where it differs from the accumulator
-    # (result_type): float16 results of a float32-accumulating config, rounded once in
-    # the epilogue. None: C and D hold result_type.
+    subgroup_size: int
     out_type: ComponentType | None = None
 
     @property
@@ -110,22 +94,129 @@ class GemmTraits:
         """The element type of C and D in memory."""
         return self.out_type if self.out_type is not None else self.result_type
 
+    @property
+    def invocations(self) -> int:
+        """The workgroup size."""
+        return self.tile.subgroups * self.subgroup_size
+
+    @abstractmethod
     def describe(self) -> str:
-        """A short stable name, used for listings and --dump."""
-        def t(x: ComponentType) -> str:
-            return element(x).short if known(x) else str(int(x))
-        lay = {Layout.ROW_MAJOR: "r", Layout.COLUMN_MAJOR: "c"}
-        return (f"{self.family}-{t(self.a_type)}{t(self.b_type)}-{t(self.result_type)}"
-                f"-{self.m}x{self.n}x{self.k}-sg{self.subgroup_size}"
-                f"-{lay[self.a_layout]}{lay[self.b_layout]}"
-                f"-{'c' if self.has_c else 'noc'}-"
-                f"{'exact' if self.exact else 'aligned' if self.aligned else 'general'}"
-                f"-t{self.tile.tile_m}x{self.tile.tile_n}x{self.tile.tile_k}"
-                f"s{self.tile.subgroups_m}x{self.tile.subgroups_n}b{self.tile.buffering}"
-                + (f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else "")
-                + (f"-out{t(self.out_type)}" if self.out_type is not None else ""))
+        """A short stable name, used for listings, --dump and the bench's records."""
+
+    def _name(self, shape: tuple[int, int, int], variant: str, extra: str = "") -> str:
+        """The shared form of describe(): the family's matrix shape, its variant name and
+        any suffix of its own (before the stored type's) fill the family's slots. These
+        names are recorded (docs/*.json), so the form must not change."""
+        tile = self.tile
+        return (f"{self.family}-{_short(self.a_type)}{_short(self.b_type)}"
+                f"-{_short(self.result_type)}-{'x'.join(map(str, shape))}"
+                f"-sg{self.subgroup_size}"
+                f"-{_LAYOUT_LETTER[self.a_layout]}{_LAYOUT_LETTER[self.b_layout]}"
+                f"-{'c' if self.has_c else 'noc'}-{variant}"
+                f"-t{tile.tile_m}x{tile.tile_n}x{tile.tile_k}"
+                f"s{tile.subgroups_m}x{tile.subgroups_n}b{tile.buffering}"
+                + extra
+                + (f"-out{_short(self.out_type)}" if self.out_type is not None else ""))
 
 
+# KhrTraits' tile buffering modes: 1 load-then-multiply, 2 register prefetch, 3 register
+# prefetch into two shared stages (one barrier per K step), 4 as 2 with streamed B
+# fragments.
+BUFFERING_MODES = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KhrTraits(GemmTraits):
+    """Traits of the khr family (VK_KHR_cooperative_matrix, subgroup scope).
+
+    m, n, k: the cooperative-matrix shape (MSize, NSize, KSize of the device's
+    VkCooperativeMatrixPropertiesKHR entry), not the GEMM's sizes, which are runtime values
+    in GemmParams. The kernel requires `subgroup_size` of its pipeline.
+
+    The tile: each subgroup of the grid owns a (tile_m / subgroups_m) x
+    (tile_n / subgroups_n) block of D, held as a grid of m x n accumulators (see
+    `accumulators`). buffering = 2 keeps the next K step's global loads in registers while
+    the current one is multiplied; 1 loads, then multiplies. buffering = 3 stages A/B in
+    two shared-memory copies (twice the staging memory) with one workgroup barrier per K
+    step: while the multiply reads one copy, the K step prefetched into registers is stored
+    into the other and the one after it is loaded. buffering = 4 is buffering 2's pipeline
+    (one copy, two barriers per K step). Both 3 and 4 multiply in the order that holds the
+    fewest fragments: a K step's A fragments, then one B fragment at a time against all of
+    them (buffering 1 and 2 load every fragment of the K step first).
+
+    Variants: `aligned` loads A and B a vector at a time (abi.aligned_ok says when it may
+    run). `exact` (with aligned): the problem is a whole number of workgroup tiles in M, N
+    and K, so the kernel skips every bounds check and edge path. `specialized`: the values
+    of M, N, K, lda, ldb, ldc, ldd and the four batch strides baked into the code as
+    constants (the driver's compiler then folds the address arithmetic); empty: all read
+    from push constants.
+    """
+
+    family: ClassVar[str] = "khr"
+
+    m: int
+    n: int
+    k: int
+    aligned: bool = False
+    exact: bool = False
+    specialized: tuple[int, ...] = ()
+
+    @property
+    def variant(self) -> str:
+        return "exact" if self.exact else "aligned" if self.aligned else "general"
+
+    @property
+    def accumulators(self) -> tuple[int, int]:
+        """Accumulator grid (rows, columns) per subgroup."""
+        t = self.tile
+        return (t.tile_m // t.subgroups_m // self.m, t.tile_n // t.subgroups_n // self.n)
+
+    def check_tile(self) -> None:
+        """Raise ValueError unless the tile splits evenly into m x n x k matrices."""
+        t = self.tile
+        if t.buffering not in BUFFERING_MODES:
+            raise ValueError(f"buffering must be one of {BUFFERING_MODES}, not {t.buffering}")
+        if min(t.subgroups_m, t.subgroups_n) < 1:
+            raise ValueError("the subgroup grid needs at least one subgroup each way")
+        if t.tile_m % (t.subgroups_m * self.m) or t.tile_n % (t.subgroups_n * self.n):
+            raise ValueError(f"{t} does not split into {self.m}x{self.n} accumulators per "
+                             f"subgroup")
+        if t.tile_k % self.k:
+            raise ValueError(f"tile_k={t.tile_k} is not a multiple of K={self.k}")
+
+    def describe(self) -> str:
+        extra = f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else ""
+        return self._name((self.m, self.n, self.k), self.variant, extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nv2Traits(GemmTraits):
+    """Traits of the nv2 family (VK_NV_cooperative_matrix2, workgroup-scope matrices).
+
+    m_granularity, n_granularity, k_granularity: the granularities (MGranularity,
+    NGranularity, KGranularity) of the device's VkCooperativeMatrixFlexibleDimensions-
+    PropertiesNV entry the tile runs under; the tile is a multiple of them, and its
+    tile_m x tile_k, tile_k x tile_n and tile_m x tile_n are the kernel's matrices.
+
+    The tile's subgroup grid only sets the workgroup size (`invocations`, the entry's
+    workgroupInvocations): the implementation distributes workgroup-scope matrices itself.
+    buffering is 1 (load, then multiply) or 2 (each K step's successor loads issued before
+    its multiply). No variants: the kernel handles every alignment and shape.
+    """
+
+    family: ClassVar[str] = "nv2"
+
+    m_granularity: int
+    n_granularity: int
+    k_granularity: int
+
+    @property
+    def granularity(self) -> tuple[int, int, int]:
+        return (self.m_granularity, self.n_granularity, self.k_granularity)
+
+    def describe(self) -> str:
+        # "general" fills the variant slot the khr names have: one kernel for every case.
+        return self._name(self.granularity, "general")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from coopmat.codegen.tiles import (
     small_m_tile,
     tune_candidates,
 )
-from coopmat.codegen.traits import GemmTraits, Layout, Tile
+from coopmat.codegen.traits import GemmTraits, KhrTraits, Layout, Nv2Traits, Tile
 from coopmat.device.enums import ComponentType, Scope
 from coopmat.device.model import (
     SHADER_STAGE_COMPUTE,
@@ -86,18 +86,20 @@ def nv2_tiles(info: PhysicalDeviceInfo, operand: ComponentType,
 
 def khr_traits(cfg: CooperativeMatrixProperties, limits: DeviceLimits, a_layout: Layout,
                b_layout: Layout, has_c: bool, tile: Tile, *, aligned: bool = False,
-               exact: bool = False, out_type: ComponentType | None = None) -> GemmTraits:
+               exact: bool = False, out_type: ComponentType | None = None) -> KhrTraits:
     """khr traits for a config on a device (variant flags as given), at the subgroup size
     khr_subgroup_size chooses."""
-    return GemmTraits(cfg.a_type, cfg.b_type, cfg.c_type, cfg.result_type, cfg.M, cfg.N,
-                      cfg.K, khr_subgroup_size(limits), a_layout, b_layout, has_c, aligned, tile,
-                      exact=exact, out_type=out_type)
+    return KhrTraits(a_type=cfg.a_type, b_type=cfg.b_type, c_type=cfg.c_type,
+                     result_type=cfg.result_type, a_layout=a_layout, b_layout=b_layout,
+                     has_c=has_c, tile=tile, subgroup_size=khr_subgroup_size(limits),
+                     out_type=out_type, m=cfg.M, n=cfg.N, k=cfg.K, aligned=aligned,
+                     exact=exact)
 
 
-def khr_variants(info: PhysicalDeviceInfo) -> list[GemmTraits]:
+def khr_variants(info: PhysicalDeviceInfo) -> list[KhrTraits]:
     """Config x A layout x B layout x with/without C x exact/aligned/general, default
     tiles; for f32-accumulating float16 configs also the float16-result kernels."""
-    out: list[GemmTraits] = []
+    out: list[KhrTraits] = []
     for cfg in info.cooperative_matrix_properties:
         if not buildable(cfg):
             continue
@@ -121,14 +123,14 @@ def out_types(operand: ComponentType, accumulator: ComponentType) -> list[Compon
     return [None, ComponentType.FLOAT16] if extra else [None]
 
 
-def nv2_variants(info: PhysicalDeviceInfo) -> list[GemmTraits]:
+def nv2_variants(info: PhysicalDeviceInfo) -> list[Nv2Traits]:
     """Type pair x A layout x B layout x with/without C, default nv2 tiles."""
     pairs: list[tuple[ComponentType, ComponentType]] = []
     for e in info.flexible_dimensions_properties if nv2_usable(info) else ():
         pair = (e.a_type, e.result_type)
         if e.workgroup_scope and pair in NV2_TYPES and pair not in pairs:
             pairs.append(pair)
-    out: list[GemmTraits] = []
+    out: list[Nv2Traits] = []
     for a, r in pairs:
         tiles = nv2_tiles(info, a, r)
         if not tiles:
@@ -147,8 +149,7 @@ def nv2_variants(info: PhysicalDeviceInfo) -> list[GemmTraits]:
 
 def device_variants(info: PhysicalDeviceInfo) -> list[GemmTraits]:
     """Every variant of every family the device implies (khr first, then nv2)."""
-    out = khr_variants(info)
-    return out + [t for t in nv2_variants(info) if t not in out]
+    return [*khr_variants(info), *nv2_variants(info)]
 
 
 def current_device() -> PhysicalDeviceInfo:

@@ -28,7 +28,8 @@ OPTIONAL_FEATURES = (
     *PIPELINE_STATS_FEATURES,
 )
 OPTIONAL_EXTENSIONS = ("VK_NV_cooperative_matrix2", "VK_KHR_shader_bfloat16",
-                       "VK_EXT_shader_float8", "VK_KHR_pipeline_executable_properties")
+                       "VK_EXT_shader_float8", "VK_KHR_pipeline_executable_properties",
+                       "VK_EXT_external_memory_host")
 
 
 def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
@@ -103,6 +104,7 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
     for name in ("shaderFloat16", "shaderInt8", "storageBuffer8BitAccess", "vulkanMemoryModel",
                  "vulkanMemoryModelDeviceScope"):
         setattr(f12, name, name in enable)
+    f12.timelineSemaphore = True  # core since 1.2; every submission signals a timeline
     f13 = new_struct("VkPhysicalDeviceVulkan13Features", 53)
     f13.subgroupSizeControl = True
     f13.computeFullSubgroups = True

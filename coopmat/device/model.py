@@ -226,6 +226,7 @@ RELEVANT_EXTENSIONS = (
     "VK_KHR_shader_bfloat16",
     "VK_EXT_shader_float8",
     "VK_KHR_pipeline_executable_properties",  # compiler statistics of our pipelines
+    "VK_EXT_external_memory_host",  # numpy pages imported for transfers
 )
 
 

@@ -1,8 +1,10 @@
 """Recording, submitting and timing GEMM dispatches on a device.
 
-One Executor per logical device; it serialises submissions (one fence, one timestamp
-pair), which makes concurrent Python threads safe. A submission is: staging uploads ->
-barrier -> timestamp -> dispatches -> timestamp -> barrier -> downloads.
+One Executor per logical device. A submission is: barrier (after all earlier work) ->
+staging uploads -> barrier -> timestamp -> dispatches -> timestamp -> barrier ->
+downloads. `run` submits and waits (the numpy path, timed); `submit` only queues and
+returns the stream's ticket (device arrays). Both go through the device's Stream, so work
+runs in call order whichever thread calls.
 
 Recorded command buffers are kept in a small LRU keyed by everything they name (buffers,
 pipeline, push constants, grid), so a repeated call of the same shape only submits: the
@@ -22,8 +24,8 @@ from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.memory import Buffer, MemoryPool
 from coopmat.dispatch.pipelines import SHADER_STAGE_COMPUTE, Pipeline
+from coopmat.dispatch.stream import Stream
 from coopmat.dispatch.vkcall import call, check
-from coopmat.errors import VulkanError
 
 STAGE_TRANSFER = 0x1000
 STAGE_COMPUTE = 0x800
@@ -36,12 +38,13 @@ ACCESS_TRANSFER_READ = 0x800
 ACCESS_TRANSFER_WRITE = 0x1000
 ACCESS_HOST_READ = 0x2000
 ACCESS_HOST_WRITE = 0x4000
+ACCESS_ALL = (ACCESS_SHADER_READ | ACCESS_SHADER_WRITE | ACCESS_TRANSFER_READ
+              | ACCESS_TRANSFER_WRITE)
 QUERY_RESULT_64 = 0x1
 QUERY_RESULT_WAIT = 0x2
-FENCE_WAIT_SLICE_NS = 100_000_000
-FENCE_TIMEOUT_S = 600.0
-SPIN_SECONDS = 0.0005
-RECORDED_CACHE = 32
+# A cached recording may be submitted again while an earlier submission of it is pending.
+COMMAND_BUFFER_SIMULTANEOUS_USE = 0x4
+RECORDED_CACHE = 64
 # A recording holds up to this many dispatches (repacks of A and B, then the GEMM), each
 # with one descriptor set of at most four storage buffers; the pool is sized for a full
 # cache of such recordings.
@@ -55,6 +58,8 @@ class Copy:
     src: Buffer
     dst: Buffer
     nbytes: int
+    src_offset: int = 0
+    dst_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Dispatch:
     buffers: dict[int, Buffer]  # binding -> buffer
     push_constants: bytes
     groups: tuple[int, int, int]
+    offsets: tuple[tuple[int, int], ...] = ()  # (binding, byte offset) where not 0
 
 
 @dataclass
@@ -73,16 +79,16 @@ class _Recorded:
 
 
 class Executor:
-    def __init__(self, device: Device, pool: MemoryPool):
+    def __init__(self, device: Device, pool: MemoryPool, stream: Stream):
         v = vk()
         self.device = device
         self.pool = pool
-        self.lock = threading.Lock()
+        self.stream = stream
+        # Re-entrant: a deferred free (run by a wait under this lock) takes it again.
+        self.lock = threading.RLock()
         dev = device.handle
         self._cmd_pool = call(v.vkCreateCommandPool, dev, v.VkCommandPoolCreateInfo(
             queueFamilyIndex=device.queue_family_index), None)
-        self._fence = call(v.vkCreateFence, dev, v.VkFenceCreateInfo(), None)
-        self._fences = v.ffi.new("VkFence[1]", [self._fence])
         self._desc_pool = call(v.vkCreateDescriptorPool, dev, v.VkDescriptorPoolCreateInfo(
             flags=DESCRIPTOR_POOL_FLAGS_FREE, maxSets=MAX_DISPATCHES * RECORDED_CACHE,
             poolSizeCount=1, pPoolSizes=[v.VkDescriptorPoolSize(
@@ -102,36 +108,55 @@ class Executor:
 
     @staticmethod
     def _key(uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-             downloads: Sequence[Copy]) -> tuple[Any, ...]:
+             downloads: Sequence[Copy], timed: bool) -> tuple[Any, ...]:
+        def copies(cs: Sequence[Copy]) -> tuple[Any, ...]:
+            return tuple((c.src.addr, c.dst.addr, c.nbytes, c.src_offset, c.dst_offset)
+                         for c in cs)
         return (
-            tuple((c.src.addr, c.dst.addr, c.nbytes) for c in uploads),
+            copies(uploads),
             tuple((d.pipeline.addr, tuple((b, buf.addr) for b, buf in d.buffers.items()),
-                   d.push_constants, d.groups) for d in dispatches),
-            tuple((c.src.addr, c.dst.addr, c.nbytes) for c in downloads),
+                   d.offsets, d.push_constants, d.groups) for d in dispatches),
+            copies(downloads),
+            timed,
         )
+
+    def _recording(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
+                   downloads: Sequence[Copy], timed: bool) -> _Recorded:
+        """The cached recording of this work (recorded now if new). Caller holds lock."""
+        key = self._key(uploads, dispatches, downloads, timed)
+        if self._generation != self.pool.generation:
+            self._forget(len(self._recorded))  # a named buffer may be gone
+            self._generation = self.pool.generation
+        rec = self._recorded.get(key)
+        if rec is None:
+            if len(dispatches) > MAX_DISPATCHES or any(
+                    len(d.buffers) > MAX_BINDINGS for d in dispatches):
+                raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
+                                 f"{MAX_BINDINGS} buffers per run")
+            self._forget(len(self._recorded) - RECORDED_CACHE + 1)
+            rec = self._record(uploads, dispatches, downloads, timed=timed)
+            self._recorded[key] = rec
+        else:
+            self._recorded.move_to_end(key)
+        return rec
 
     def run(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
             downloads: Sequence[Copy]) -> float | None:
-        """Run one submission; returns the dispatches' GPU time in seconds (None where the
-        queue has no timestamps)."""
-        key = self._key(uploads, dispatches, downloads)
+        """Run one submission and wait for it; returns the dispatches' GPU time in seconds
+        (None where the queue has no timestamps)."""
         with self.lock:
-            if self._generation != self.pool.generation:
-                self._forget(len(self._recorded))  # a named buffer may be gone
-                self._generation = self.pool.generation
-            rec = self._recorded.get(key)
-            if rec is None:
-                if len(dispatches) > MAX_DISPATCHES or any(
-                        len(d.buffers) > MAX_BINDINGS for d in dispatches):
-                    raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
-                                     f"{MAX_BINDINGS} buffers per run")
-                self._forget(len(self._recorded) - RECORDED_CACHE + 1)
-                rec = self._record(uploads, dispatches, downloads)
-                self._recorded[key] = rec
-            else:
-                self._recorded.move_to_end(key)
-            self._submit_and_wait(rec)
+            rec = self._recording(uploads, dispatches, downloads, timed=True)
+            ticket = self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
+            # Timed runs share one query pair, so they hold the lock until read.
+            self.stream.wait(ticket)
             return self._gpu_seconds()
+
+    def submit(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
+               downloads: Sequence[Copy] = ()) -> int:
+        """Queue the work without waiting; returns the stream's ticket for it."""
+        with self.lock:
+            rec = self._recording(uploads, dispatches, downloads, timed=False)
+            return self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
 
     def run_independent(self, dispatches: Sequence[Dispatch],
                         submits: int) -> list[tuple[float | None, float]]:
@@ -155,22 +180,15 @@ class Executor:
                 rec = self._record([], dispatches, [], pool, barriers=False)
                 for _ in range(submits):
                     t0 = time.perf_counter()
-                    self._submit_and_wait(rec)
+                    self.stream.wait(self.stream.submit(rec.cmd, "timed GEMMs"))
                     wall = time.perf_counter() - t0
                     out.append((self._gpu_seconds(), wall))
             finally:
+                self.stream.wait()
                 if rec is not None:
                     v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
                 v.vkDestroyDescriptorPool(dev, pool, None)  # frees the sets with it
         return out
-
-    def _submit_and_wait(self, rec: _Recorded) -> None:
-        lib = vk().lib
-        with self.device.queue_lock:
-            check("vkQueueSubmit", lib.vkQueueSubmit(self.device.queue, 1, rec.submit,
-                                                     self._fence))
-        self._wait()
-        check("vkResetFences", lib.vkResetFences(self.device.handle, 1, self._fences))
 
     def _gpu_seconds(self) -> float | None:
         """The last submission's time between its two timestamps."""
@@ -184,35 +202,42 @@ class Executor:
 
     def _record(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
                 downloads: Sequence[Copy], desc_pool: Any = None,
-                barriers: bool = True) -> _Recorded:
+                barriers: bool = True, timed: bool = True) -> _Recorded:
         v = vk()
         dev = self.device.handle
         cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
             commandPool=self._cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=1))[0]
         sets = []
+        offsets_of: dict[int, int] = {}
         for d in dispatches:
+            offsets_of = dict(d.offsets)
             s = call(v.vkAllocateDescriptorSets, dev, v.VkDescriptorSetAllocateInfo(
                 descriptorPool=desc_pool or self._desc_pool, descriptorSetCount=1,
                 pSetLayouts=[d.pipeline.set_layout]))[0]
             writes = [v.VkWriteDescriptorSet(
                 dstSet=s, dstBinding=b, descriptorCount=1,
                 descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                pBufferInfo=[v.VkDescriptorBufferInfo(buffer=buf.handle, offset=0,
-                                                      range=self.bound_range(buf))])
+                pBufferInfo=[v.VkDescriptorBufferInfo(
+                    buffer=buf.handle, offset=offsets_of.get(b, 0),
+                    range=self.bound_range(buf, offsets_of.get(b, 0)))])
                 for b, buf in d.buffers.items()]
             v.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
             sets.append(s)
 
-        call(v.vkBeginCommandBuffer, cmd, v.VkCommandBufferBeginInfo())
+        call(v.vkBeginCommandBuffer, cmd, v.VkCommandBufferBeginInfo(
+            flags=COMMAND_BUFFER_SIMULTANEOUS_USE))
+        # After everything submitted earlier (the stream's ordering): a buffer an earlier
+        # submission reads or writes may be this one's destination.
+        barrier_all(cmd)
         # Host writes to coherent mapped memory are visible to the device at submit; this
         # barrier orders the staging copies before the shaders read.
         for c in uploads:
-            v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
-                              [v.VkBufferCopy(srcOffset=0, dstOffset=0, size=c.nbytes)])
+            record_copy(cmd, c)
         self._barrier(cmd, STAGE_HOST | STAGE_TRANSFER, STAGE_COMPUTE,
                       ACCESS_HOST_WRITE | ACCESS_TRANSFER_WRITE, ACCESS_SHADER_READ)
-        if self._queries is not None:
+        timed = timed and self._queries is not None
+        if timed:
             v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
             v.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
         for i, (d, s) in enumerate(zip(dispatches, sets, strict=False)):
@@ -220,13 +245,12 @@ class Executor:
                 self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE,
                               ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)
             self._dispatch(cmd, d, s)
-        if self._queries is not None:
+        if timed:
             v.vkCmdWriteTimestamp(cmd, STAGE_BOTTOM, self._queries, 1)
         self._barrier(cmd, STAGE_COMPUTE, STAGE_TRANSFER | STAGE_HOST,
                       ACCESS_SHADER_WRITE, ACCESS_TRANSFER_READ | ACCESS_HOST_READ)
         for c in downloads:
-            v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
-                              [v.VkBufferCopy(srcOffset=0, dstOffset=0, size=c.nbytes)])
+            record_copy(cmd, c)
         if downloads:
             self._barrier(cmd, STAGE_TRANSFER, STAGE_HOST, ACCESS_TRANSFER_WRITE,
                           ACCESS_HOST_READ)
@@ -239,44 +263,28 @@ class Executor:
         rec.keep = cmds  # type: ignore[attr-defined]  # the submit info points into it
         return rec
 
-    def bound_range(self, buf: Buffer) -> int:
-        """Bytes of `buf` a descriptor binds. A pooled buffer is rounded up to its size
-        class, which can pass maxStorageBufferRange (4 GiB - 1 on NVIDIA) although the data
-        in it does not: dispatch checks that every operand, with the exact variant's
-        look-ahead margin, fits the limit, so binding at most the limit covers all of it."""
-        return min(buf.size, self._max_range)
+    def bound_range(self, buf: Buffer, offset: int = 0) -> int:
+        """Bytes of `buf` a descriptor binds from `offset`. A pooled buffer is rounded up
+        to its size class, which can pass maxStorageBufferRange (4 GiB - 1 on NVIDIA)
+        although the data in it does not: dispatch checks that every operand, with the
+        exact variant's look-ahead margin, fits the limit, so binding at most the limit
+        covers all of it."""
+        return min(buf.size - offset, self._max_range)
 
     def _forget(self, count: int) -> None:
-        """Free the `count` least recently used recordings."""
+        """Free the `count` least recently used recordings, once no pending submission
+        can still be running them."""
+        recs = [self._recorded.popitem(last=False)[1] for _ in range(max(0, count))]
+        if recs:
+            self.stream.defer(lambda: self._free(recs))
+
+    def _free(self, recs: list[_Recorded]) -> None:
         v = vk()
         dev = self.device.handle
-        for _ in range(max(0, count)):
-            _, rec = self._recorded.popitem(last=False)
-            v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
-            v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
-
-    def _wait(self) -> None:
-        """Poll the fence briefly (a small dispatch is done within microseconds, and a
-        blocking wait's wake-up can cost more than that), then block in slices."""
-        v = vk()
-        lib, dev = v.lib, self.device.handle
-        t_poll = time.perf_counter() + SPIN_SECONDS
-        while time.perf_counter() < t_poll:
-            r = lib.vkGetFenceStatus(dev, self._fence)
-            if r == v.VK_SUCCESS:
-                return
-            if r != v.VK_NOT_READY:
-                check("vkGetFenceStatus", r)
-        waited = 0.0
-        while True:
-            r = lib.vkWaitForFences(dev, 1, self._fences, 1, FENCE_WAIT_SLICE_NS)
-            if r == v.VK_SUCCESS:
-                return
-            if r != v.VK_TIMEOUT:
-                check("vkWaitForFences", r)
-            waited += FENCE_WAIT_SLICE_NS * 1e-9
-            if waited > FENCE_TIMEOUT_S:
-                raise VulkanError("vkWaitForFences", f"VK_TIMEOUT after {FENCE_TIMEOUT_S:.0f} s")
+        with self.lock:
+            for rec in recs:
+                v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
+                v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
 
     def _barrier(self, cmd: Any, src_stage: int, dst_stage: int, src: int, dst: int) -> None:
         v = vk()
@@ -306,8 +314,35 @@ class Executor:
         dev = self.device.handle
         with self.lock:
             self._forget(len(self._recorded))
+        self.stream.wait()
         if self._queries is not None:
             v.vkDestroyQueryPool(dev, self._queries, None)
         v.vkDestroyDescriptorPool(dev, self._desc_pool, None)
-        v.vkDestroyFence(dev, self._fence, None)
         v.vkDestroyCommandPool(dev, self._cmd_pool, None)
+
+
+def barrier_all(cmd: Any) -> None:
+    """Order everything submitted before on the queue (shaders and copies) before what
+    this command buffer does next."""
+    v = vk()
+    v.vkCmdPipelineBarrier(cmd, STAGE_COMPUTE | STAGE_TRANSFER, STAGE_COMPUTE | STAGE_TRANSFER,
+                           0, 1, [v.VkMemoryBarrier(srcAccessMask=ACCESS_SHADER_WRITE
+                                                    | ACCESS_TRANSFER_WRITE,
+                                                    dstAccessMask=ACCESS_ALL)],
+                           0, None, 0, None)
+
+
+def record_copy(cmd: Any, c: Copy) -> None:
+    v = vk()
+    v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
+                      [v.VkBufferCopy(srcOffset=c.src_offset, dstOffset=c.dst_offset,
+                                      size=c.nbytes)])
+
+
+def _what(dispatches: Sequence[Dispatch], uploads: Sequence[Copy],
+          downloads: Sequence[Copy]) -> str:
+    """Names submitted work in errors."""
+    if dispatches:
+        kernel = getattr(dispatches[-1].pipeline.kernel, "traits", None)
+        return f"the kernel {kernel.describe()}" if kernel is not None else "a kernel"
+    return "a copy to the device" if uploads else "a copy from the device"

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from coopmat import codegen
-from coopmat.codegen import GemmTraits, Layout, abi
+from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
 from coopmat.codegen.pack import pack_kernel
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
@@ -38,7 +39,7 @@ from coopmat.policy import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Staged:
     layout: Layout
     ld: int
@@ -60,6 +61,11 @@ def _plan(x: np.ndarray) -> Staged:
     ld = cols if layout is Layout.ROW_MAJOR else rows
     stride = rows * cols if batch > 1 else 0
     return Staged(layout, ld, stride, batch * rows * cols * x.itemsize)
+
+
+def _staged_view(x: np.ndarray, s: Staged) -> np.ndarray:
+    """x as the staged layout reads it, element by element in C order."""
+    return x if s.layout is Layout.ROW_MAJOR else x.transpose(0, 2, 1)
 
 
 def _write(x: np.ndarray, s: Staged, dst: np.ndarray) -> None:
@@ -89,18 +95,9 @@ class PreparedGemm:
                  traits: GemmTraits | None = None, options: Options | None = None):
         self.rt = rt
         options = options or Options()
-        key = (id(rt), pair, a.shape, a.strides, b.shape, b.strides,
-               None if c is None else (c.shape, c.strides), batch, alpha, beta, traits, options)
-        with _plans_lock:
-            plan = _plans.get(key)
-            if plan is not None:
-                _plans.move_to_end(key)
-        if plan is None:
-            plan = _make_plan(rt, pair, a, b, c, batch, alpha, beta, traits, options)
-            with _plans_lock:
-                _plans[key] = plan
-                while len(_plans) > PLAN_CACHE:
-                    _plans.popitem(last=False)
+        plan = plan_of(rt, pair, _plan(a), _plan(b), _plan(c) if c is not None else None,
+                       (batch, a.shape[1], b.shape[2], a.shape[2]), alpha, beta, traits,
+                       options)
         self.plan = plan
         self.choice = plan.choice
         self.traits = plan.traits
@@ -111,7 +108,12 @@ class PreparedGemm:
 
         operand_kind, upload_kind, download_kind = rt.pool.kinds()
         device_kind = d_kind = operand_kind
-        if operand_kind is not upload_kind and plan.io_bytes <= DIRECT_MAX_BYTES:
+        # Large problems on a discrete GPU: operands go straight into device buffers over
+        # the parallel transfer lanes, and D comes back the same way in read().
+        self.bulk = operand_kind is not upload_kind and plan.io_bytes >= BULK_MIN_BYTES
+        if self.bulk:
+            upload_kind, download_kind = operand_kind, operand_kind
+        elif operand_kind is not upload_kind and plan.io_bytes <= DIRECT_MAX_BYTES:
             # Small problem on a discrete GPU: the kernel reads A/B (and C) in the upload
             # buffers and writes D into the download buffer over PCIe, sparing three copy
             # commands and their barriers, most of a tiny matmul's device time.
@@ -122,15 +124,22 @@ class PreparedGemm:
             packed_operands = {step.operand for step in plan.packs}
             device_bufs: list[Buffer] = []
             self.uploads: list[Copy] = []
+            bulk_jobs: list[tuple[np.ndarray, Buffer]] = []
             for i, (x, s) in enumerate(inputs):
                 # The kernel's margin goes where it reads: after a repack, the packed copy.
                 margin = plan.margins[i] if i < 2 and i not in packed_operands else 0
                 dev_buf = self._take(operand_kind, s.nbytes + margin)
+                if self.bulk:
+                    bulk_jobs.append((_staged_view(x, s), dev_buf))
+                    device_bufs.append(dev_buf)
+                    continue
                 host = dev_buf if operand_kind is upload_kind else self._take(upload_kind, s.nbytes)
                 _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
                 if host is not dev_buf:
                     self.uploads.append(Copy(host, dev_buf, s.nbytes))
                 device_bufs.append(dev_buf)
+            if bulk_jobs:
+                rt.transfers.upload_many(bulk_jobs)
             d_buf = self._take(d_kind, self.d_bytes)
             self.d_host = d_buf if d_kind is download_kind else self._take(
                 download_kind, self.d_bytes)
@@ -176,6 +185,14 @@ class PreparedGemm:
 
     def read(self, out: np.ndarray) -> None:
         count = math.prod(self.shape)
+        if self.bulk:
+            if out.flags.c_contiguous and out.dtype == self.result_dtype:
+                self.rt.transfers.download(self.d_host, 0, out.reshape(self.shape))
+                return
+            tmp = np.empty(self.shape, self.result_dtype)
+            self.rt.transfers.download(self.d_host, 0, tmp)
+            np.copyto(out, tmp, casting="unsafe")
+            return
         np.copyto(out, self.d_host.view(self.result_dtype, count).reshape(self.shape),
                   casting="unsafe")
 
@@ -242,6 +259,9 @@ PLAN_CACHE = 256
 # KiB) 100 -> 80 us, 128^3 (96 KiB) 112 -> 104 us, but 256^3 (384 KiB) 135 -> 177 us, as
 # each workgroup's reads cross PCIe.
 DIRECT_MAX_BYTES = 128 * 1024
+# Problems moving at least this many bytes use the parallel transfer lanes (transfer.py)
+# on discrete GPUs: below it one thread's copy into staging is as fast.
+BULK_MIN_BYTES = 8 << 20
 _plans: OrderedDict[tuple[object, ...], Plan] = OrderedDict()
 _plans_lock = threading.Lock()
 
@@ -257,7 +277,8 @@ _specialized_lock = threading.Lock()
 def _admit(traits: GemmTraits, options: Options) -> GemmTraits:
     """The specialization budget: the policy asked for a specialized kernel; past
     MAX_SPECIALIZED of them in this process, the shared one runs instead."""
-    if not traits.specialized or options.specialize == "always":
+    if not isinstance(traits, KhrTraits) or not traits.specialized or \
+            options.specialize == "always":
         return traits
     with _specialized_lock:
         if traits in _specialized or len(_specialized) < MAX_SPECIALIZED:
@@ -275,20 +296,40 @@ def problem_of(pair: TypePair, a: Staged, b: Staged, c: Staged | None, M: int, N
                    alpha=alpha, beta=beta)
 
 
-def _make_plan(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
-               c: np.ndarray | None, batch: int, alpha: float | int, beta: float | int,
-               traits: GemmTraits | None, options: Options) -> Plan:
-    M, K = a.shape[1:]
-    N = b.shape[2]
-    sa, sb = _plan(a), _plan(b)
-    sc = _plan(c) if c is not None else None
+def plan_of(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | None,
+            shape: tuple[int, int, int, int], alpha: float | int, beta: float | int,
+            traits: GemmTraits | None, options: Options, margins_ok: bool = True) -> Plan:
+    """The cached plan of a call: shape is (batch, M, N, K); margins_ok False when the
+    operands' buffers have no room past their data (device arrays): no exact variant."""
+    key = (id(rt), pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok)
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+            return plan
+    plan = _make_plan(rt, pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok)
+    with _plans_lock:
+        _plans[key] = plan
+        while len(_plans) > PLAN_CACHE:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | None,
+               shape: tuple[int, int, int, int], alpha: float | int, beta: float | int,
+               traits: GemmTraits | None, options: Options, margins_ok: bool) -> Plan:
+    batch, M, N, K = shape
     info = rt.device.info
-    choice = choose(info, problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta),
-                    options, tuning.choices(info) if options.tuning else {}, traits)
+    problem = problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta)
+    choice = choose(info, problem, options, tuning.choices(info) if options.tuning else {},
+                    traits)
+    if not margins_ok and isinstance(choice.traits, KhrTraits) and choice.traits.exact:
+        choice = choose(info, problem, options, {}, replace(choice.traits, exact=False))
     choice = replace(choice, traits=_admit(choice.traits, options))
     result_dtype = numpy_dtype(pair.stored)
     d_bytes = batch * M * N * result_dtype.itemsize
-    steps = tuple(_pack_step(rt, p, a.itemsize) for p in choice.packs)
+    itemsize = numpy_dtype(pair.operand).itemsize
+    steps = tuple(_pack_step(rt, p, itemsize) for p in choice.packs)
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
                     *(st.nbytes for st in steps)])
     kernel = codegen.build_gemm(choice.traits)
@@ -322,3 +363,58 @@ def check_fits(rt: Runtime, sizes: list[int]) -> None:
         raise OutOfDeviceMemoryError(
             f"the problem needs {total} bytes of device memory; the device's memory heap "
             f"holds {rt.pool.device_heap_bytes}")
+
+
+@dataclass(frozen=True)
+class DeviceOperand:
+    """A matrix operand in device memory: `staged` says how it lies from `offset` (bytes);
+    `room` is how many bytes the buffer holds from there (data plus any margin)."""
+
+    buffer: Buffer
+    offset: int
+    staged: Staged
+
+    @property
+    def room(self) -> int:
+        return self.buffer.size - self.offset
+
+
+def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
+                 c: DeviceOperand | None, d: DeviceOperand, shape: tuple[int, int, int, int],
+                 alpha: float | int, beta: float | int, options: Options,
+                 uploads: Sequence[Copy] = ()) -> tuple[int, Plan]:
+    """Queue d = alpha * a @ b (+ beta * c) on buffers already on the device (after the
+    staging copies `uploads`, in the same submission), without waiting; returns the
+    stream's ticket and the plan that ran."""
+    plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
+                   None, options)
+    fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
+                                                                   strict=True))
+    if not fits:
+        plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha,
+                       beta, None, options, margins_ok=False)
+    device_kind = rt.pool.kinds()[0]
+    temps: list[Buffer] = []
+    dispatches: list[Dispatch] = []
+    operands = [(a.buffer, a.offset), (b.buffer, b.offset)]
+    try:
+        for step in plan.packs:  # repack 8-bit operands K-contiguous first
+            packed = rt.pool.acquire(device_kind, step.nbytes + plan.margins[step.operand])
+            temps.append(packed)
+            src, off = operands[step.operand]
+            dispatches.append(Dispatch(step.pipeline, {0: src, 1: packed},
+                                       step.push_constants, step.groups,
+                                       ((0, off),) if off else ()))
+            operands[step.operand] = (packed, 0)
+        bindings = {0: operands[0][0], 1: operands[1][0], 2: d.buffer}
+        offsets = [(0, operands[0][1]), (1, operands[1][1]), (2, d.offset)]
+        if c is not None:
+            bindings[3] = c.buffer
+            offsets.append((3, c.offset))
+        dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups,
+                                   tuple(o for o in offsets if o[1])))
+        ticket = rt.executor.submit(uploads, dispatches)
+    finally:
+        for buf in temps:  # later work on the queue is ordered after this GEMM
+            rt.pool.release(buf) if buf.mapped is None else rt.pool.release_later(buf)
+    return ticket, plan

@@ -13,7 +13,7 @@ import enum
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.vkcall import call
 from coopmat.errors import OutOfDeviceMemoryError
+
+if TYPE_CHECKING:
+    from coopmat.dispatch.stream import Stream
 
 DEVICE_LOCAL = 0x1
 HOST_VISIBLE = 0x2
@@ -68,10 +71,14 @@ def size_class(nbytes: int) -> int:
 class MemoryPool:
     """Allocates and recycles buffers of one device. Thread-safe."""
 
-    def __init__(self, device: Device, max_cached_bytes: int | None = None):
+    def __init__(self, device: Device, max_cached_bytes: int | None = None,
+                 stream: Stream | None = None):
         v = vk()
         self.device = device
-        self._lock = threading.Lock()
+        # Submitted work may still use a buffer the pool drops or hands out again: the
+        # stream says when it is done (None: every caller has waited already).
+        self.stream = stream
+        self._lock = threading.RLock()
         self._free: OrderedDict[tuple[Kind, int], list[Buffer]] = OrderedDict()
         self.cached_bytes = 0
         self.allocated_bytes = 0
@@ -144,13 +151,21 @@ class MemoryPool:
     def _destroy(self, buf: Buffer) -> None:
         v = vk()
         dev = self.device.handle
-        if buf.mapped is not None:
-            v.vkUnmapMemory(dev, buf.memory)
-            buf.mapped = None
-        v.vkDestroyBuffer(dev, buf.handle, None)
-        v.vkFreeMemory(dev, buf.memory, None)
-        self.allocated_bytes -= buf.size
-        self.generation += 1
+        with self._lock:
+            if buf.mapped is not None:
+                v.vkUnmapMemory(dev, buf.memory)
+                buf.mapped = None
+            v.vkDestroyBuffer(dev, buf.handle, None)
+            v.vkFreeMemory(dev, buf.memory, None)
+            self.allocated_bytes -= buf.size
+            self.generation += 1
+
+    def _drop(self, buf: Buffer) -> None:
+        """Destroy `buf` once no submitted work can still use it."""
+        if self.stream is None:
+            self._destroy(buf)
+        else:
+            self.stream.defer(lambda: self._destroy(buf))
 
     def acquire(self, kind: Kind, nbytes: int) -> Buffer:
         size = size_class(nbytes)
@@ -169,14 +184,27 @@ class MemoryPool:
             except OutOfDeviceMemoryError:
                 # Cached buffers may be what fills the heap: drop them and try once more.
                 self._trim(0)
-                return self._allocate(kind, size)
+        if self.stream is not None:
+            self.stream.wait()  # buffers dropped above are freed when their work is done
+        with self._lock:
+            return self._allocate(kind, size)
 
     def release(self, buf: Buffer) -> None:
+        """Give `buf` back for reuse now. Safe for a buffer only the device's queue uses
+        (later work on it is ordered after earlier work); host-visible buffers that
+        pending work may still read or write go through release_later."""
         with self._lock:
             self._free.setdefault((buf.kind, buf.size), []).append(buf)
             self._free.move_to_end((buf.kind, buf.size))
             self.cached_bytes += buf.size
             self._trim(self.max_cached_bytes)
+
+    def release_later(self, buf: Buffer) -> None:
+        """Give `buf` back once everything submitted so far has completed."""
+        if self.stream is None:
+            self.release(buf)
+        else:
+            self.stream.defer(lambda: self.release(buf))
 
     def _trim(self, limit: int) -> None:
         """Free least recently used cached buffers until at most `limit` bytes are cached."""
@@ -186,7 +214,7 @@ class MemoryPool:
             if not bufs:
                 del self._free[key]
             self.cached_bytes -= buf.size
-            self._destroy(buf)
+            self._drop(buf)
 
     def clear(self) -> None:
         with self._lock:

@@ -11,6 +11,8 @@ from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.dispatch.executor import Executor
 from coopmat.dispatch.memory import MemoryPool
 from coopmat.dispatch.pipelines import PipelineCache
+from coopmat.dispatch.stream import Stream
+from coopmat.dispatch.transfer import Transfers
 
 
 @dataclass
@@ -19,6 +21,8 @@ class Runtime:
     pool: MemoryPool
     pipelines: PipelineCache
     executor: Executor
+    stream: Stream
+    transfers: Transfers
 
 
 _lock = threading.Lock()
@@ -37,7 +41,15 @@ def runtime(selector: DeviceArg = None) -> Runtime:
     with _lock:
         rt = _runtimes.get(dev.info.index)
         if rt is None:
-            pool = MemoryPool(dev)
-            rt = Runtime(dev, pool, PipelineCache(dev), Executor(dev, pool))
+            stream = Stream(dev)
+            pool = MemoryPool(dev, stream=stream)
+            rt = Runtime(dev, pool, PipelineCache(dev), Executor(dev, pool, stream), stream,
+                         Transfers(dev, pool, stream))
             _runtimes[dev.info.index] = rt
         return rt
+
+
+def runtimes() -> list[Runtime]:
+    """The runtimes created so far (devices this process has used)."""
+    with _lock:
+        return list(_runtimes.values())

@@ -2,10 +2,10 @@
 
 Given a device's capabilities (PhysicalDeviceInfo, live or recorded), a problem (types,
 sizes, how A and B sit in memory) and Options, `choose` returns the kernel to run: family,
-tile and variant (GemmTraits), the push-constant values, the 8-bit repacks to run first,
-and the read-past margins the operands' buffers need. It touches no Vulkan object and
-reads no environment variable, so it is tested against recorded devices without a GPU;
-the dispatcher (coopmat.dispatch.gemm) carries the choice out.
+tile and variant (KhrTraits or Nv2Traits), the push-constant values, the 8-bit repacks to
+run first, and the read-past margins the operands' buffers need. It touches no Vulkan
+object and reads no environment variable, so it is tested against recorded devices
+without a GPU; the dispatcher (coopmat.dispatch.gemm) carries the choice out.
 
 The rules, each with its measurement in docs/kernels.md:
 - family: forced by Options, else the tuned choice for the device, dtype pair and shape
@@ -22,8 +22,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import overload
 
-from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, Layout, Tile, abi
+from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, KhrTraits, Layout, Tile, abi
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles
@@ -169,10 +170,20 @@ def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
 
 def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Options) -> bool:
     """Whether a khr kernel gets this problem's sizes and strides compiled in."""
-    if traits.family != "khr" or options.specialize == "never":
+    if not isinstance(traits, KhrTraits) or options.specialize == "never":
         return False
     return options.specialize == "always" or \
         2 * params.M * params.N * params.K * batch >= SPECIALIZE_MIN_OPS
+
+
+@overload
+def fastest_variant(traits: KhrTraits, params: GemmParams, batch: int = 1,
+                    options: Options | None = None) -> KhrTraits: ...
+
+
+@overload
+def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
+                    options: Options | None = None) -> GemmTraits: ...
 
 
 def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
@@ -180,7 +191,7 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
     """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
     checks), else aligned (vector loads), else general; and specialized for these sizes
     and strides where `specializes` says so."""
-    if traits.family != "khr":
+    if not isinstance(traits, KhrTraits):  # nv2: one kernel for every alignment and shape
         return traits
     general = replace(traits, aligned=False, exact=False, specialized=())
     aligned = replace(general, aligned=True)
@@ -208,18 +219,18 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
             raise MissingFeatureError(
                 f"device {info.index} ({info.name}) lists no workgroup-scope matrix for "
                 f"{pair.describe()}")
-        traits = nv2_traits(pair.operand, pair.result, info.flexible_dimensions_properties,
-                            info.limits.subgroup_size, a_layout, b_layout, problem.has_c, tile)
-        return replace(traits, out_type=pair.out), why
+        nv2 = nv2_traits(pair.operand, pair.result, info.flexible_dimensions_properties,
+                         info.limits.subgroup_size, a_layout, b_layout, problem.has_c, tile)
+        return replace(nv2, out_type=pair.out), why
     cfg = config_for(info, pair)
     if cfg is None:
         raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
                                   f"subgroup-scope matrix for {pair.describe()}")
     if tile is None:
         tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info))
-    traits = khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
-                        out_type=pair.out)
-    return fastest_variant(traits, params, problem.batch, options), why
+    khr = khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
+                     out_type=pair.out)
+    return fastest_variant(khr, params, problem.batch, options), why
 
 
 def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
@@ -248,8 +259,9 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     item = p.pair.operand.bits // 8
     margins = (abi.overread_elems(traits, a.ld) * item, abi.overread_elems(traits, b.ld) * item)
     sizes = (_elems(p, a, 0), _elems(p, b, 1))
-    if max(sizes[0] * item + margins[0], sizes[1] * item + margins[1]) > \
-            info.limits.max_storage_buffer_range:
+    too_big = max(sizes[0] * item + margins[0], sizes[1] * item + margins[1]) > \
+        info.limits.max_storage_buffer_range
+    if too_big and isinstance(traits, KhrTraits):  # only khr kernels have margins
         # No room for the exact variant's margin: the bounds-checked one needs none.
         traits, margins = replace(traits, exact=False), (0, 0)
     return KernelChoice(traits, params, tuple(packs), margins, why)

@@ -1,0 +1,334 @@
+"""`coopmat.Array`: an n-dimensional array in one Vulkan device's memory.
+
+Work on Arrays is queued on the device's stream and returns at once; `.numpy()`,
+`np.asarray(arr)` and `coopmat.synchronize()` wait. Views (`.T`, `.mT`, `transpose`,
+`reshape` where strides allow) share their base's memory, which returns to the device's
+pool when the last of them goes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from coopmat.dispatch.memory import Buffer
+from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime, runtimes
+from coopmat.dtypes import dtype_name
+from coopmat.errors import DeviceMismatchError, OutOfDeviceMemoryError
+
+# Bytes kept free after an array's data, up to this share of its size, so the exact
+# (unchecked) GEMM variants may read past the end of an operand (abi.overread_elems:
+# two K steps of 128 bytes per line of the leading dimension).
+MARGIN_PER_LINE = 256
+MARGIN_SHARE = 4
+
+
+class _Storage:
+    """One device buffer and what Arrays know about it; freed with its last Array."""
+
+    __slots__ = ("rt", "buffer", "nbytes", "__weakref__")
+
+    def __init__(self, rt: Runtime, buffer: Buffer, nbytes: int):
+        self.rt = rt
+        self.buffer = buffer
+        self.nbytes = nbytes
+
+    def __del__(self) -> None:
+        buf, self.buffer = self.buffer, None  # type: ignore[assignment]
+        if buf is None:
+            return
+        try:
+            pool = self.rt.pool
+            # Device-local memory may be reused at once: later work on the queue is
+            # ordered after whatever still reads it. Host-visible memory is written by
+            # the host, so it waits for the work submitted so far.
+            pool.release(buf) if buf.mapped is None else pool.release_later(buf)
+        except Exception:  # interpreter shutdown: the device goes with the process
+            pass
+
+
+def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> _Storage:
+    nbytes = math.prod(shape) * dtype.itemsize
+    lines = max(shape[-2:]) if len(shape) >= 2 else 1
+    margin = min(MARGIN_PER_LINE * lines, nbytes // MARGIN_SHARE)
+    limit = rt.device.info.limits.max_storage_buffer_range
+    if nbytes > limit:
+        raise OutOfDeviceMemoryError(
+            f"an array of {nbytes} bytes passes the device's maxStorageBufferRange ({limit})")
+    if nbytes > rt.pool.device_heap_bytes:
+        raise OutOfDeviceMemoryError(
+            f"an array of {nbytes} bytes does not fit the device's memory heap "
+            f"({rt.pool.device_heap_bytes} bytes)")
+    kind = rt.pool.kinds()[0]
+    return _Storage(rt, rt.pool.acquire(kind, min(nbytes + margin, limit)), nbytes)
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _check_dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.hasobject or dt.itemsize == 0 or dt.fields is not None:
+        raise TypeError(f"coopmat arrays hold numbers, not {dt}")
+    return dt
+
+
+class Array:
+    """An array in device memory. Element strides and offset index into its storage."""
+
+    __array_priority__ = 100  # numpy defers ndarray @ Array to Array.__rmatmul__
+
+    def __init__(self, storage: _Storage, shape: tuple[int, ...], dtype: np.dtype,
+                 strides: tuple[int, ...] | None = None, offset: int = 0):
+        self._storage = storage
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = dtype
+        self._strides = _c_strides(self.shape) if strides is None else tuple(strides)
+        self._offset = offset
+        self._keep: Any = None  # what must live as long as this array (staging memory)
+
+    # -- numpy's attributes ----------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """In bytes, as numpy gives them."""
+        return tuple(s * self.dtype.itemsize for s in self._strides)
+
+    @property
+    def device(self) -> Any:
+        """The logical device holding the array (`.info.name` names it)."""
+        return self._storage.rt.device
+
+    @property
+    def is_c_contiguous(self) -> bool:
+        return self._strides == _c_strides(self.shape) or self.size <= 1
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    # -- views -----------------------------------------------------------------------
+    def _view(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> Array:
+        return Array(self._storage, shape, self.dtype, strides, self._offset)
+
+    def transpose(self, *axes: Any) -> Array:
+        if len(axes) == 1 and not isinstance(axes[0], int):
+            axes = tuple(axes[0]) if axes[0] is not None else ()
+        order = tuple(range(self.ndim))[::-1] if not axes else tuple(
+            int(a) % max(self.ndim, 1) for a in axes)
+        if sorted(order) != list(range(self.ndim)):
+            raise ValueError(f"axes {axes} don't match an array of {self.ndim} dimensions")
+        return self._view(tuple(self.shape[i] for i in order),
+                          tuple(self._strides[i] for i in order))
+
+    @property
+    def T(self) -> Array:
+        return self.transpose()
+
+    @property
+    def mT(self) -> Array:
+        """The last two axes swapped (matrix transpose of a stack), as numpy's .mT."""
+        if self.ndim < 2:
+            raise ValueError("matrix transpose needs an array of at least 2 dimensions")
+        order = (*range(self.ndim - 2), self.ndim - 1, self.ndim - 2)
+        return self.transpose(order)
+
+    def reshape(self, *shape: Any) -> Array:
+        """A view where the strides allow, as numpy's reshape; else a copy (through the
+        host: reshaping a transposed array is rare enough not to need a kernel)."""
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        # numpy decides whether a view is possible from strides alone: ask it, on a
+        # stand-in array whose memory is never read.
+        probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), self.shape,
+                                                self._strides)
+        try:
+            new = _reshape_view(probe, shape)
+        except ValueError as exc:
+            if "cannot reshape" in str(exc):
+                raise
+            return asarray(self.numpy().reshape(shape), device=self.device)
+        return self._view(new.shape, new.strides)
+
+    # -- to the host -----------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """A numpy copy, once the work that writes this array has run."""
+        rt = self._storage.rt
+        out = np.empty(self.shape, self.dtype)
+        if self.size == 0:
+            return out
+        if self.is_c_contiguous:
+            rt.transfers.download(self._storage.buffer, self._offset * self.itemsize, out)
+            return out
+        # A view: fetch the span it covers, then let numpy apply the strides.
+        lo = self._offset + sum(s * (n - 1) for s, n in zip(self._strides, self.shape,
+                                                           strict=True) if s < 0)
+        hi = self._offset + sum(s * (n - 1) for s, n in zip(self._strides, self.shape,
+                                                           strict=True) if s > 0) + 1
+        span = np.empty(hi - lo, self.dtype)
+        rt.transfers.download(self._storage.buffer, lo * self.itemsize, span)
+        view = np.lib.stride_tricks.as_strided(span[self._offset - lo:], self.shape,
+                                               self.strides)
+        np.copyto(out, view)
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def get(self) -> np.ndarray:
+        """Alias of numpy(), as cupy names it."""
+        return self.numpy()
+
+    # -- arithmetic ------------------------------------------------------------------
+    def __matmul__(self, other: Any) -> Any:
+        from coopmat.linalg import matmul
+        return matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        from coopmat.linalg import matmul
+        return matmul(other, self)
+
+    def __repr__(self) -> str:
+        dev = self.device.info
+        where = f"device={dev.index} ({dev.name})"
+        if self.size > 1000:
+            return (f"coopmat.Array(shape={self.shape}, dtype={dtype_name(self.dtype)}, "
+                    f"{where})")
+        body = np.array2string(self.numpy(), separator=", ", prefix="coopmat.Array(")
+        return f"coopmat.Array({body}, dtype={dtype_name(self.dtype)}, {where})"
+
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ValueError("the truth value of an array with more than one element is "
+                             "ambiguous")
+        return bool(self.numpy().reshape(()))
+
+    # -- for the GEMM ----------------------------------------------------------------
+    @property
+    def runtime(self) -> Runtime:
+        return self._storage.rt
+
+    @property
+    def buffer(self) -> Buffer:
+        return self._storage.buffer
+
+    @property
+    def offset_bytes(self) -> int:
+        return self._offset * self.itemsize
+
+    @property
+    def element_strides(self) -> tuple[int, ...]:
+        return self._strides
+
+
+def _reshape_view(probe: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """probe reshaped without a copy; ValueError('copy') where that is impossible."""
+    try:
+        return np.reshape(probe, shape, copy=False)
+    except TypeError:  # numpy < 2.1 has no copy=
+        view = probe.view()
+        try:
+            view.shape = shape
+        except AttributeError:
+            raise ValueError("a copy is needed") from None
+        return view
+
+
+# -- creating arrays ---------------------------------------------------------------------
+def _runtime_for(device: DeviceArg) -> Runtime:
+    if isinstance(device, Array):
+        return device.runtime
+    return runtime(device)
+
+
+def empty(shape: Any, dtype: Any = np.float32, device: DeviceArg = None) -> Array:
+    """An uninitialised array on the device."""
+    shape = (int(shape),) if isinstance(shape, int | np.integer) else tuple(
+        int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"negative dimensions are not allowed: {shape}")
+    dt = _check_dtype(dtype)
+    rt = _runtime_for(device)
+    return Array(_allocate(rt, shape, dt), shape, dt)
+
+
+def zeros(shape: Any, dtype: Any = np.float32, device: DeviceArg = None) -> Array:
+    """An array of zeros on the device (filled there: nothing crosses PCIe)."""
+    arr = empty(shape, dtype, device)
+    if arr.nbytes:
+        arr.runtime.transfers.fill_zero(arr.buffer, 0, arr.nbytes)
+    return arr
+
+
+def asarray(x: Any, device: DeviceArg = None, dtype: Any = None) -> Array:
+    """x on the device: an Array already there (and of that dtype) is returned as it is;
+    anything numpy.asarray accepts is copied over."""
+    if isinstance(x, Array):
+        same_device = device is None or _runtime_for(device) is x.runtime
+        if same_device and (dtype is None or np.dtype(dtype) == x.dtype):
+            return x
+        host = x.numpy()
+        if dtype is not None:
+            host = host.astype(dtype)
+        return asarray(host, device=device if device is not None else x.device)
+    host = np.asarray(x, dtype=dtype)
+    dt = _check_dtype(host.dtype)
+    rt = _runtime_for(device)
+    arr = Array(_allocate(rt, host.shape, dt), host.shape, dt)
+    rt.transfers.upload(host, arr.buffer)
+    return arr
+
+
+def staged(x: np.ndarray, rt: Runtime) -> Array:
+    """x in host-visible memory the device reads directly (over PCIe on a discrete GPU):
+    for a small operand used once, cheaper than a copy to device memory."""
+    dt = _check_dtype(x.dtype)
+    kind = rt.pool.kinds()[1]
+    storage = _Storage(rt, rt.pool.acquire(kind, max(x.nbytes, 1)), x.nbytes)
+    mapped = storage.buffer.mapped
+    assert mapped is not None
+    np.copyto(mapped[:x.nbytes].view(dt).reshape(x.shape), x)
+    return Array(storage, x.shape, dt)
+
+
+def synchronize(device: DeviceArg = None) -> None:
+    """Wait until the work queued so far (on `device`, default every device used) has
+    run; raise what failed."""
+    targets = runtimes() if device is None else [_runtime_for(device)]
+    for rt in targets:
+        rt.stream.wait()
+
+
+def same_runtime(arrays: list[Array]) -> Runtime:
+    """The one runtime of `arrays`; DeviceMismatchError if they live on several."""
+    rts = {id(a.runtime): a for a in arrays}
+    if len(rts) > 1:
+        names = ", ".join(f"{a.device.info.index} ({a.device.info.name})" for a in rts.values())
+        raise DeviceMismatchError(f"operands live on different devices: {names}; move one "
+                                  f"with coopmat.asarray(x, device=...)")
+    return arrays[0].runtime
+

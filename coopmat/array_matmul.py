@@ -1,0 +1,240 @@
+"""`coopmat.matmul` when an operand is a device array: queued on that device, result an
+Array. Same shapes, dtypes and errors as the numpy path (linalg.py); the kernel choice and
+its dispatch are the same too (coopmat.policy, dispatch.gemm.enqueue_gemm)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coopmat.array import Array, asarray, empty, same_runtime, staged
+from coopmat.codegen import Layout
+from coopmat.dispatch.executor import Copy
+from coopmat.dispatch.gemm import (
+    DIRECT_MAX_BYTES,
+    DeviceOperand,
+    GemmResult,
+    Staged,
+    enqueue_gemm,
+)
+from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime
+from coopmat.dtypes import dtype_name, numpy_dtype
+from coopmat.errors import DeviceMismatchError
+from coopmat.linalg import _last, _scalars, _shapes
+from coopmat.policy import Options, TypePair, resolve
+
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """What a call's shapes, strides, dtypes and scalars decide, computed once: a chain
+    of products pays only for the result's allocation and the submission."""
+
+    rt: Runtime
+    pair: TypePair
+    result_dtype: np.dtype
+    shape: tuple[int, ...]
+    gemm: tuple[int, int, int, int]
+    a: Staged
+    b: Staged
+    d: Staged
+    alpha: float | int
+    beta: float | int
+    options: Options
+
+
+_recipes: OrderedDict[tuple[Any, ...], _Recipe] = OrderedDict()
+RECIPES = 256
+
+
+def _signature(x: Any) -> tuple[Any, ...] | None:
+    if isinstance(x, Array):
+        return (id(x.runtime), x.shape, x.element_strides, x.dtype, x.offset_bytes == 0)
+    return None
+
+
+def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
+    """The cached way through for Array @ Array with no c or out."""
+    with _lock:
+        r = _recipes.get(key)
+    if r is None:
+        return None
+    result = empty(r.shape, r.result_dtype, device=r.rt.device)
+    d = DeviceOperand(result.buffer, 0, r.d)
+    _, plan = enqueue_gemm(r.rt, r.pair, DeviceOperand(a.buffer, a.offset_bytes, r.a),
+                           DeviceOperand(b.buffer, b.offset_bytes, r.b), None, d, r.gemm,
+                           r.alpha, r.beta, r.options)
+    _last.result = GemmResult(None, plan.traits)
+    return result
+
+
+def _batch_stride(x: Array, batch_shape: tuple[int, ...]) -> int | None:
+    """One element stride that walks x's batch axes in C order (0: shared by every batch
+    entry); None where they cannot be walked with one stride."""
+    lead = x.shape[:-2]
+    strides = x.element_strides[:-2]
+    if math.prod(lead) <= 1:
+        return 0
+    if lead != batch_shape[len(batch_shape) - len(lead):] or math.prod(lead) != math.prod(
+            batch_shape):
+        return None  # broadcast over some batch axes only
+    live = [(n, s) for n, s in zip(lead, strides, strict=True) if n > 1]
+    for (_, outer), (n_inner, inner) in zip(live, live[1:], strict=False):
+        if outer != inner * n_inner:
+            return None
+    return live[-1][1]
+
+
+def _operand(x: Array, batch_shape: tuple[int, ...], which: int) -> DeviceOperand:
+    """How the matrix operand x lies in its buffer."""
+    rows, cols = x.shape[-2:]
+    sr, sc = x.element_strides[-2:]
+    if cols == 1 or sc == 1:
+        layout, ld = Layout.ROW_MAJOR, (sr if rows > 1 else cols)
+    elif rows == 1 or sr == 1:
+        layout, ld = Layout.COLUMN_MAJOR, (sc if cols > 1 else rows)
+    else:
+        raise ValueError(
+            f"matmul: operand {which}'s strides {x.strides} are neither row- nor "
+            f"column-major in its last two axes; pass coopmat.asarray(np.asarray(x)) for "
+            f"a contiguous copy")
+    bstride = _batch_stride(x, batch_shape)
+    if bstride is None or min(x.element_strides, default=0) < 0:
+        raise ValueError(
+            f"matmul: operand {which} of shape {x.shape} and strides {x.strides} is "
+            f"broadcast over only some batch axes (or reversed); device arrays need one "
+            f"stride for all batch axes")
+    lines, length = (rows, cols) if layout is Layout.ROW_MAJOR else (cols, rows)
+    batch = math.prod(batch_shape) if bstride else 1
+    span = (batch - 1) * bstride + (lines - 1) * ld + length
+    return DeviceOperand(x.buffer, x.offset_bytes,
+                         Staged(layout, ld, bstride, span * x.itemsize))
+
+
+def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
+    """x as an Array on rt's device: numpy operands are copied over for the call, small
+    ones by a copy command in the GEMM's own submission (appended to `uploads`)."""
+    if isinstance(x, Array):
+        if x.runtime is not rt:
+            raise DeviceMismatchError(
+                f"operands live on different devices: {x.device.info.index} "
+                f"({x.device.info.name}) and {rt.device.info.index} ({rt.device.info.name})")
+        return x
+    host = np.asarray(x, dtype=dtype)
+    if host.nbytes > DIRECT_MAX_BYTES or host.nbytes == 0:
+        return asarray(host, device=rt.device)
+    stage = staged(host, rt)
+    if rt.pool.unified:  # the staging memory is device memory
+        return stage
+    arr = empty(host.shape, host.dtype, device=rt.device)
+    uploads.append(Copy(stage.buffer, arr.buffer, host.nbytes))
+    arr._keep = stage  # the staging memory goes back to the pool with arr
+    return arr
+
+
+def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | int,
+                  out: Any, dtype: Any, accumulator: Any, device: DeviceArg,
+                  family: str | None) -> Any:
+    key = None
+    if c is None and out is None and device is None:
+        sa, sb = _signature(a), _signature(b)
+        if sa is not None and sb is not None:
+            key = (sa, sb, alpha, beta, dtype, accumulator, family, Options.from_env())
+            done = _fast(a, b, key)
+            if done is not None:
+                return done
+    arrays = [x for x in (a, b, c, out) if isinstance(x, Array)]
+    rt = same_runtime(arrays)
+    if device is not None and runtime(device) is not rt:
+        raise DeviceMismatchError(
+            f"device={device!r} is not the device the operands live on "
+            f"({rt.device.info.index}: {rt.device.info.name})")
+    a_shape, b_shape = tuple(np.shape(a)), tuple(np.shape(b))
+    M, N, K, batch_shape, full_shape, shape = _shapes(a_shape, b_shape)
+    options = Options.from_env().with_family(family)
+    a_dtype = a.dtype if isinstance(a, Array) else np.asarray(a).dtype
+    b_dtype = b.dtype if isinstance(b, Array) else np.asarray(b).dtype
+    pair = resolve(rt.device.info, a_dtype, b_dtype, dtype, accumulator)
+    result_dtype = numpy_dtype(pair.stored)
+    alpha, beta = _scalars(pair, alpha, beta)
+
+    if out is not None:
+        if not isinstance(out, Array):
+            raise TypeError("matmul: out must be a coopmat.Array when an operand is one")
+        if out.shape != shape:
+            raise ValueError(f"matmul: out has shape {out.shape}, the result has shape {shape}")
+        if out.dtype != result_dtype:
+            raise TypeError(f"matmul: out has dtype {dtype_name(out.dtype)}; a device array "
+                            f"out must have the result dtype {dtype_name(result_dtype)}")
+        if not out.is_c_contiguous:
+            raise ValueError("matmul: a device array out must be C-contiguous")
+        result = out
+    else:
+        result = empty(shape, result_dtype, device=rt.device)
+
+    uploads: list[Copy] = []
+    A, B = _on(rt, a, uploads), _on(rt, b, uploads)
+    A2 = A.reshape(1, K) if A.ndim == 1 else A
+    B2 = B.reshape(K, 1) if B.ndim == 1 else B
+    C: Array | None = None
+    if c is not None and beta != 0:  # BLAS convention: beta == 0 means C is not read
+        c_dtype = c.dtype if isinstance(c, Array) else np.asarray(c).dtype
+        if c_dtype != result_dtype and not np.can_cast(c_dtype, result_dtype, "same_kind"):
+            raise TypeError(f"matmul: c has dtype {c_dtype}, which cannot be cast to the "
+                            f"result dtype {result_dtype}")
+        if isinstance(c, Array):
+            if c.dtype != result_dtype:
+                raise TypeError(f"matmul: a device array c must have the result dtype "
+                                f"{dtype_name(result_dtype)}, not {dtype_name(c.dtype)}")
+            if c.shape != shape and c.shape != shape[-2:]:
+                raise ValueError(f"matmul: a device array c must have the result's shape "
+                                 f"{shape} (or its last two axes), not {c.shape}")
+            C = c
+        else:
+            try:
+                host_c = np.broadcast_to(np.asarray(c).astype(result_dtype, copy=False), shape)
+            except ValueError:
+                raise ValueError(f"matmul: c of shape {np.shape(c)} does not broadcast to the "
+                                 f"result shape {shape}") from None
+            C = asarray(np.ascontiguousarray(host_c), device=rt.device)
+
+    if result.size == 0:
+        return result
+    if K == 0:  # an empty sum: zeros, plus beta * c
+        host = np.zeros(shape, result_dtype)
+        if C is not None:
+            host[...] = beta * C.numpy()
+        done = asarray(host, device=rt.device)
+        if out is None:
+            return done
+        out_op = DeviceOperand(out.buffer, out.offset_bytes, Staged(Layout.ROW_MAJOR, 1, 0,
+                                                                    out.nbytes))
+        rt.transfers.upload(host, out_op.buffer, out_op.offset)
+        return out
+
+    full = (*batch_shape, M, N)
+    a_op = _operand(A2, batch_shape, 0)
+    b_op = _operand(B2, batch_shape, 1)
+    c_op = _operand(C.reshape(full) if C.shape == shape else C, batch_shape, 2) \
+        if C is not None else None
+    batch = math.prod(batch_shape) if batch_shape else 1
+    d_op = DeviceOperand(result.buffer, result.offset_bytes,
+                         Staged(Layout.ROW_MAJOR, N, M * N if batch > 1 else 0,
+                                batch * M * N * result_dtype.itemsize))
+    _, plan = enqueue_gemm(rt, pair, a_op, b_op, c_op, d_op, (batch, M, N, K), alpha, beta,
+                           options, uploads)
+    _last.result = GemmResult(None, plan.traits)
+    if key is not None:
+        with _lock:
+            _recipes[key] = _Recipe(rt, pair, result_dtype, shape, (batch, M, N, K),
+                                    a_op.staged, b_op.staged, d_op.staged, alpha, beta,
+                                    options)
+            while len(_recipes) > RECIPES:
+                _recipes.popitem(last=False)
+    return result

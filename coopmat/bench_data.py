@@ -1,0 +1,209 @@
+"""`python -m coopmat.bench --data-path`: the time around the kernel, beside peers.
+
+Measured in one process, median of --repeat runs after a warm-up:
+- transfers: coopmat.asarray and .numpy() of a 256 MiB array (each transfer mode), torch's
+  copies from pageable and pinned memory (pinned: the PCIe floor);
+- numpy -> numpy float16 GEMM: coopmat.matmul (its kernel time from timestamps beside),
+  torch and cupy the same way, and the PCIe floor (bytes moved / pinned copy rate);
+- resident: a decode step (16 x 4096 @ 4096 x 4096 float16, weight on the GPU, x in and
+  y out as numpy), 100 dependent products on device arrays with one .numpy() at the end
+  against the sum of their kernel times, and a 64^3 numpy -> numpy call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coopmat.array import asarray, empty, synchronize
+from coopmat.dispatch.runtime import runtime
+from coopmat.dispatch.transfer import MODES
+from coopmat.linalg import last_kernel_time, matmul
+
+MiB = 1 << 20
+
+
+def _median(fn: Callable[[], Any], repeat: int, sync: Callable[[], Any] | None = None
+            ) -> float:
+    fn()
+    if sync:
+        sync()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+        return torch if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception:
+        return None
+
+
+def transfers(repeat: int, nbytes: int, out: list[dict[str, Any]]) -> float | None:
+    """Rows of transfer rates; returns the pinned host -> device rate (bytes/s) if torch
+    measured one."""
+    rt = runtime()
+    x = np.random.default_rng(0).standard_normal(nbytes // 2, dtype=np.float32).astype(
+        np.float16)
+    back = np.empty_like(x)
+    modes = [m for m in MODES if m == "staging" or rt.transfers.can_import]
+    for mode in modes:
+        dev = empty(x.shape, x.dtype)
+        def up_once(mode: str = mode, dev: Any = dev) -> None:
+            rt.transfers.upload(x, dev.buffer, 0, mode)
+
+        def down_once(mode: str = mode, dev: Any = dev) -> None:
+            rt.transfers.download(dev.buffer, 0, back, mode)
+        up = _median(up_once, repeat, rt.stream.wait)
+        down = _median(down_once, repeat)
+        assert np.array_equal(back.view(np.uint16), x.view(np.uint16)), mode
+        out.append({"case": f"coopmat {mode}", "up_GBps": nbytes / up / 1e9,
+                    "down_GBps": nbytes / down / 1e9})
+    arr = asarray(x)
+    t_as = _median(lambda: asarray(x), repeat, synchronize)
+    t_np = _median(arr.numpy, repeat)
+    out.append({"case": "coopmat asarray / .numpy()", "up_GBps": nbytes / t_as / 1e9,
+                "down_GBps": nbytes / t_np / 1e9})
+    torch = _torch()
+    if torch is None:
+        return None
+    xt = torch.from_numpy(x)
+    dev_t = xt.cuda()
+    sync = torch.cuda.synchronize
+    up = _median(lambda: xt.cuda(), repeat, sync)
+    down = _median(lambda: dev_t.cpu(), repeat, sync)
+    out.append({"case": "torch pageable", "up_GBps": nbytes / up / 1e9,
+                "down_GBps": nbytes / down / 1e9})
+    pinned = xt.pin_memory()
+    dst = torch.empty_like(pinned).pin_memory()
+    up = _median(lambda: dev_t.copy_(pinned, non_blocking=True), repeat, sync)
+    down = _median(lambda: dst.copy_(dev_t, non_blocking=True), repeat, sync)
+    out.append({"case": "torch pinned (PCIe floor)", "up_GBps": nbytes / up / 1e9,
+                "down_GBps": nbytes / down / 1e9})
+    return float(nbytes / up)
+
+
+def end_to_end(repeat: int, sizes: list[int], pinned_rate: float | None,
+               out: list[dict[str, Any]]) -> None:
+    rng = np.random.default_rng(1)
+    torch, cupy = _torch(), _cupy()
+    for n in sizes:
+        a = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+        b = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+        d = np.empty((n, n), np.float16)
+        row: dict[str, Any] = {"case": f"numpy->numpy f16 {n}^3"}
+        def step(a: np.ndarray = a, b: np.ndarray = b, d: np.ndarray = d) -> None:
+            matmul(a, b, out=d)
+        row["coopmat_ms"] = 1e3 * _median(step, repeat)
+        row["kernel_ms"] = 1e3 * (last_kernel_time() or float("nan"))
+        ref = a[:64].astype(np.float32) @ b.astype(np.float32)
+        row["max_err_first_rows"] = float(np.abs(d[:64].astype(np.float32) - ref).max())
+        if torch is not None:
+            def tstep(a: np.ndarray = a, b: np.ndarray = b) -> Any:
+                return (torch.from_numpy(a).cuda() @ torch.from_numpy(b).cuda()).cpu().numpy()
+            row["torch_ms"] = 1e3 * _median(tstep, repeat)
+        if cupy is not None:
+            def cstep(a: np.ndarray = a, b: np.ndarray = b) -> Any:
+                return cupy.asnumpy(cupy.asarray(a) @ cupy.asarray(b))
+            row["cupy_ms"] = 1e3 * _median(cstep, repeat)
+        if pinned_rate:
+            row["pcie_floor_ms"] = 1e3 * 3 * n * n * 2 / pinned_rate
+        out.append(row)
+
+
+def resident(repeat: int, out: list[dict[str, Any]]) -> None:
+    rng = np.random.default_rng(2)
+    torch = _torch()
+    w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
+    x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
+    W = asarray(w)
+    row: dict[str, Any] = {"case": "decode step 16x4096 @ W 4096^2 (W resident)"}
+    row["coopmat_ms"] = 1e3 * _median(lambda: matmul(x, W).numpy(), repeat)
+    matmul(x, w)
+    kernel = last_kernel_time() or float("nan")
+    row["kernel_ms"] = 1e3 * kernel
+    if torch is not None:
+        wt = torch.from_numpy(w).cuda()
+        row["torch_ms"] = 1e3 * _median(
+            lambda: (torch.from_numpy(x).cuda() @ wt).cpu().numpy(), repeat)
+    out.append(row)
+
+    chain = 100
+    X = asarray(x)
+
+    def run_chain() -> np.ndarray:
+        y = X
+        for _ in range(chain):
+            y = y @ W
+        return y.numpy()
+    row = {"case": f"{chain} chained x = x @ W (Arrays, one .numpy())"}
+    row["coopmat_ms"] = 1e3 * _median(run_chain, repeat)
+    row["kernel_sum_ms"] = 1e3 * chain * kernel
+    row["target_ms"] = 1.25 * row["kernel_sum_ms"] + 1.0
+    if torch is not None:
+        xt, wt = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+
+        def tchain() -> np.ndarray:
+            y = xt
+            for _ in range(chain):
+                y = y @ wt
+            return y.cpu().numpy()
+        row["torch_ms"] = 1e3 * _median(tchain, repeat)
+    out.append(row)
+
+    s = rng.standard_normal((64, 64), dtype=np.float32).astype(np.float16)
+    row = {"case": "64^3 f16 numpy->numpy"}
+    row["coopmat_us"] = 1e6 * _median(lambda: matmul(s, s), max(repeat, 200))
+    if torch is not None:
+        row["torch_us"] = 1e6 * _median(
+            lambda: (torch.from_numpy(s).cuda() @ torch.from_numpy(s).cuda()).cpu().numpy(),
+            max(repeat, 200))
+    out.append(row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="coopmat.bench --data-path", description=__doc__)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--sizes", default="4096,8192", help="square numpy->numpy GEMM sizes")
+    ap.add_argument("--transfer-mib", type=int, default=256)
+    ap.add_argument("--json", dest="json_path")
+    args = ap.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    rate = transfers(args.repeat, args.transfer_mib * MiB, rows)
+    end_to_end(args.repeat, [int(s) for s in args.sizes.split(",") if s], rate, rows)
+    resident(args.repeat, rows)
+    info = runtime().device.info
+    for r in rows:
+        print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in r.items()))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps({"device": info.name, "rows": rows},
+                                                   indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,433 @@
+"""numpy <-> device memory at PCIe speed.
+
+One thread copying into pinned memory reaches about a sixth of what PCIe carries, so a
+large transfer is cut into chunks spread over `lanes`, one per worker thread. Each lane
+owns two pinned staging buffers and two command buffers and works double-buffered: while
+the device copies one chunk (upload) or the host drains one (download), the lane fills or
+waits for the other. numpy releases the GIL while it copies, so lanes run in parallel.
+
+Second way in and out, for C-contiguous arrays on devices with
+VK_EXT_external_memory_host: the array's own pages are imported as device-visible memory
+(the driver pins them) and the device copies straight from or into them, with no host
+copy at all. Which way a transfer takes is `Transfers.mode` ('staging' or 'import'),
+measured on the lent H200 (docs/transfers.md); 'import' falls back to 'staging' where the
+device lacks the extension or the array is not contiguous.
+
+On unified-memory devices (lavapipe, integrated GPUs) device buffers are host-visible and
+the lanes copy straight into them.
+
+Ordering: every chunk's command buffer starts with a full barrier, so uploads run after
+all earlier work on the stream (a buffer handed back by an earlier call may be the
+destination) and downloads read what earlier work wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from coopmat.device.vkffi import vk
+from coopmat.dispatch.executor import (
+    ACCESS_ALL,
+    ACCESS_SHADER_WRITE,
+    ACCESS_TRANSFER_WRITE,
+    STAGE_COMPUTE,
+    STAGE_TRANSFER,
+)
+from coopmat.dispatch.memory import (
+    BUFFER_USAGE_TRANSFER_DST,
+    BUFFER_USAGE_TRANSFER_SRC,
+    Buffer,
+    Kind,
+    MemoryPool,
+)
+from coopmat.dispatch.stream import Stream
+from coopmat.dispatch.vkcall import call, check
+from coopmat.errors import OutOfDeviceMemoryError, VulkanError
+
+CHUNK_BYTES = 4 << 20
+# Below this a transfer is one chunk on the calling thread: a thread hand-off costs more.
+PARALLEL_MIN_BYTES = 2 * CHUNK_BYTES
+MAX_LANES = 16
+IMPORT_CHUNK_BYTES = 32 << 20
+HOST_ALLOCATION = 0x80  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
+COMMAND_POOL_RESET = 0x2
+ONE_TIME_SUBMIT = 0x1
+MODES = ("staging", "import")
+MODE_ENV = "COOPMAT_TRANSFER"
+
+_workers: ThreadPoolExecutor | None = None
+_workers_lock = threading.Lock()
+
+
+def lane_count() -> int:
+    return max(1, min(MAX_LANES, os.cpu_count() or 1))
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _workers
+    with _workers_lock:
+        if _workers is None:
+            _workers = ThreadPoolExecutor(lane_count(), thread_name_prefix="coopmat-copy")
+        return _workers
+
+
+class _Lane:
+    """Two staging buffers and two command buffers, used by one thread at a time."""
+
+    def __init__(self, transfers: Transfers, kind: Kind):
+        v = vk()
+        self.t = transfers
+        self.lock = threading.Lock()
+        dev = transfers.device.handle
+        self.cmd_pool = call(v.vkCreateCommandPool, dev, v.VkCommandPoolCreateInfo(
+            flags=COMMAND_POOL_RESET, queueFamilyIndex=transfers.device.queue_family_index),
+            None)
+        self.cmds = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
+            commandPool=self.cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            commandBufferCount=2))
+        self.staging = [transfers.pool.acquire(kind, CHUNK_BYTES) for _ in range(2)]
+        self.tickets = [0, 0]
+        # Poll before blocking only when alone: lanes polling together fight for the GIL.
+        self.spin = True
+        ffi = v.ffi
+        self._begin = ffi.new("VkCommandBufferBeginInfo *", {
+            "sType": v.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, "flags": ONE_TIME_SUBMIT})
+        self._region = ffi.new("VkBufferCopy *")
+        self._barrier = ffi.new("VkMemoryBarrier *", {
+            "sType": v.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+            "srcAccessMask": ACCESS_SHADER_WRITE | ACCESS_TRANSFER_WRITE,
+            "dstAccessMask": ACCESS_ALL})
+
+    def slot(self, i: int) -> np.ndarray:
+        """Staging buffer i's bytes, once the device is done with its last use."""
+        if self.tickets[i]:
+            self.t.stream.wait(self.tickets[i], spin=self.spin)
+            self.tickets[i] = 0
+        mapped = self.staging[i].mapped
+        assert mapped is not None
+        return mapped
+
+    def copy(self, i: int, src: Any, src_offset: int, dst: Any, dst_offset: int,
+             nbytes: int, what: str) -> int:
+        """Record and submit one copy in command buffer i; returns its ticket."""
+        r = self._region
+        r.srcOffset, r.dstOffset, r.size = src_offset, dst_offset, nbytes
+        return self.record(i, lambda cmd: vk().lib.vkCmdCopyBuffer(cmd, src, dst, 1, r), what)
+
+    def record(self, i: int, command: Any, what: str) -> int:
+        """Record barrier + command(cmd) in command buffer i (free: slot(i) was called)
+        and submit it; returns its ticket."""
+        lib = vk().lib
+        cmd = self.cmds[i]
+        check("vkBeginCommandBuffer", lib.vkBeginCommandBuffer(cmd, self._begin))
+        lib.vkCmdPipelineBarrier(cmd, STAGE_COMPUTE | STAGE_TRANSFER,
+                                 STAGE_COMPUTE | STAGE_TRANSFER, 0, 1, self._barrier,
+                                 0, vk().ffi.NULL, 0, vk().ffi.NULL)
+        command(cmd)
+        check("vkEndCommandBuffer", lib.vkEndCommandBuffer(cmd))
+        ticket = self.t.stream.submit(cmd, what)
+        self.tickets[i] = ticket
+        return ticket
+
+    def destroy(self) -> None:
+        v = vk()
+        for buf in self.staging:
+            self.t.pool.release(buf)
+        v.vkDestroyCommandPool(self.t.device.handle, self.cmd_pool, None)
+
+
+class _Imported:
+    """A host range imported as device memory (VK_EXT_external_memory_host), bound to a
+    buffer; `offset` is where the array's first byte lies in it."""
+
+    def __init__(self, t: Transfers, address: int, nbytes: int):
+        v = vk()
+        ffi, lib = v.ffi, v.lib
+        dev = t.device.handle
+        align = t.import_alignment
+        base = address & ~(align - 1)
+        end = -(-(address + nbytes) // align) * align
+        self.offset = address - base
+        self.size = end - base
+        self.t = t
+        ptr = ffi.cast("void *", base)
+        props = ffi.new("VkMemoryHostPointerPropertiesEXT *", {
+            "sType": v.VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT})
+        check("vkGetMemoryHostPointerPropertiesEXT",
+              t.host_pointer_properties(dev, HOST_ALLOCATION, ptr, props))
+        external = v.VkExternalMemoryBufferCreateInfo(handleTypes=HOST_ALLOCATION)
+        self.buffer = call(v.vkCreateBuffer, dev, v.VkBufferCreateInfo(
+            pNext=external, size=self.size,
+            usage=BUFFER_USAGE_TRANSFER_SRC | BUFFER_USAGE_TRANSFER_DST,
+            sharingMode=v.VK_SHARING_MODE_EXCLUSIVE), None)
+        self.memory = None
+        try:
+            req = v.vkGetBufferMemoryRequirements(dev, self.buffer)
+            bits = req.memoryTypeBits & props.memoryTypeBits
+            if not bits:
+                raise OutOfDeviceMemoryError("no memory type can import these host pages")
+            index = (bits & -bits).bit_length() - 1
+            imp = v.VkImportMemoryHostPointerInfoEXT(handleType=HOST_ALLOCATION,
+                                                     pHostPointer=ptr)
+            self.memory = call(v.vkAllocateMemory, dev, v.VkMemoryAllocateInfo(
+                pNext=imp, allocationSize=self.size, memoryTypeIndex=index), None)
+            call(v.vkBindBufferMemory, dev, self.buffer, self.memory, 0)
+        except BaseException:
+            self.free()
+            raise
+        del lib
+
+    def free(self) -> None:
+        v = vk()
+        dev = self.t.device.handle
+        v.vkDestroyBuffer(dev, self.buffer, None)
+        if self.memory is not None:
+            v.vkFreeMemory(dev, self.memory, None)
+
+
+class Transfers:
+    """numpy <-> device buffers for one device."""
+
+    def __init__(self, device: Any, pool: MemoryPool, stream: Stream):
+        self.device = device
+        self.pool = pool
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._lanes: dict[Kind, list[_Lane]] = {}
+        self.unified = pool.unified
+        self.import_alignment = 0
+        self.host_pointer_properties: Any = None
+        if "VK_EXT_external_memory_host" in device.enabled_extensions:
+            v = vk()
+            name = b"vkGetMemoryHostPointerPropertiesEXT"
+            fn = v.lib.vkGetDeviceProcAddr(device.handle, name)
+            if fn != v.ffi.NULL:
+                self.host_pointer_properties = v.ffi.cast(
+                    "PFN_vkGetMemoryHostPointerPropertiesEXT", fn)
+                stype = v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT
+                ext = v.ffi.new("VkPhysicalDeviceExternalMemoryHostPropertiesEXT *",
+                                {"sType": stype})
+                p2 = v.ffi.new("VkPhysicalDeviceProperties2 *", {
+                    "sType": v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, "pNext": ext})
+                v.lib.vkGetPhysicalDeviceProperties2(device.physical, p2)
+                self.import_alignment = int(ext.minImportedHostPointerAlignment)
+        env = os.environ.get(MODE_ENV, "")
+        if env and env not in MODES:
+            raise ValueError(f"{MODE_ENV}={env!r}: expected one of {', '.join(MODES)}")
+        self.mode = env or "staging"
+
+    @property
+    def can_import(self) -> bool:
+        return self.import_alignment > 0 and not self.unified
+
+    def _lanes_of(self, kind: Kind, count: int) -> list[_Lane]:
+        with self._lock:
+            lanes = self._lanes.setdefault(kind, [])
+            while len(lanes) < count:
+                lanes.append(_Lane(self, kind))
+            return lanes[:count]
+
+    # -- numpy -> device -------------------------------------------------------------
+    def upload(self, src: np.ndarray, dst: Buffer, dst_offset: int = 0,
+               mode: str | None = None) -> None:
+        """Write `src` (any strides) into dst at dst_offset, C order. Returns once `src`
+        may change again; the device copies finish in stream order."""
+        nbytes = src.nbytes
+        if nbytes == 0:
+            return
+        if dst.mapped is not None:  # unified memory: the lanes write the buffer itself
+            self._parallel(nbytes, src, lambda lo, hi, part: np.copyto(
+                dst.mapped[dst_offset + lo:dst_offset + hi].view(src.dtype).reshape(
+                    part.shape), part))
+            return
+        mode = mode or self.mode
+        if mode == "import" and self.can_import and src.flags.c_contiguous \
+                and nbytes >= PARALLEL_MIN_BYTES:
+            try:
+                self._imported(src, dst, dst_offset, upload=True)
+                return
+            except (VulkanError, OutOfDeviceMemoryError):
+                pass  # pages the driver will not import: the staging path does it all
+        self._staged_upload([(src, dst, dst_offset)])
+
+    def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]]) -> None:
+        """upload() of several arrays, their chunks spread over the lanes together (a
+        GEMM's A and B: one array's tail does not leave lanes idle)."""
+        if self.unified or self.mode == "import":
+            for src, dst in jobs:
+                self.upload(src, dst)
+            return
+        self._staged_upload([(src, dst, 0) for src, dst in jobs if src.nbytes])
+
+    def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]]) -> None:
+        chunks = [(src, dst, off, lo, hi, part) for src, dst, off in jobs
+                  for lo, hi, part in _chunks(src, CHUNK_BYTES)]
+        total = sum(src.nbytes for src, _, _ in jobs)
+        lanes = self._lanes_of(Kind.UPLOAD, min(len(chunks), lane_count())
+                               if total >= PARALLEL_MIN_BYTES else 1)
+
+        def run(li: int) -> None:
+            lane = lanes[li]
+            with lane.lock:
+                lane.spin = len(lanes) == 1
+                for j, (src, dst, off, lo, hi, part) in enumerate(chunks[li::len(lanes)]):
+                    i = j % 2
+                    stage = lane.slot(i)
+                    np.copyto(stage[:hi - lo].view(src.dtype).reshape(part.shape), part)
+                    lane.copy(i, lane.staging[i].handle, 0, dst.handle, off + lo, hi - lo,
+                              "a copy to the device")
+        _on_lanes(run, len(lanes))
+
+    def fill_zero(self, dst: Buffer, offset: int, nbytes: int) -> None:
+        """Zero nbytes of dst from offset (both multiples of 4 or reaching the end)."""
+        if dst.mapped is not None:
+            dst.mapped[offset:offset + nbytes] = 0
+            return
+        size = -(-nbytes // 4) * 4  # the buffer's size class leaves room to round up
+        lane = self._lanes_of(Kind.UPLOAD, 1)[0]
+        with lane.lock:
+            lane.slot(0)
+            lane.record(0, lambda cmd: vk().lib.vkCmdFillBuffer(cmd, dst.handle, offset,
+                                                                  size, 0), "a fill")
+
+    # -- device -> numpy -------------------------------------------------------------
+    def download(self, src: Buffer, src_offset: int, dst: np.ndarray,
+                 mode: str | None = None) -> None:
+        """Fill the C-contiguous `dst` from src at src_offset, after all work submitted so
+        far; returns when dst holds the data."""
+        assert dst.flags.c_contiguous
+        nbytes = dst.nbytes
+        if nbytes == 0:
+            return
+        if src.mapped is not None:
+            self.stream.wait()
+            self._parallel(nbytes, dst, lambda lo, hi, part: np.copyto(
+                part, src.mapped[src_offset + lo:src_offset + hi].view(dst.dtype).reshape(
+                    part.shape)))
+            return
+        mode = mode or self.mode
+        if mode == "import" and self.can_import and nbytes >= PARALLEL_MIN_BYTES:
+            try:
+                self._imported(dst, src, src_offset, upload=False)
+                return
+            except (VulkanError, OutOfDeviceMemoryError):
+                pass
+        flat = dst.reshape(-1).view(np.uint8)
+        bounds = [(lo, min(nbytes, lo + CHUNK_BYTES)) for lo in range(0, nbytes, CHUNK_BYTES)]
+        lanes = self._lanes_of(Kind.DOWNLOAD, min(len(bounds), lane_count())
+                               if nbytes >= PARALLEL_MIN_BYTES else 1)
+
+        def run(li: int) -> None:
+            lane = lanes[li]
+            mine = bounds[li::len(lanes)]
+            with lane.lock:
+                lane.spin = len(lanes) == 1
+                def start(j: int) -> None:
+                    lo, hi = mine[j]
+                    lane.slot(j % 2)
+                    lane.copy(j % 2, src.handle, src_offset + lo, lane.staging[j % 2].handle,
+                              0, hi - lo, "a copy from the device")
+                start(0)
+                for j, (lo, hi) in enumerate(mine):
+                    if j + 1 < len(mine):
+                        start(j + 1)  # the other buffer's DMA overlaps this drain
+                    np.copyto(flat[lo:hi], lane.slot(j % 2)[:hi - lo])
+        _on_lanes(run, len(lanes))
+
+    # -- both ways through imported pages --------------------------------------------
+    def _imported(self, host: np.ndarray, dev_buf: Buffer, dev_offset: int,
+                  upload: bool) -> None:
+        """Copy between the array's own pages and dev_buf, a chunk a lane: importing
+        (pinning) one chunk overlaps the device copying another. Waits for the copies:
+        the pages must not change or go away while the device reads or writes them."""
+        base = host.ctypes.data
+        nbytes = host.nbytes
+        # Chunk edges at absolute multiples of the chunk size: neighbouring imports then
+        # never share a page (a driver may refuse to pin a page twice).
+        edges = [0] + [e - base for e in range(
+            (base // IMPORT_CHUNK_BYTES + 1) * IMPORT_CHUNK_BYTES, base + nbytes,
+            IMPORT_CHUNK_BYTES)] + [nbytes]
+        bounds = list(zip(edges, edges[1:], strict=False))
+        lanes = self._lanes_of(Kind.DOWNLOAD if not upload else Kind.UPLOAD,
+                               min(len(bounds), lane_count()))
+        imported: list[_Imported] = []
+        lock = threading.Lock()
+
+        def run(li: int) -> None:
+            lane = lanes[li]
+            with lane.lock:
+                lane.spin = len(lanes) == 1
+                for j, (lo, hi) in enumerate(bounds[li::len(lanes)]):
+                    i = j % 2
+                    lane.slot(i)
+                    imp = _Imported(self, base + lo, hi - lo)
+                    with lock:
+                        imported.append(imp)
+                    if upload:
+                        lane.copy(i, imp.buffer, imp.offset, dev_buf.handle, dev_offset + lo,
+                                  hi - lo, "a copy to the device")
+                    else:
+                        lane.copy(i, dev_buf.handle, dev_offset + lo, imp.buffer, imp.offset,
+                                  hi - lo, "a copy from the device")
+        try:
+            _on_lanes(run, len(lanes))
+        finally:
+            try:
+                self.stream.wait()
+            finally:
+                for imp in imported:
+                    imp.free()
+
+    # -- helpers ---------------------------------------------------------------------
+    def _parallel(self, nbytes: int, arr: np.ndarray, fn: Any) -> None:
+        chunks = _chunks(arr, CHUNK_BYTES)
+        count = min(len(chunks), lane_count()) if nbytes >= PARALLEL_MIN_BYTES else 1
+
+        def run(li: int) -> None:
+            for lo, hi, part in chunks[li::count]:
+                fn(lo, hi, part)
+        _on_lanes(run, count)
+
+    def destroy(self) -> None:
+        self.stream.wait()
+        for lanes in self._lanes.values():
+            for lane in lanes:
+                lane.destroy()
+        self._lanes.clear()
+
+
+def _on_lanes(run: Any, count: int) -> None:
+    """run(0..count-1), on the worker threads when more than one."""
+    if count == 1:
+        run(0)
+        return
+    for f in [_pool().submit(run, i) for i in range(count)]:
+        f.result()
+
+
+def _chunks(x: np.ndarray, chunk_bytes: int) -> list[tuple[int, int, np.ndarray]]:
+    """x cut into pieces of about chunk_bytes: (first byte, end byte, piece) in C order
+    of x's bytes. Contiguous arrays are cut anywhere; others along their leading axes,
+    so every piece is a view numpy copies without a temporary."""
+    nbytes = x.nbytes
+    if x.flags.c_contiguous:
+        flat = x.reshape(-1)
+        step = max(1, chunk_bytes // x.itemsize)
+        return [(lo * x.itemsize, min(flat.size, lo + step) * x.itemsize,
+                 flat[lo:lo + step]) for lo in range(0, flat.size, step)]
+    if x.ndim == 0 or nbytes <= chunk_bytes:
+        return [(0, nbytes, x)]
+    row = nbytes // x.shape[0]
+    if row > chunk_bytes and x.ndim > 1:  # one leading index is too big: split below it
+        out = []
+        for i in range(x.shape[0]):
+            out += [(i * row + lo, i * row + hi, p) for lo, hi, p in _chunks(x[i], chunk_bytes)]
+        return out
+    rows = max(1, chunk_bytes // row)
+    return [(r * row, min(x.shape[0], r + rows) * row, x[r:r + rows])
+            for r in range(0, x.shape[0], rows)]

@@ -1,0 +1,322 @@
+"""Device arrays: round trips, views, matmul on Arrays and mixes, asynchronous chains,
+errors, memory reuse, threads, and both transfer paths. Oracle: numpy (float64 for
+products). Runs on whatever device scripts/run finds (lavapipe in CI)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.live
+
+coopmat = pytest.importorskip("coopmat")
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from coopmat.dispatch.runtime import runtime
+    try:
+        return runtime()
+    except coopmat.CoopmatError as exc:
+        pytest.skip(f"no cooperative-matrix device: {exc}")
+
+
+@contextmanager
+def discrete(rt) -> Iterator[None]:
+    """Make a unified-memory device (lavapipe) take the discrete GPU's paths: device
+    buffers that the host cannot map, reached through staging lanes."""
+    saved = rt.pool.unified, rt.transfers.unified
+    rt.pool.unified = rt.transfers.unified = False
+    try:
+        yield
+    finally:
+        coopmat.synchronize()
+        rt.pool.unified, rt.transfers.unified = saved
+
+
+def _dtypes() -> list[np.dtype]:
+    out = [np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8,
+                                 np.int32, np.uint32, np.int64, np.bool_)]
+    try:
+        import ml_dtypes
+        out += [np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)]
+    except ImportError:
+        pass
+    return out
+
+
+def _random(shape, dtype, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -100), min(info.max, 100), shape, dtype=dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _ref(a, b) -> np.ndarray:
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def _tol(k: int) -> float:
+    return 2e-3 * np.sqrt(k) * 4 + 1e-2
+
+
+@pytest.mark.parametrize("dtype", _dtypes(), ids=str)
+@pytest.mark.parametrize("path", ["direct", "lanes"])
+def test_round_trip_every_dtype(rt, dtype, path):
+    x = _random((37, 53), dtype)
+    ctx = discrete(rt) if path == "lanes" else _nothing()
+    with ctx:
+        arr = coopmat.asarray(x)
+        assert (arr.shape, arr.dtype, arr.ndim, arr.size, arr.nbytes) == (
+            x.shape, x.dtype, 2, x.size, x.nbytes)
+        back = arr.numpy()
+    assert back.dtype == x.dtype
+    assert np.array_equal(back.view(np.uint8), x.view(np.uint8))
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@pytest.mark.parametrize("path", ["direct", "lanes"])
+def test_round_trip_large_and_non_contiguous(rt, path, monkeypatch):
+    from coopmat.dispatch import transfer
+    # Small chunks, so a few MiB take many chunks over several lanes.
+    monkeypatch.setattr(transfer, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 128 << 10)
+    big = _random((700, 1001), np.float32, 1)
+    views = [big, big[::3, ::2], big.T, big[5:600, 7:900][::-1], big.reshape(7, 100, 1001)[:, ::7]]
+    with discrete(rt) if path == "lanes" else _nothing():
+        for v in views:
+            got = coopmat.asarray(v).numpy()
+            assert np.array_equal(got, v), v.strides
+
+
+def test_import_path(rt):
+    """VK_EXT_external_memory_host: the array's own pages, imported. Falls back to the
+    lanes where the device lacks the extension (checked too)."""
+    x = _random((2048, 2049), np.float16, 2)  # 8 MiB: past PARALLEL_MIN_BYTES
+    with discrete(rt):
+        if not rt.transfers.can_import:
+            pytest.skip("the device does not offer VK_EXT_external_memory_host")
+        arr = coopmat.empty(x.shape, x.dtype)
+        rt.transfers.upload(x, arr.buffer, 0, mode="import")
+        back = np.empty_like(x)
+        rt.transfers.download(arr.buffer, 0, back, mode="import")
+    assert np.array_equal(back.view(np.uint16), x.view(np.uint16))
+
+
+def test_views(rt):
+    x = _random((6, 8), np.float16)
+    arr = coopmat.asarray(x)
+    assert np.array_equal(arr.T.numpy(), x.T)
+    assert np.array_equal(arr.reshape(4, 12).numpy(), x.reshape(4, 12))
+    assert np.array_equal(arr.T.reshape(-1).numpy(), x.T.reshape(-1))  # needs a copy
+    assert np.array_equal(np.asarray(arr), x)
+    s = _random((3, 4, 5), np.float32)
+    sa = coopmat.asarray(s)
+    assert np.array_equal(sa.mT.numpy(), s.mT)
+    assert np.array_equal(sa.transpose(1, 0, 2).numpy(), s.transpose(1, 0, 2))
+    assert sa.strides == s.strides and sa.T.strides == s.T.strides
+    with pytest.raises(ValueError, match="cannot reshape"):
+        sa.reshape(7, 9)
+    assert "coopmat.Array" in repr(arr) and "float16" in repr(arr)
+    z = coopmat.zeros((33, 17), np.int32)
+    assert np.array_equal(z.numpy(), np.zeros((33, 17), np.int32))
+    with discrete(rt):
+        z = coopmat.zeros((1000, 3), np.float32)
+        assert not z.numpy().any()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8])
+def test_matmul_on_arrays_and_mixes(rt, dtype):
+    a, b = _random((45, 70), dtype, 3), _random((70, 38), dtype, 4)
+    want = coopmat.matmul(a, b)  # the numpy path, itself tested against float64
+    A, B = coopmat.asarray(a), coopmat.asarray(b)
+    for x, y in ((A, B), (A, b), (a, B)):
+        got = coopmat.matmul(x, y)
+        assert isinstance(got, coopmat.Array) and got.dtype == want.dtype
+        assert np.array_equal(got.numpy(), want)
+    assert np.array_equal((A @ B).numpy(), want)
+    assert np.array_equal((a @ B).numpy(), want)  # numpy defers to Array.__rmatmul__
+    assert np.array_equal((B.T @ A.T).numpy(), coopmat.matmul(b.T, a.T))
+    if dtype == np.int8:
+        assert np.array_equal(want, _ref(a, b).astype(np.int32))
+    else:
+        assert np.abs(want - _ref(a, b)).max() < _tol(70)
+
+
+def test_matmul_batched_vectors_and_c(rt):
+    a, b = _random((3, 20, 30), np.float16, 5), _random((30, 24), np.float16, 6)
+    got = coopmat.matmul(coopmat.asarray(a), coopmat.asarray(b)).numpy()
+    assert got.shape == (3, 20, 24)
+    assert np.abs(got - _ref(a, b)).max() < _tol(30)
+    v = _random(30, np.float16, 7)
+    gv = coopmat.matmul(coopmat.asarray(a), coopmat.asarray(v)).numpy()
+    assert gv.shape == (3, 20) and np.abs(gv - _ref(a, v)).max() < _tol(30)
+    dot = coopmat.asarray(v) @ coopmat.asarray(v)
+    assert dot.shape == () and abs(float(dot.numpy()) - float(_ref(v, v))) < 0.5
+    c = _random((20, 24), np.float32, 8)
+    a2 = a[0]
+    got = coopmat.matmul(coopmat.asarray(a2), coopmat.asarray(b), c=coopmat.asarray(c),
+                         alpha=0.5, beta=2.0, dtype=np.float32).numpy()
+    assert np.abs(got - (0.5 * _ref(a2, b) + 2.0 * c)).max() < _tol(30)
+    got = coopmat.matmul(coopmat.asarray(a2), b, c=c, beta=-1.0, dtype=np.float32).numpy()
+    assert np.abs(got - (_ref(a2, b) - c)).max() < _tol(30)
+
+
+def test_out_array(rt):
+    a, b = _random((40, 50), np.float16, 9), _random((50, 60), np.float16, 10)
+    out = coopmat.empty((40, 60), np.float16)
+    got = coopmat.matmul(coopmat.asarray(a), b, out=out)
+    assert got is out
+    assert np.array_equal(out.numpy(), coopmat.matmul(a, b))
+    with pytest.raises(TypeError, match="result dtype float16"):
+        coopmat.matmul(coopmat.asarray(a), b, out=coopmat.empty((40, 60), np.float32))
+    with pytest.raises(ValueError, match="out has shape"):
+        coopmat.matmul(coopmat.asarray(a), b, out=coopmat.empty((40, 61), np.float16))
+    with pytest.raises(TypeError, match="coopmat.Array"):
+        coopmat.matmul(coopmat.asarray(a), b, out=np.empty((40, 60), np.float16))
+
+
+def test_errors(rt):
+    A = coopmat.asarray(_random((4, 5), np.float16))
+    with pytest.raises(ValueError, match="core dimension"):
+        A @ A
+    with pytest.raises(TypeError, match="different dtypes"):
+        A @ coopmat.asarray(_random((5, 4), np.int8))
+    with pytest.raises(TypeError, match="numbers"):
+        coopmat.asarray(np.array([object()]))
+    with pytest.raises(ValueError, match="negative"):
+        coopmat.empty((-1, 3))
+    with pytest.raises(coopmat.OutOfDeviceMemoryError):
+        coopmat.empty((1 << 40,), np.float32)
+    s = coopmat.asarray(_random((4, 6, 5), np.float16))
+    with pytest.raises(ValueError, match="neither row- nor column-major"):
+        coopmat.matmul(s.transpose(2, 0, 1), _random((6, 3), np.float16))
+    # The device still works after each error.
+    assert np.array_equal((A @ A.T).numpy(), coopmat.matmul(A.numpy(), A.numpy().T))
+
+
+def test_two_devices_mismatch(rt):
+    """Operands on two logical devices: a clear error, not a crash."""
+    from coopmat.device.logical import create_device
+    from coopmat.dispatch import runtime as rt_mod
+    from coopmat.dispatch.executor import Executor
+    from coopmat.dispatch.memory import MemoryPool
+    from coopmat.dispatch.pipelines import PipelineCache
+    from coopmat.dispatch.stream import Stream
+    from coopmat.dispatch.transfer import Transfers
+    dev = create_device(rt.device.info, rt.device.physical)
+    stream = Stream(dev)
+    pool = MemoryPool(dev, stream=stream)
+    other = rt_mod.Runtime(dev, pool, PipelineCache(dev), Executor(dev, pool, stream), stream,
+                           Transfers(dev, pool, stream))
+    try:
+        from coopmat.array import Array, _allocate
+        x = _random((8, 8), np.float16)
+        B = Array(_allocate(other, (8, 8), np.dtype(np.float16)), (8, 8), np.dtype(np.float16))
+        other.transfers.upload(x, B.buffer)
+        assert np.array_equal(B.numpy(), x)
+        with pytest.raises(coopmat.DeviceMismatchError, match="different devices"):
+            coopmat.asarray(x) @ B
+        del B
+    finally:
+        other.transfers.destroy()
+        other.executor.destroy()
+        pool.clear()
+        stream.destroy()
+        dev.destroy()
+
+
+def test_chain_is_asynchronous_and_right(rt):
+    x = _random((16, 64), np.float16, 11)
+    w = (_random((64, 64), np.float16, 12) / 8).astype(np.float16)
+    X, W = coopmat.asarray(x), coopmat.asarray(w)
+    want = x
+    for _ in range(30):
+        X = X @ W
+        want = coopmat.matmul(want, w)  # the numpy path rounds the same way each step
+    assert np.array_equal(X.numpy(), want)
+
+
+def test_memory_is_reused(rt):
+    """2,000 create/free cycles leave the device's allocation flat."""
+    x = _random((64, 64), np.float16)
+    for _ in range(50):
+        coopmat.asarray(x) @ coopmat.asarray(x)
+    coopmat.synchronize()
+    before = rt.pool.allocated_bytes
+    for _ in range(2000):
+        coopmat.asarray(x)
+    coopmat.synchronize()
+    assert rt.pool.allocated_bytes <= before + (1 << 20)
+
+
+def test_out_of_memory_then_usable(rt):
+    too_big = rt.pool.device_heap_bytes // 2 + (1 << 20)
+    held = []
+    with pytest.raises(coopmat.OutOfDeviceMemoryError):
+        for _ in range(4):
+            held.append(coopmat.empty((too_big,), np.uint8))
+    held.clear()
+    x = _random((16, 16), np.float16)
+    assert np.array_equal(coopmat.asarray(x).numpy(), x)
+
+
+def test_failure_surfaces_at_the_next_wait(rt):
+    """A failure noted by the stream (as a lost device would be) is raised by the next
+    wait, once, and the stream goes on."""
+    arr = coopmat.asarray(_random((8, 8), np.float16))
+    rt.stream._error = coopmat.DeviceLostError("waiting for a GEMM", "VK_ERROR_DEVICE_LOST")
+    with pytest.raises(coopmat.DeviceLostError, match="DEVICE_LOST"):
+        coopmat.synchronize()
+    assert arr.numpy().shape == (8, 8)
+
+
+def test_threads_submit_chains_concurrently(rt):
+    w = (_random((48, 48), np.float16, 13) / 8).astype(np.float16)
+    W = coopmat.asarray(w)
+    results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            x = _random((16, 48), np.float16, 100 + i)
+            X, want = coopmat.asarray(x), x
+            for _ in range(15):
+                X = X @ W
+                want = coopmat.matmul(want, w)
+            results[i] = (X.numpy(), want)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for got, want in results.values():
+        assert np.array_equal(got, want)
+
+
+def test_numpy_to_numpy_through_lanes(rt, monkeypatch):
+    """Large numpy -> numpy products upload and download over the lanes (bulk path)."""
+    from coopmat.dispatch import gemm, transfer
+    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(transfer, "CHUNK_BYTES", 16 << 10)
+    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 32 << 10)
+    a, b = _random((130, 200), np.float16, 14), _random((200, 150), np.float16, 15)
+    with discrete(rt):
+        got = coopmat.matmul(a, b)
+        got_t = coopmat.matmul(b.T, a.T)
+    assert np.abs(got - _ref(a, b)).max() < _tol(200)
+    assert np.array_equal(got_t, got.T) or np.abs(got_t - got.T).max() < _tol(200)
