@@ -421,7 +421,8 @@ def candidates_for(rt: Any, pair: TypePair, config: Any,
                    small_m: bool = False) -> list[tuple[str, Any]]:
     info = rt.device.info
     out: list[tuple[str, Any]] = [("khr", t) for t in
-                                  codegen.khr_tune_tiles(config, info.limits, small_m)]
+                                  codegen.khr_tune_tiles(config, info.limits, small_m,
+                                                         cpu=info.device_type == "CPU")]
     if not small_m:
         out += [("nv2", t) for t in codegen.nv2_tiles(info, pair.operand, pair.result)]
     return out

@@ -4,9 +4,13 @@ Installed, the same command is `coopmat-info`.
 
 Prints, per device, the raw VkCooperativeMatrixPropertiesKHR list (with the reason any
 entry is not a WebGPU config), the GPUSubgroupMatrixConfig list, the `subgroup-matrix`
-verdict, the relevant features, extensions and limits. `--json` prints the same as JSON;
-README.md documents its keys. Exit status 1, with one line on stderr, when there is no
-Vulkan loader, no device, or no device with VK_KHR_cooperative_matrix.
+verdict, the relevant features, extensions and limits, and the kernels coopmat would
+choose for a few representative problems of each dtype pair (coopmat.policy.choose, with
+its reason). `--properties FILE` shows a recorded device list (tests/data) instead of this
+machine's devices, without Vulkan. `--json` prints the same as JSON; docs/info-json.md
+documents its keys. Exit status 1, with one line on stderr, when there is no Vulkan
+loader, no device, no device with VK_KHR_cooperative_matrix, or the recorded file cannot
+be read.
 """
 
 from __future__ import annotations
@@ -19,12 +23,56 @@ from typing import Any
 
 from coopmat import device
 from coopmat._cli import prog, write
+from coopmat.codegen import KhrTraits, Layout
+from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.device.model import PhysicalDeviceInfo
-from coopmat.device.select import ENV_VAR
+from coopmat.device.record import load_records
+from coopmat.device.select import ENV_VAR, match
 from coopmat.device.webgpu import SubgroupMatrixSupport
 from coopmat.errors import CoopmatError
 
 JSON_SCHEMA_VERSION = 1
+
+# Representative problems (M, N, K) the kernel listing asks the policy about, A and B
+# row-major without C: large and whole tiles, medium, sizes that fit no vector width, and
+# few rows (an LLM decode step: the few-rows shape class, M <= SMALL_M).
+PROBLEMS = ((4096, 4096, 4096), (1024, 1024, 1024), (1000, 1000, 1000), (16, 4096, 4096))
+
+
+def kernel_choices(info: PhysicalDeviceInfo) -> list[dict[str, Any]]:
+    """What coopmat.policy.choose picks on `info` for each dtype pair it computes and each
+    of PROBLEMS: family, tile, variant, subgroup size, repacks and the reason; or the error
+    the policy raises."""
+    from coopmat import policy
+    from coopmat.dispatch import tuning
+
+    if not info.has_cooperative_matrix:
+        return []
+    tuned = tuning.choices(info)
+    out: list[dict[str, Any]] = []
+    for pair in policy.result_pairs(info):
+        config = policy.config_for(info, pair)
+        for M, N, K in PROBLEMS:
+            row: dict[str, Any] = {
+                "pair": pair.describe_result(), "M": M, "N": N, "K": K,
+                "config": f"{config.M}x{config.N}x{config.K}" if config else None}
+            problem = policy.Problem(pair, M, N, K,
+                                     policy.OperandLayout(Layout.ROW_MAJOR, K),
+                                     policy.OperandLayout(Layout.ROW_MAJOR, N))
+            try:
+                choice = policy.choose(info, problem, policy.Options(), tuned)
+            except (CoopmatError, ValueError) as exc:
+                out.append({**row, "error": str(exc)})
+                continue
+            t = choice.traits
+            khr = t if isinstance(t, KhrTraits) else None  # nv2: one general kernel
+            out.append({
+                **row, "family": t.family, "tile": t.tile.describe(),
+                "variant": khr.variant if khr else "general",
+                "specialized": bool(khr and khr.specialized), "subgroupSize": t.subgroup_size,
+                "repacks": ["AB"[p.operand] for p in choice.packs],
+                "why": choice.why, "kernel": t.describe()})
+    return out
 
 
 def device_dict(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport) -> dict[str, Any]:
@@ -47,12 +95,39 @@ def device_dict(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport) -> dict[st
         "flexibleDimensionsProperties": [p.to_dict() for p in info.flexible_dimensions_properties],
         "subgroupMatrixConfigs": [c.to_dict() for c in sup.configs],
         "subgroupMatrix": {"available": sup.available, "unmet": list(sup.unmet)},
+        "kernelSubgroupSize": khr_subgroup_size(info.limits),
+        "kernels": kernel_choices(info),
         "notes": list(info.notes),
     }
 
 
 def _yes(b: bool) -> str:
     return "yes" if b else "no"
+
+
+def render_kernels(info: PhysicalDeviceInfo, kernels: list[dict[str, Any]]) -> list[str]:
+    lim = info.limits
+    size = khr_subgroup_size(lim)
+    lines = ["", f"  kernels coopmat would choose (A and B row-major, no C; M x N x K, family, "
+                 f"tile, variant, why); khr kernels require subgroup size {size} (device "
+                 f"default {lim.subgroup_size}, range {lim.min_subgroup_size}.."
+                 f"{lim.max_subgroup_size}):"]
+    pair = None
+    for k in kernels:
+        if k["pair"] != pair:
+            pair = k["pair"]
+            lines.append(f"    {pair}" + (f", config {k['config']}" if k["config"] else "") + ":")
+        shape = f"{k['M']}x{k['N']}x{k['K']}"
+        if "error" in k:
+            lines.append(f"      {shape:<16} none: {k['error']}")
+            continue
+        variant = ", ".join([k["variant"]] + ["specialized"] * k["specialized"]
+                            + [f"repack {x}" for x in k["repacks"]])
+        lines.append(f"      {shape:<16} {k['family']:<4} {k['tile']:<24} {variant:<32} "
+                     f"{k['why']}")
+    if not kernels:
+        lines.append("    (no dtype pair coopmat computes)")
+    return lines
 
 
 def render(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport, selected: bool) -> str:
@@ -72,15 +147,17 @@ def render(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport, selected: bool)
 
     lines.append("")
     lines.append("  VkCooperativeMatrixPropertiesKHR (driver order):")
-    lines.append(f"    {'#':>2}  {'M':>3} {'N':>3} {'K':>3}  {'A':<9}{'B':<9}{'C':<9}"
-                 f"{'Result':<9}{'sat':<4}{'scope':<10}config / excluded because")
-    for i, e in enumerate(sup.entries):
-        d = e.properties.to_dict()
+    rows = [e.properties.to_dict() for e in sup.entries]
+    w = max([9] + [len(str(d[k])) + 1 for d in rows  # FLOAT8_E4M3 is wider than FLOAT16
+                   for k in ("AType", "BType", "CType", "ResultType")])
+    lines.append(f"    {'#':>2}  {'M':>3} {'N':>3} {'K':>3}  {'A':<{w}}{'B':<{w}}{'C':<{w}}"
+                 f"{'Result':<{w}}{'sat':<4}{'scope':<10}config / excluded because")
+    for i, (e, d) in enumerate(zip(sup.entries, rows, strict=True)):
         verdict = str(e.config) if e.config else "; ".join(e.reasons)
         lines.append(
-            f"    {i:>2}  {d['M']:>3} {d['N']:>3} {d['K']:>3}  {d['AType']!s:<9}{d['BType']!s:<9}"
-            f"{d['CType']!s:<9}{d['ResultType']!s:<9}{_yes(d['saturatingAccumulation']):<4}"
-            f"{d['scope']!s:<10}{verdict}")
+            f"    {i:>2}  {d['M']:>3} {d['N']:>3} {d['K']:>3}  {d['AType']!s:<{w}}"
+            f"{d['BType']!s:<{w}}{d['CType']!s:<{w}}{d['ResultType']!s:<{w}}"
+            f"{_yes(d['saturatingAccumulation']):<4}{d['scope']!s:<10}{verdict}")
     if not sup.entries:
         lines.append("    (empty)")
 
@@ -114,6 +191,7 @@ def render(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport, selected: bool)
         if isinstance(val, list):
             val = ", ".join(str(x) for x in val) or "-"
         lines.append(f"    {k:<52} {val}")
+    lines += render_kernels(info, kernel_choices(info))
     return "\n".join(lines)
 
 
@@ -124,14 +202,27 @@ def main(argv: list[str] | None = None) -> int:
                     f"(default: ${ENV_VAR} if set, else all devices, the default choice marked)")
     ap.add_argument("--no-shader-f16", action="store_true",
                     help="filter as if the WebGPU shader-f16 feature were not requested")
+    ap.add_argument("--properties", metavar="FILE",
+                    help="a recorded device list (tests/data/*.json, or --json output) "
+                         "instead of this machine's devices; needs no Vulkan")
     args = ap.parse_args(argv)
+    selected: int | None
     try:
-        infos = device.enumerate_devices()
-        if args.device or os.environ.get(ENV_VAR):
+        if args.properties:
+            try:
+                infos = load_records(args.properties)
+            except ValueError as exc:
+                print(f"coopmat.info: {exc}", file=sys.stderr)
+                return 1
+            shown = [match(infos, args.device)] if args.device else infos
+            selected = None  # nothing here computes
+        elif args.device or os.environ.get(ENV_VAR):
+            infos = device.enumerate_devices()
             # --device, else $COOPMAT_DEVICE: one device, which must offer the extension
             shown = [device.select(infos, args.device or None)]
             selected = shown[0].index
         else:  # all devices; fails when none offers the extension
+            infos = device.enumerate_devices()
             shown = infos
             selected = device.select(infos).index
     except CoopmatError as exc:
@@ -141,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     sups = [device.support(d, shader_f16=not args.no_shader_f16) for d in shown]
     if args.json:
         out = {"schemaVersion": JSON_SCHEMA_VERSION, "selectedDevice": selected,
-               "devices": [device_dict(d, s) for d, s in zip(shown, sups, strict=False)]}
+               "devices": [device_dict(d, s) for d, s in zip(shown, sups, strict=True)]}
         write(json.dumps(out, indent=2))
     else:
         pages = [render(d, s, d.index == selected) for d, s in zip(shown, sups, strict=True)]

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from coopmat import bench
+from coopmat import info as info_cli
 from coopmat.device.select import select
 from coopmat.errors import DeviceNotFoundError, NoCooperativeMatrixDeviceError
 
@@ -123,3 +124,31 @@ def test_matmul_without_loader_raises_coopmats_error_alone():
     # Not chained to the binding's own OSError: one traceback, ours.
     assert "OSError" not in r.stderr
     assert r.stderr.count("Traceback") == 1
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "No such file"),
+    ("{not json", "Expecting property name"),
+    ('[{"name": "x", "configs": [{"M": 16}]}]', "is not a recorded device list"),
+    ('"a string"', "is not a recorded device list"),
+])
+def test_info_properties_errors_are_one_line_naming_the_file(capsys, tmp_path, content, says):
+    path = tmp_path / "device.json"
+    if content is not None:
+        path.write_text(content)
+    assert info_cli.main(["--properties", str(path)]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert lines[0].startswith("coopmat.info: ") and str(path) in lines[0] and says in lines[0]
+
+
+def test_info_properties_needs_no_vulkan():
+    r = run_without_loader("-m", "coopmat.info", "--properties",
+                           str(ROOT / "tests" / "data" / "anv-xe2-khr-coopmat.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert "Intel(R) Arc(tm) B580 Graphics (BMG)" in r.stdout
+    r = run_without_loader("-m", "coopmat.info", "--properties", "no-such-file.json")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "no-such-file.json" in r.stderr and "Traceback" not in r.stderr

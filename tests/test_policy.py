@@ -1,7 +1,8 @@
 """Kernel choice (coopmat.policy) against recorded devices: no GPU, no Vulkan.
 
 The recorded lists are what real drivers report (tests/data/README.md): the NVIDIA H200
-(driver 580), Mesa 26 lavapipe, and RADV on RDNA4 (float8 matrices, from Mesa's source).
+(driver 580) and Mesa 26 lavapipe, queried; RADV on RDNA3 and RDNA4 (float8 matrices) and
+ANV on Intel Xe-HPG and Xe2, read from Mesa's source.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import numpy as np
 import pytest
 
 from coopmat.codegen import KhrTraits, Layout, Nv2Traits, Tile
+from coopmat.codegen.plan import plan_kernel
+from coopmat.codegen.tiles import default_tile, kernel_subgroup_size
+from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.dispatch.tuning import SHIPPED
@@ -35,6 +39,11 @@ DATA = Path(__file__).parent / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
 (LAVAPIPE,) = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")
 (RADV,) = load_records(DATA / "radv-gfx12-khr-coopmat.json")
+(RDNA3,) = load_records(DATA / "radv-gfx11-khr-coopmat.json")
+(XE_HPG,) = load_records(DATA / "anv-xe-hpg-khr-coopmat.json")
+BMG, LNL = load_records(DATA / "anv-xe2-khr-coopmat.json")
+RECORDED = {"h200": H200, "lavapipe": LAVAPIPE, "rdna4": RADV, "rdna3": RDNA3,
+            "xe-hpg": XE_HPG, "xe2-bmg": BMG, "xe2-lnl": LNL}
 F16, F32, I8, I32 = np.float16, np.float32, np.int8, np.int32
 
 
@@ -83,7 +92,7 @@ def test_float8_where_the_driver_lists_it() -> None:
         assert pair == TypePair(ct, CT.FLOAT32)
         t = khr(choose(RADV, row_major(256, 256, 256, pair)))
         assert (t.a_type, t.b_type, t.result_type) == (ct, ct, CT.FLOAT32)
-        assert t.subgroup_size == 64 and (t.m, t.n, t.k) == (16, 16, 16)
+        assert t.subgroup_size == 32 and (t.m, t.n, t.k) == (16, 16, 16)
         with pytest.raises(TypeError, match="unsupported dtype"):
             resolve(H200, dt, dt)  # driver 580 lists no float8 matrix
 
@@ -178,3 +187,127 @@ def test_options_from_the_environment_name_the_variable() -> None:
         Options.from_env({"COOPMAT_SPECIALIZE": "yes"})
     with pytest.raises(ValueError, match="unknown kernel family 'xyz'"):
         Options().with_family("xyz")
+
+
+# -- recorded devices: subgroup size and tiles (codegen/tiles.py's tables) ------------------
+def test_subgroup_size_is_chosen_not_inherited() -> None:
+    # (device, reported subgroupSize, range, chosen): the smallest size a compute pipeline
+    # may require, where the device lets it choose.
+    expected = {"h200": (32, 32, 32, 32), "lavapipe": (8, 8, 8, 8),
+                "rdna4": (64, 32, 64, 32), "rdna3": (64, 32, 64, 32),
+                "xe-hpg": (32, 8, 32, 8), "xe2-bmg": (32, 16, 32, 16),
+                "xe2-lnl": (32, 16, 32, 16)}
+    for name, info in RECORDED.items():
+        lim = info.limits
+        got = (lim.subgroup_size, lim.min_subgroup_size, lim.max_subgroup_size,
+               khr_subgroup_size(lim))
+        assert got == expected[name], name
+    assert kernel_subgroup_size(64, 32, 64, can_require=True) == 32
+    assert kernel_subgroup_size(64, 32, 64, can_require=False) == 64  # cannot require one
+    assert kernel_subgroup_size(16, 16, 16, can_require=True) == 16
+
+
+def test_recorded_devices_get_the_tile_of_their_width() -> None:
+    # 256 invocations and a 128 x 128 block of D on every GPU; the block per subgroup
+    # scales with the width (64 accumulator elements per lane); the CPU keeps 32 x 32.
+    f16 = {name: khr(choose(info, row_major(4096, 4096, 4096, resolve(info, F16, F16))))
+           for name, info in RECORDED.items()}
+    tiles = {name: (t.subgroup_size, t.tile, t.accumulators) for name, t in f16.items()}
+    assert tiles == {
+        "h200": (32, Tile(128, 128, 32, 2, 4, 2), (4, 2)),
+        "rdna4": (32, Tile(128, 128, 32, 2, 4, 2), (4, 2)),
+        "rdna3": (32, Tile(128, 128, 32, 2, 4, 2), (4, 2)),
+        "xe-hpg": (8, Tile(128, 128, 32, 4, 8, 2), (4, 2)),  # 8x8 matrices
+        "xe2-bmg": (16, Tile(128, 128, 32, 4, 4, 2), (4, 2)),  # 8x16 matrices
+        "xe2-lnl": (16, Tile(128, 128, 32, 4, 4, 2), (4, 2)),
+        "lavapipe": (8, Tile(32, 32, 16, 2, 2, 2), (2, 2)),
+    }
+    for name, t in f16.items():
+        if name != "lavapipe":
+            assert t.tile.subgroups * t.subgroup_size == 256, name
+            rows, cols = t.accumulators
+            assert rows * cols * t.m * t.n // t.subgroup_size == 64, name
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_every_choice_fits_the_device(name: str) -> None:
+    """For every dtype pair the device computes and problems of each shape class: a kernel
+    at a subgroup size the device can require, within its shared memory and invocations."""
+    from coopmat.policy import result_pairs
+
+    info = RECORDED[name]
+    lim = info.limits
+    pairs = result_pairs(info)
+    assert pairs
+    for pair in pairs:
+        for M, N, K in ((4096, 4096, 4096), (1024, 1024, 1024), (1000, 1000, 1000),
+                        (16, 4096, 4096)):
+            choice = choose(info, row_major(M, N, K, pair), Options(tuning=False))
+            t = choice.traits
+            assert t.family == "khr" and choice.why == "default"
+            assert lim.min_subgroup_size <= t.subgroup_size <= lim.max_subgroup_size
+            plan = plan_kernel(t)
+            assert plan.shared_bytes <= lim.max_compute_shared_memory_size, (pair, M)
+            assert plan.invocations <= lim.max_compute_work_group_invocations, (pair, M)
+
+
+def test_intel_matrices_and_types() -> None:
+    # Xe-HPG lists no float16 accumulation and no float8; Xe2 adds float16 and bfloat16
+    # results; both list bfloat16 operands accumulating in float32.
+    for info in (XE_HPG, BMG):
+        assert resolve(info, ml_dtypes.bfloat16, ml_dtypes.bfloat16) == \
+            TypePair(CT.BFLOAT16, CT.FLOAT32)
+        with pytest.raises(TypeError, match="unsupported dtype float8_e4m3fn"):
+            resolve(info, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fn)
+    with pytest.raises(TypeError, match="with float16 accumulation is not supported"):
+        resolve(XE_HPG, F16, F16, accumulator=F16)
+    assert resolve(BMG, F16, F16, accumulator=F16) == TypePair(CT.FLOAT16, CT.FLOAT16)
+    assert {(c.M, c.N) for c in XE_HPG.cooperative_matrix_properties} == {(8, 8)}
+    assert {(c.M, c.N) for c in BMG.cooperative_matrix_properties} == {(8, 16)}
+    # int8 runs K = 32 matrices, two K steps of them per 64-byte tile_k.
+    t = khr(choose(XE_HPG, row_major(4096, 4096, 4096, resolve(XE_HPG, I8, I8))))
+    assert (t.m, t.n, t.k, t.tile.tile_k) == (8, 8, 32, 64)
+    # ANV reports 48 KiB of shared memory: the default tiles use about 28.
+    assert XE_HPG.limits.max_compute_shared_memory_size == 48 * 1024
+    assert plan_kernel(t).shared_bytes <= 28 * 1024
+
+
+def test_rdna3_lists_no_bfloat16_or_float8() -> None:
+    for dt in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn):
+        with pytest.raises(TypeError, match="unsupported dtype"):
+            resolve(RDNA3, dt, dt)
+    assert resolve(RDNA3, F16, F16, accumulator=F16) == TypePair(CT.FLOAT16, CT.FLOAT16)
+    assert not RDNA3.extensions["VK_KHR_shader_bfloat16"]
+    assert RDNA3.limits.max_compute_shared_memory_size == 64 * 1024
+
+
+def test_an_8_wide_gpu_is_not_a_cpu() -> None:
+    # Xe-HPG and lavapipe both run 8-wide subgroups; the device type, not the width, picks
+    # the CPU's small tile.
+    a = choose(XE_HPG, row_major(256, 256, 256, resolve(XE_HPG, F16, F16))).traits
+    b = choose(LAVAPIPE, row_major(256, 256, 256, resolve(LAVAPIPE, F16, F16))).traits
+    assert a.subgroup_size == b.subgroup_size == 8
+    assert a.tile.subgroups == 32 and b.tile.subgroups == 4
+
+
+@pytest.mark.parametrize("width", [8, 16, 32, 64])
+def test_tiles_per_width_and_their_shrinking(width: int) -> None:
+    m, n = (16, 16) if width >= 32 else (8, width)
+    tile = default_tile(CT.FLOAT16, CT.FLOAT32, m, n, 16, width, 48 * 1024, 1024)
+    assert tile.tile_m == tile.tile_n == 128 and tile.subgroups * width == 256
+
+    def traits(t: Tile, a_layout: Layout = Layout.ROW_MAJOR,
+               b_layout: Layout = Layout.ROW_MAJOR) -> KhrTraits:
+        return KhrTraits(a_type=CT.FLOAT16, b_type=CT.FLOAT16, c_type=CT.FLOAT32,
+                         result_type=CT.FLOAT32, a_layout=a_layout, b_layout=b_layout,
+                         has_c=True, tile=t, subgroup_size=width, m=m, n=n, k=16)
+
+    rows, cols = traits(tile).accumulators
+    assert rows * m * cols * n == 64 * width
+    # Vulkan's minimum (16 KiB, 128 invocations): the tile shrinks until it fits.
+    small = default_tile(CT.FLOAT16, CT.FLOAT32, m, n, 16, width, 16 * 1024, 128)
+    assert small.subgroups * width <= 128
+    for a_layout in Layout:
+        for b_layout in Layout:
+            plan = plan_kernel(traits(small, a_layout, b_layout))
+            assert plan.shared_bytes <= 16 * 1024

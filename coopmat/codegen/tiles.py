@@ -1,24 +1,69 @@
-"""Default workgroup tiles, per config and device.
+"""Default workgroup tiles and the subgroup size khr kernels run at, per config and device.
 
-| device class          | subgroups     | accumulators / subgroup | tile_k           | buffering |
-|-----------------------|---------------|-------------------------|------------------|-----------|
-| subgroup >= 32 (GPUs) | 2 x 4 (256)   | 64 x 32 block of D      | 64 bytes of A/B  | 2         |
-| subgroup < 32 (CPUs)  | 2 x 2         | 2 x 2 matrices          | 2 x K            | 2         |
+Subgroup size. A khr kernel is built for one subgroup size and requires it
+(VkPipelineShaderStageRequiredSubgroupSizeCreateInfo, with full subgroups), so the choice
+is made here, on purpose, rather than inherited from the driver's default:
+
+| device (driver)              | range  | driver default for matrices | chosen |
+|------------------------------|--------|-----------------------------|--------|
+| NVIDIA                       | 32     | 32                          | 32     |
+| lavapipe (256-bit, a CPU)    | 8      | 8                           | 8      |
+| AMD RDNA3 / RDNA4 (RADV)     | 32..64 | 64 (wave64)                 | 32     |
+| Intel Xe-HPG, Arc A (ANV)    | 8..32  | 32 (SIMD32)                 | 8      |
+| Intel Xe2 (ANV)              | 16..32 | 32 (SIMD32)                 | 16     |
+
+Rule: the smallest size a compute pipeline may require (minSubgroupSize); the reported
+subgroupSize where the range is one size or the device cannot require a size for compute.
+Why the smallest:
+- RDNA's SIMDs are 32 lanes wide and issue a wave64 instruction in two passes. On RDNA3
+  (GFX11) the matrix instructions want A and B replicated in every 16-lane group, so a
+  wave64 holds and loads each fragment four times where a wave32 does twice (RADV's
+  radv_nir_lower_cooperative_matrix.c). RADV's own default for a compute shader with
+  cooperative matrices is wave64, which is why the size must be required.
+- Intel's DPAS runs at an exec size of 8 (Xe-HPG) or 16 (Xe2), the N of every entry ANV
+  lists and the minSubgroupSize of each. A subgroup is one hardware thread with a fixed
+  register file (Xe-HPG: 128 registers of 32 bytes), so SIMD8 gives each lane four times
+  the registers of SIMD32 and issues each DPAS whole. ANV compiles a cooperative-matrix
+  shader that requires no size at SIMD32 (anv_shader_compile.c).
+
+Tiles, for the chosen subgroup width:
+
+| device class        | subgroups | D block / subgroup | invocations | tile_k          | buf |
+|---------------------|-----------|--------------------|-------------|-----------------|-----|
+| GPU, 32-wide        | 2 x 4     | 64 x 32            | 256         | 64 bytes of A/B | 2   |
+| GPU, 64-wide        | 2 x 2     | 64 x 64            | 256         | 64 bytes of A/B | 2   |
+| GPU, 16-wide        | 4 x 4     | 32 x 32            | 256         | 64 bytes of A/B | 2   |
+| GPU, 8-wide         | 4 x 8     | 32 x 16            | 256         | 64 bytes of A/B | 2   |
+| CPU (any width)     | 2 x 2     | 2 x 2 matrices     |             | 2 x K           | 2   |
 
 Why:
-- GPU: 8 subgroups give each SM enough warps to hide latency while the 128 x 128 output
-  tile (for 16 x 16 matrices) reuses every staged A row 128 times and B column 128 times;
-  8 accumulators of 16 x 16 per subgroup (16 for 16 x 8) keep tensor cores busy between
-  shared-memory fragment loads without exhausting registers.
+- Every GPU row is a 128 x 128 block of D from 256 invocations: each staged A row is reused
+  128 times and B column 128 times whatever the width, and a 16-bit 128 x 32 A or B tile is
+  512 16-byte loads, two per invocation.
+- 64 accumulator elements per invocation (the D block is 64 x width elements): on NVIDIA
+  the 64 x 32 block of 16 x 16 matrices, 8 accumulators (16 for 16 x 8) in 64 of a
+  thread's 255 registers, keeps tensor cores busy between fragment loads without
+  exhausting registers (the H100/H200 results: docs/benchmarks.md); on AMD at wave32 it
+  is 64 VGPRs, as on NVIDIA. On Intel a SIMD8 thread then holds
+  2 KiB of accumulators (4 x 2 matrices of 8 x 8 float32) of Xe-HPG's 4 KiB register
+  file (128 x 32 bytes) and a SIMD16 thread 4 KiB (4 x 2 of 8 x 16) of Xe2's 16 KiB
+  (256 x 64 bytes), leaving room for the A/B fragments of a K step and the next step's
+  loads; on Xe-HPG the 64 x 32 block alone would fill the thread's registers. A 64-wide
+  subgroup gets a square 64 x 64 block (4 x 4 accumulators of 16 x 16), 4 of them to a
+  workgroup.
 - tile_k of 64 bytes per row (32 f16 / 64 int8): two cooperative-matrix K steps per
-  barrier pair, and one 16-byte vector load covers a quarter of a row, so 256 invocations
-  load a 128-row tile in two rounds.
+  barrier pair (four where int8 matrices have K = 16, as on RADV), and one 16-byte vector
+  load covers a quarter of a row.
 - buffering 2: the next K step's global loads are issued before the multiply, so their
   latency overlaps it; the cost is a few registers per invocation (4 uvec4 here).
-- Shared use for f16 (128x128x32, f32 results): 10 KiB A + 8.5-10 KiB B + 8 KiB edge
-  scratch, well inside the 48 KiB Vulkan guarantees.
-- Small subgroups (lavapipe: 8 lanes, 8 x 8 x 8): a 32 x 32 tile keeps dispatches small and
+- Shared memory, 16-bit operands (128 x 128 x 32): 10 KiB A + 10 KiB B + one accumulator
+  per subgroup of edge scratch (8 KiB of float32 on every recorded GPU), about 28 KiB: inside
+  the 48 KiB of NVIDIA and of ANV (which caps what it reports at 48 KiB) and RADV's 64 KiB.
+  Vulkan guarantees only 16 KiB, and tiles shrink to fit (below).
+- CPU drivers (lavapipe: 8 lanes, 8 x 8 x 8): a 32 x 32 tile keeps dispatches small and
   still exercises several subgroups, accumulator grids, and multiple K steps per tile.
+  Device class is the device type, not the subgroup width: Xe-HPG's 8-wide subgroups are
+  as narrow as lavapipe's.
 Tiles shrink (tile_k first, then the accumulator grid, then the subgroup grid) until they
 fit the device's shared memory and invocation limits.
 
@@ -35,8 +80,10 @@ from coopmat.codegen.plan import element_bytes, plan_kernel
 from coopmat.codegen.traits import KhrTraits, Layout, Tile
 from coopmat.device.enums import ComponentType
 
-GPU_SUBGROUP = 32
 TILE_K_BYTES = 64
+GPU_INVOCATIONS = 256  # per workgroup, at every subgroup width (table above)
+GPU_TILE_MN = 128  # the GPU default's block of D, rows and columns
+ACC_ELEMS_PER_LANE = 64  # accumulator elements per invocation of a GPU default tile
 # tune_candidates stops adding buffering 3/4 tiles here (each is compiled and timed).
 MAX_TUNE_CANDIDATES = 80
 
@@ -62,15 +109,32 @@ def _fits(tile: Tile, a_type: ComponentType, result_type: ComponentType, m: int,
     return True
 
 
+def kernel_subgroup_size(reported: int, smallest: int, largest: int,
+                         can_require: bool) -> int:
+    """The subgroup size khr kernels are built for and require (module docstring): the
+    smallest the device lets a compute pipeline require, else the one it reports."""
+    if smallest == largest or not can_require or smallest < 1:
+        return reported
+    return smallest
+
+
+def gpu_block(subgroup_size: int) -> tuple[int, int]:
+    """Rows and columns of D one subgroup of a GPU default tile holds: 64 x 32 at 32 lanes,
+    64 x 64 at 64, 32 x 32 at 16, 32 x 16 at 8 (ACC_ELEMS_PER_LANE elements per lane)."""
+    rows = 64 if subgroup_size >= 32 else 32
+    return rows, max(1, ACC_ELEMS_PER_LANE * subgroup_size // rows)
+
+
 def _candidates(a_type: ComponentType, m: int, n: int, k: int,
-                subgroup_size: int) -> Iterator[Tile]:
+                subgroup_size: int, cpu: bool) -> Iterator[Tile]:
     """Tiles from the preferred one downwards."""
-    if subgroup_size >= GPU_SUBGROUP:
-        sg_m, sg_n = 2, 4
-        acc_m, acc_n = max(1, 64 // m), max(1, 32 // n)
-        tile_k = max(k, TILE_K_BYTES // element_bytes(a_type) // k * k)
-    else:
+    if cpu:
         sg_m, sg_n, acc_m, acc_n, tile_k = 2, 2, 2, 2, 2 * k
+    else:
+        rows, cols = gpu_block(subgroup_size)
+        sg_m, sg_n = max(1, GPU_TILE_MN // rows), max(1, GPU_TILE_MN // cols)
+        acc_m, acc_n = max(1, rows // m), max(1, cols // n)
+        tile_k = max(k, TILE_K_BYTES // element_bytes(a_type) // k * k)
     while True:
         tk = tile_k
         while tk >= k:
@@ -91,9 +155,11 @@ def _candidates(a_type: ComponentType, m: int, n: int, k: int,
 
 
 def default_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
-                 subgroup_size: int, max_shared_memory: int, max_invocations: int) -> Tile:
-    """The preferred tile for a config that fits the device's limits (ValueError if none)."""
-    for tile in _candidates(a_type, m, n, k, subgroup_size):
+                 subgroup_size: int, max_shared_memory: int, max_invocations: int, *,
+                 cpu: bool = False) -> Tile:
+    """The preferred tile for a config that fits the device's limits (ValueError if none);
+    `cpu` for a CPU driver's tile (module docstring)."""
+    for tile in _candidates(a_type, m, n, k, subgroup_size, cpu):
         if _fits(tile, a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
                  max_invocations):
             return tile
@@ -106,13 +172,14 @@ SMALL_M = 64  # problems with at most this many rows form their own shape class
 
 
 def small_m_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
-                 subgroup_size: int, max_shared_memory: int, max_invocations: int) -> Tile:
+                 subgroup_size: int, max_shared_memory: int, max_invocations: int, *,
+                 cpu: bool = False) -> Tile:
     """For few rows (LLM decode shapes, M <= SMALL_M): a narrow, deep tile. Such a GEMM is
     a stream over B; a 128-wide tile would leave most of a GPU's cores idle, so tiles are
-    2 x 2 matrices wide (many workgroups) and 128 bytes deep (few K steps)."""
-    if subgroup_size < GPU_SUBGROUP:
+    two subgroups of 2 x 2 matrices (many workgroups) and 128 bytes deep (few K steps)."""
+    if cpu:
         return default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
-                            max_invocations)
+                            max_invocations, cpu=cpu)
     tk = max(k, 128 // element_bytes(a_type) // k * k)
     tile = Tile(2 * m, 2 * 2 * n, tk, 1, 2, 2)
     if _fits(tile, a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
@@ -124,12 +191,13 @@ def small_m_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: i
 
 def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
                     subgroup_size: int, max_shared_memory: int,
-                    max_invocations: int, small_m: bool = False) -> list[Tile]:
+                    max_invocations: int, small_m: bool = False, *,
+                    cpu: bool = False) -> list[Tile]:
     """Tiles worth timing on a device (`python -m coopmat.bench --tune`): the default plus
     other subgroup grids, accumulator grids and K depths that fit its limits. `small_m`
     asks for the candidates of the few-rows shape class instead."""
     out: list[Tile] = []
-    if small_m and subgroup_size >= GPU_SUBGROUP:
+    if small_m and not cpu:
         for sg_m, sg_n in [(1, 1), (1, 2), (1, 4), (2, 2)]:
             for acc_m, acc_n in [(1, 1), (1, 2), (2, 2), (1, 4), (2, 1)]:
                 for kb in (64, 128, 256):
@@ -144,15 +212,17 @@ def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n
         big = default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
                            max_invocations)
         return [first, *[t for t in [big, *out] if t != first]]
-    if subgroup_size >= GPU_SUBGROUP:
-        sg_grids = [(2, 2), (2, 4), (4, 2), (4, 4)]
-        acc_grids = [(2, 2), (4, 2), (2, 4), (4, 4)]
-        k_bytes = [32, 64, 128]
-    else:
+    if cpu:
         sg_grids = [(1, 1), (2, 2)]
         acc_grids = [(1, 1), (2, 2)]
         k_bytes = [k * element_bytes(a_type), 2 * k * element_bytes(a_type)]
-    if subgroup_size >= GPU_SUBGROUP and element_bytes(result_type) == 2:
+    else:
+        sg_grids = [(2, 2), (2, 4), (4, 2), (4, 4)]
+        if subgroup_size < 32:  # narrow subgroups: more of them (the default has 16 or 32)
+            sg_grids += [(4, 8), (8, 4)]
+        acc_grids = [(2, 2), (4, 2), (2, 4), (4, 4)]
+        k_bytes = [32, 64, 128]
+    if not cpu and element_bytes(result_type) == 2:
         acc_grids += [(8, 4), (4, 8)]  # 16-bit accumulators leave registers for more of them
     for sg_m, sg_n in sg_grids:
         for acc_m, acc_n in acc_grids:
@@ -162,12 +232,12 @@ def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n
                 if tile not in out and _fits(tile, a_type, result_type, m, n, k, subgroup_size,
                                              max_shared_memory, max_invocations):
                     out.append(tile)
-    if subgroup_size >= GPU_SUBGROUP:
+    if not cpu:
         staged = _staged_candidates(a_type, result_type, m, n, k, subgroup_size,
                                     max_shared_memory, max_invocations, out)
         out += staged[:max(0, MAX_TUNE_CANDIDATES - 1 - len(out))]
     default = default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
-                           max_invocations)
+                           max_invocations, cpu=cpu)
     if default in out:
         out.remove(default)
     return [default, *out]

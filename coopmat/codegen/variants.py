@@ -10,10 +10,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coopmat.codegen.nv2_tiles import NV2_TYPES, nv2_tile_candidates, nv2_traits
-from coopmat.codegen.tiles import default_tile, small_m_tile, tune_candidates
+from coopmat.codegen.tiles import (
+    default_tile,
+    kernel_subgroup_size,
+    small_m_tile,
+    tune_candidates,
+)
 from coopmat.codegen.traits import GemmTraits, KhrTraits, Layout, Nv2Traits, Tile
 from coopmat.device.enums import ComponentType, Scope
-from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
+from coopmat.device.model import (
+    SHADER_STAGE_COMPUTE,
+    CooperativeMatrixProperties,
+    DeviceLimits,
+    PhysicalDeviceInfo,
+)
 from coopmat.device.record import nv2_usable
 from coopmat.dtypes import OPERAND_TYPES, RESULT_TYPES
 
@@ -26,21 +36,36 @@ def buildable(cfg: CooperativeMatrixProperties) -> bool:
             and cfg.result_type in RESULT_TYPES and cfg.c_type == cfg.result_type)
 
 
+def khr_subgroup_size(limits: DeviceLimits) -> int:
+    """The subgroup size khr kernels are built for and require on a device (tiles.py says
+    why): the smallest it lets a compute pipeline require, else its subgroupSize."""
+    return kernel_subgroup_size(
+        limits.subgroup_size, limits.min_subgroup_size, limits.max_subgroup_size,
+        bool(limits.required_subgroup_size_stages & SHADER_STAGE_COMPUTE))
+
+
+def is_cpu(info: PhysicalDeviceInfo) -> bool:
+    """Whether the device is a CPU driver (lavapipe), which gets small tiles."""
+    return info.device_type == "CPU"
+
+
 def khr_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
-             small_m: bool = False) -> Tile:
-    """The default khr tile for a config on a device (the few-rows tile with small_m)."""
+             small_m: bool = False, *, cpu: bool = False) -> Tile:
+    """The default khr tile for a config on a device (the few-rows tile with small_m;
+    `cpu` for a CPU driver)."""
     pick = small_m_tile if small_m else default_tile
-    return pick(cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K, limits.subgroup_size,
+    return pick(cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K, khr_subgroup_size(limits),
                 limits.max_compute_shared_memory_size,
-                limits.max_compute_work_group_invocations)
+                limits.max_compute_work_group_invocations, cpu=cpu)
 
 
 def khr_tune_tiles(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
-                   small_m: bool = False) -> list[Tile]:
+                   small_m: bool = False, *, cpu: bool = False) -> list[Tile]:
     """The khr tiles `python -m coopmat.bench --tune` times, default first."""
     return tune_candidates(cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
-                           limits.subgroup_size, limits.max_compute_shared_memory_size,
-                           limits.max_compute_work_group_invocations, small_m=small_m)
+                           khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
+                           limits.max_compute_work_group_invocations, small_m=small_m,
+                           cpu=cpu)
 
 
 def nv2_tiles(info: PhysicalDeviceInfo, operand: ComponentType,
@@ -62,10 +87,11 @@ def nv2_tiles(info: PhysicalDeviceInfo, operand: ComponentType,
 def khr_traits(cfg: CooperativeMatrixProperties, limits: DeviceLimits, a_layout: Layout,
                b_layout: Layout, has_c: bool, tile: Tile, *, aligned: bool = False,
                exact: bool = False, out_type: ComponentType | None = None) -> KhrTraits:
-    """khr traits for a config on a device (variant flags as given)."""
+    """khr traits for a config on a device (variant flags as given), at the subgroup size
+    khr_subgroup_size chooses."""
     return KhrTraits(a_type=cfg.a_type, b_type=cfg.b_type, c_type=cfg.c_type,
                      result_type=cfg.result_type, a_layout=a_layout, b_layout=b_layout,
-                     has_c=has_c, tile=tile, subgroup_size=limits.subgroup_size,
+                     has_c=has_c, tile=tile, subgroup_size=khr_subgroup_size(limits),
                      out_type=out_type, m=cfg.M, n=cfg.N, k=cfg.K, aligned=aligned,
                      exact=exact)
 
@@ -77,7 +103,7 @@ def khr_variants(info: PhysicalDeviceInfo) -> list[KhrTraits]:
     for cfg in info.cooperative_matrix_properties:
         if not buildable(cfg):
             continue
-        tile = khr_tile(cfg, info.limits)
+        tile = khr_tile(cfg, info.limits, cpu=is_cpu(info))
         for out_type in out_types(cfg.a_type, cfg.result_type):
             for a_layout in Layout:
                 for b_layout in Layout:

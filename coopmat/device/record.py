@@ -221,10 +221,15 @@ def load_records(path: str | Path) -> list[PhysicalDeviceInfo]:
         data = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read a recorded device list from {p}: {e}") from None
-    devices = data if isinstance(data, list) else data.get("devices", [data])
-    beside = flexible_dims_beside(p)
-    flex = tuple(load_flexible_dims(beside)) if beside else ()
-    return [from_record(d, i, source=p.name, flex_beside=flex) for i, d in enumerate(devices)]
+    try:
+        devices = data if isinstance(data, list) else data.get("devices", [data])
+        beside = flexible_dims_beside(p)
+        flex = tuple(load_flexible_dims(beside)) if beside else ()
+        return [from_record(d, i, source=p.name, flex_beside=flex)
+                for i, d in enumerate(devices)]
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{p} is not a recorded device list: {type(e).__name__}: {e}") \
+            from None
 
 
 def nv2_usable(info: PhysicalDeviceInfo) -> bool:

@@ -27,7 +27,7 @@ from typing import overload
 from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, KhrTraits, Layout, Tile, abi
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
-from coopmat.codegen.variants import khr_tile, khr_traits, nv2_tiles
+from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
 from coopmat.errors import MissingFeatureError
@@ -164,8 +164,8 @@ def _pack(operand: int, src: OperandLayout, lines: int, other: int,
 
 @functools.lru_cache(maxsize=256)
 def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
-                  small_m: bool) -> Tile:
-    return khr_tile(cfg, limits, small_m)
+                  small_m: bool, cpu: bool) -> Tile:
+    return khr_tile(cfg, limits, small_m, cpu=cpu)
 
 
 def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Options) -> bool:
@@ -227,7 +227,7 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
         raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
                                   f"subgroup-scope matrix for {pair.describe()}")
     if tile is None:
-        tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M)
+        tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info))
     khr = khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
                      out_type=pair.out)
     return fastest_variant(khr, params, problem.batch, options), why
