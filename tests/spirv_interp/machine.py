@@ -259,10 +259,12 @@ class Wave:
         self.values[rid] = np.where(self.lane_mask(mask, t), value, old)
 
     def lane_mask(self, mask: Mask, t: Type) -> np.ndarray:
-        """The mask shaped to broadcast against a per-invocation value of type t."""
-        if isinstance(t, CoopMatT):
-            return np.any(mask.lanes.reshape(self.S, self.sg), axis=1)[:, None, None]
-        return mask.lanes.reshape((self.n,) + (1,) * lane_ndim(t))
+        """The mask shaped to broadcast against a per-invocation (per-subgroup, for
+        matrices) value of type t."""
+        inner = (1,) * len(_inner_shape(t))
+        if _holds_matrices(t):
+            return np.any(mask.lanes.reshape(self.S, self.sg), axis=1).reshape((self.S,) + inner)
+        return mask.lanes.reshape((self.n,) + inner)
 
     def lanes(self, value: Any, t: Type) -> np.ndarray:
         """The value with one entry per invocation."""
@@ -446,6 +448,8 @@ class Wave:
                     reach(target, m)
                 else:
                     onward.append((target, m))
+            if len(onward) == 2 and onward[0][0] == onward[1][0]:
+                onward = [(onward[0][0], onward[0][1] | onward[1][1])]
             if len(onward) > 1:
                 raise InterpreterError(f"{term} in block %{label} splits the invocations "
                                        "without a merge instruction")
@@ -658,10 +662,12 @@ class Interpreter:
                                 f"{t.use} matches no entry of the device's list")
 
     def dispatch(self, groups: tuple[int, int, int], buffers: Mapping[int, np.ndarray],
-                 push_constants: bytes = b"") -> None:
+                 push_constants: bytes = b"") -> dict[int, dict[str, int]]:
         """Run every workgroup of vkCmdDispatch(*groups). `buffers` maps the binding of
         each storage buffer (descriptor set 0) to a contiguous numpy array, its whole
-        content; what the module writes lands back in those arrays."""
+        content; what the module writes lands back in those arrays. Returns, per binding
+        written, the elements stored by OpStore ("scalar") and by cooperative-matrix
+        stores ("matrix")."""
         mod = self.mod
         memories: dict[int, Memory] = {}
         arrays: dict[int, tuple[np.ndarray, Memory]] = {}
@@ -681,13 +687,17 @@ class Interpreter:
                 if not isinstance(block, StructT) or mod.decoration(
                         block.id, Decoration.Block) is None:
                     raise InterpreterError("a storage buffer that is not a Block struct")
-                readonly = all(Decoration.NonWritable in mod.member_decorations.get(
-                    (block.id, i), {}) for i in range(len(block.members)))
+                def everywhere(dec: int, block: StructT = block) -> bool:
+                    return all(dec in mod.member_decorations.get((block.id, i), {})
+                               for i in range(len(block.members)))
+
+                readonly = everywhere(Decoration.NonWritable)
                 mem = Memory(f"binding {binding[0]}", var.storage, raw.size,
-                             writable=not readonly, init=raw)
+                             writable=not readonly, init=raw,
+                             readable=not everywhere(Decoration.NonReadable))
                 memories[var.id] = mem
                 if not readonly:
-                    arrays[var.id] = (raw, mem)
+                    arrays[binding[0]] = (raw, mem)
             elif var.storage == StorageClass.PushConstant:
                 memories[var.id] = Memory("push constants", var.storage, len(push_constants),
                                           writable=False,
@@ -699,6 +709,7 @@ class Interpreter:
                         Workgroup(self, (x, y, z), groups, memories).execute()
         for raw, mem in arrays.values():
             raw[:] = mem.data[:raw.size]
+        return {binding: dict(mem.stored) for binding, (_, mem) in arrays.items()}
 
 
 # -- instruction handlers -----------------------------------------------------------------------
@@ -750,9 +761,21 @@ def _float_type(t: Type, ins: Ins) -> FloatT:
     return s
 
 
-def _check_tangled(w: Wave, ins: Ins, mask: Mask) -> None:
-    if isinstance(ins.rtype, CoopMatT):
-        w.tangled(mask, ins)
+def _operands_match(ins: Ins, mod: Module, ids: Sequence[int], like: Type,
+                    same_signedness: bool = False) -> None:
+    """The operands must have the result's shape (scalar, n-vector or matrix) and the
+    width of its component type, as the instruction's rules say."""
+    want = scalar_of(like)
+    for i in ids:
+        t = mod.value_types.get(i)
+        if t is None:
+            raise InterpreterError(f"{ins}: %{i} is not a value")
+        s = scalar_of(t)
+        if type(s) is not type(want) or getattr(s, "width", 0) != getattr(want, "width", 0) \
+                or _inner_shape(t) != _inner_shape(like):
+            raise UndefinedBehavior(f"{ins}: operand %{i} does not match the result type")
+        if isinstance(s, FloatT) and isinstance(want, FloatT) and s.encoding != want.encoding:
+            raise UndefinedBehavior(f"{ins}: operand %{i} has another float encoding")
 
 
 def _setter(ins: Ins) -> Callable[[Wave, Any, Mask], None]:
@@ -776,6 +799,7 @@ def _int_binary(fn: Callable[[Any, Any], Any], signed: bool | None = None) -> Fa
     `signed` reads the operands as signed/unsigned where the opcode says so."""
     def factory(ins: Ins, mod: Module) -> Run:
         t = _int_type(_rtype(ins), ins)
+        _operands_match(ins, mod, ins.args[:2], _rtype(ins))
         dt = np_dtype(t)
         x, y = ins.args[0], ins.args[1]
         put = _setter(ins)
@@ -800,6 +824,7 @@ def _udiv(ins: Ins, mod: Module) -> Run:
     t = _int_type(_rtype(ins), ins)
     if isinstance(ins.rtype, CoopMatT):
         raise Unsupported(f"{ins} on cooperative matrices")
+    _operands_match(ins, mod, ins.args[:2], _rtype(ins))
     dt, udt = np_dtype(t), int_dtype(t.width, False)
     x, y = ins.args[0], ins.args[1]
     fn = np.floor_divide if ins.op == Op.UDiv else np.remainder
@@ -861,6 +886,7 @@ def _int_unary(ins: Ins, mod: Module) -> Run:
 def _compare(fn: Callable[[Any, Any], Any], signed: bool) -> Factory:
     def factory(ins: Ins, mod: Module) -> Run:
         t = _int_type(mod.value_types[ins.args[0]], ins)
+        _operands_match(ins, mod, ins.args[1:2], mod.value_types[ins.args[0]])
         dt = int_dtype(t.width, signed)
         x, y = ins.args[0], ins.args[1]
         put = _setter(ins)
@@ -923,6 +949,7 @@ def _float_binary(fn: Callable[[Any, Any], Any]) -> Factory:
     ml_dtypes' bfloat16 compute in float32 and round to nearest even)."""
     def factory(ins: Ins, mod: Module) -> Run:
         dt = np_dtype(_float_type(_rtype(ins), ins))
+        _operands_match(ins, mod, ins.args[:2], _rtype(ins))
         x, y = ins.args[0], ins.args[1]
         put = _setter(ins)
 
@@ -1271,6 +1298,7 @@ def _store(ins: Ins, mod: Module) -> Run:
             mem.on_write(base[:, None] + comp_bytes, w.owner[lanes], ops.available,
                          ops.non_private)
         mem.write(base[:, None] + comp, vals, dt)
+        mem.stored["scalar"] += mask.count
     return run
 
 
@@ -1445,6 +1473,7 @@ def _matrix_store(w: Wave, ins: Ins, mask: Mask) -> None:
         mem.on_write(at.reshape(-1)[:, None] + np.arange(dt.itemsize), owners, ops.available,
                      ops.non_private)
     mem.write(at, value, dt)
+    mem.stored["matrix"] += at.size
 
 
 @_plain(Op.CooperativeMatrixMulAddKHR)

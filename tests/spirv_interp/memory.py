@@ -47,8 +47,10 @@ class DataRace(UndefinedBehavior):
 
 class Memory:
     def __init__(self, name: str, storage: int, size: int, *, writable: bool,
-                 init: np.ndarray | None = None, fill: int = 0xFF, track: bool = True) -> None:
-        self.name, self.storage, self.size, self.writable = name, storage, size, writable
+                 readable: bool = True, init: np.ndarray | None = None, fill: int = 0xFF,
+                 track: bool = True) -> None:
+        self.name, self.storage, self.size = name, storage, size
+        self.writable, self.readable = writable, readable
         # Padded so that any scalar dtype can view it whole.
         self.data = np.full(-(-max(size, 1) // 16) * 16, fill, np.uint8)
         if init is not None:
@@ -63,6 +65,9 @@ class Memory:
             self.w_private = np.zeros(size, bool)
             self.r_owner = np.full(size, NOBODY, np.int64)
             self.r_epoch = np.full(size, -1, np.int32)
+        # Elements written by OpStore and by cooperative-matrix stores (for tests that
+        # want to know which path a kernel took).
+        self.stored = {"scalar": 0, "matrix": 0}
         self.epoch = 0
         self.visible_barriers: list[tuple[int, int]] = []  # (epoch it starts, scope)
 
@@ -83,6 +88,8 @@ class Memory:
 
     def read(self, offsets: np.ndarray, dt: np.dtype) -> np.ndarray:
         """Elements of dtype dt at byte offsets (any shape); offsets must be aligned."""
+        if not self.readable:
+            raise UndefinedBehavior(f"read from {self}, whose members are all NonReadable")
         self.check_bounds(offsets, dt.itemsize)
         if offsets.size and np.any(offsets % dt.itemsize):
             raise UndefinedBehavior(f"misaligned {dt} access to {self}")
