@@ -1,10 +1,41 @@
-"""A reference interpreter for the SPIR-V compute modules coopmat emits, written from the
-SPIR-V specification, SPV_KHR_cooperative_matrix (with SPV_KHR_bfloat16, SPV_EXT_float8)
-and the Vulkan rules for them, not from the generator. See machine.py for the execution
-model and memory.py for the memory-model checks.
+"""A reference interpreter for the SPIR-V compute modules coopmat emits.
+
+Written from the SPIR-V 1.6 specification, SPV_KHR_cooperative_matrix (with
+SPV_KHR_bfloat16 and SPV_EXT_float8) and the Vulkan rules for them (memory model,
+cooperative-matrix runtime rules), not from coopmat's generator: it shares neither its
+opcode tables nor its code, and it also runs the GLSL form of the kernel as glslang
+compiles it. No pip-installable SPIR-V interpreter with cooperative matrices exists; the
+nearest, mmoult/SPIRV-Interpreter (C++20, built with CMake and Ninja, cooperative matrices
+since August 2025), expects valid input and leaves checking it out of scope, while the
+point here is to check the kernels.
 
     interp = Interpreter(spirv, subgroup_size=32, matrix_configs=[...])
     interp.dispatch((gx, gy, gz), {0: a, 1: b, 2: d}, push_constants)
+
+Executed: one workgroup at a time, its invocations in lockstep and vectorised with numpy
+(machine.py); barriers are synchronisation points, and with lockstep="subgroup" each
+subgroup runs as a generator that meets the others only there. Structured control flow
+(OpSelectionMerge, OpLoopMerge, OpBranchConditional, OpPhi, OpFunctionCall). Storage
+buffers, push constants, Workgroup memory, Function/Private variables (arrays of
+matrices included), specialization constants (OpSpecConstant*, OpSpecConstantOp).
+
+Instructions: integer and float arithmetic, bit operations, shifts, comparisons, logical
+operations, OpSelect, conversions (U/S/FConvert, ConvertUToF..., Bitcast), composites,
+OpLoad/OpStore/OpAccessChain with memory operands, OpControlBarrier, and the cooperative
+matrix ones: OpCooperativeMatrixLoadKHR/StoreKHR (row/column-major, stride in units of
+the pointee type), OpCooperativeMatrixMulAddKHR (sign or zero extension as its operands
+say), OpCooperativeMatrixLengthKHR, per-element access, OpMatrixTimesScalar. Anything
+else (an opcode, capability, extension, decoration, execution mode) is refused when the
+module is loaded.
+
+Reported as undefined behavior: data races, workgroup-memory communication without
+availability and visibility, tangled instructions in non-uniform control flow, operands
+that must be subgroup-uniform and are not, misaligned cooperative-matrix pointers and
+strides (VUID-...-08986), accesses outside a buffer or array, matrix types and
+multiply-adds that match no entry of the device's list, division by zero, out-of-range
+shifts. Not modelled: atomics, images, subgroup operations, barriers that order storage
+buffers, saturating accumulation; the nv2 family (workgroup scope, tensor addressing)
+keeps its own interpreter in tests/nv2_emulator.py.
 """
 
 from .machine import Interpreter, MatrixConfig, component_name

@@ -304,8 +304,8 @@ class Wave:
 
     # -- variables that are values (Function, Private, Input) ------------------------
     def local_get(self, p: Ptr, mask: Mask) -> Any:
-        """The value p points to inside a Local: p.path indexes arrays and vectors, each
-        index a number or one per invocation."""
+        """The value p points to inside a Local: p.path indexes arrays, vectors and an
+        invocation's elements of a matrix, each index a number or one per invocation."""
         assert isinstance(p.target, Local)
         v, t = p.target.value, p.target.type
         if not p.path:
@@ -314,6 +314,14 @@ class Wave:
         uniform = v.ndim == len(_inner_shape(t))
         rows = self.S if _holds_matrices(t) else self.n
         for index in p.path:
+            if isinstance(t, CoopMatT):
+                if uniform:
+                    v = np.broadcast_to(v, (rows,) + v.shape)
+                flat = _matrix_element_index(self, t, index, check=False)
+                v = v.reshape(rows, -1)[self.subgroup, flat]
+                uniform = False
+                t = t.component
+                continue
             if np.ndim(index) == 0:
                 v = v[int(index)] if uniform else v[:, int(index)]
             else:
@@ -341,9 +349,27 @@ class Wave:
         matrices = _holds_matrices(t)
         rows = self.S if matrices else self.n
         whole = np.array(np.broadcast_to(local.value, (rows,) + _inner_shape(t)))
+        depth = 0  # array levels above the matrices
+        while isinstance(t, ArrayT):
+            t, depth = t.element, depth + 1
+        if matrices and len(p.path) == depth + 1:
+            # One element per invocation: each active invocation writes its own element,
+            # which needs no uniform control flow (the access is through a pointer).
+            lanes = np.nonzero(mask.lanes)[0]
+            subs = self.subgroup[lanes]
+            where: list[Any] = [subs]
+            for index in p.path[:-1]:
+                where.append(np.broadcast_to(self.per_subgroup(
+                    index, mask, "an index into matrices"), (self.S,))[subs])
+            assert isinstance(t, CoopMatT)
+            flat = _matrix_element_index(self, t, p.path[-1], check=False)[lanes]
+            where += [flat // t.cols, flat % t.cols]
+            whole[tuple(where)] = self.lanes(value, p.type)[lanes]
+            local.value = whole
+            return
         active = self.tangled(mask, ins) if matrices else mask.lanes
         r = np.nonzero(active)[0]
-        where: list[Any] = [r]
+        where = [r]
         for index in p.path:
             if np.ndim(index) == 0:
                 where.append(np.full(r.size, int(index)))
@@ -1062,13 +1088,16 @@ def _bitcast(w: Wave, ins: Ins, mask: Mask) -> None:
 
 
 # -- composites -------------------------------------------------------------------------------
-def _matrix_element_index(w: Wave, t: CoopMatT, e: int) -> np.ndarray:
-    """Flat (row-major) index of element e of each invocation's share of a matrix. The
-    mapping is the implementation's choice; this one deals elements round-robin."""
+def _matrix_element_index(w: Wave, t: CoopMatT, e: Any, check: bool = True) -> np.ndarray:
+    """Flat (row-major) index of element e (a number, or one per invocation) of each
+    invocation's share of a matrix. The mapping is the implementation's choice; this one
+    deals the elements out round-robin. (Indices through a pointer were checked by the
+    access chain, for the invocations that made it.)"""
     length = t.rows * t.cols // w.sg
-    if not 0 <= e < length:
+    e = np.asarray(e, np.int64)
+    if check and np.any((e < 0) | (e >= length)):
         raise UndefinedBehavior(f"element {e} of a matrix with {length} per invocation")
-    return e * w.sg + w.lane
+    return np.clip(e, 0, length - 1) * w.sg + w.lane
 
 
 @_plain(Op.CompositeConstruct)
@@ -1314,23 +1343,29 @@ def _access_chain(ins: Ins, mod: Module) -> Run:
         mod.value_types.get(base_id), PointerT) and _is_function_pointer(mod, base_id)
     put = _setter(ins)
     if local_base:
-        indices: list[tuple[int, int, np.dtype]] = []  # (id, bound, signed dtype)
+        # (id, bound, signed dtype, whether the bound is a matrix's elements, which the
+        # subgroup size divides among the invocations)
+        indices: list[tuple[int, int, np.dtype, bool]] = []
         for index_id in ins.args[1:]:
             it = _int_type(mod.value_types[index_id], ins)
+            shared = isinstance(t, CoopMatT)
             if isinstance(t, ArrayT):
                 count, t = t.length, t.element
             elif isinstance(t, VectorT):
                 count, t = t.count, t.component
+            elif isinstance(t, CoopMatT):  # this invocation's elements of the matrix
+                count, t = t.rows * t.cols, t.component
             else:
                 raise Unsupported(f"{ins}: indexing a variable's {type(t).__name__}")
-            indices.append((index_id, count, int_dtype(it.width, True)))
+            indices.append((index_id, count, int_dtype(it.width, True), shared))
         leaf = t
 
         def local(w: Wave, mask: Mask) -> None:
             b: Ptr = w.values[base_id]
             path = list(b.path)
-            for index_id, bound, sdt in indices:
+            for index_id, count, sdt, shared in indices:
                 index = w.values[index_id].astype(sdt).astype(np.int64)
+                bound = count // w.sg if shared else count
                 if w.active(mask, (index < 0) | (index >= bound)):
                     raise UndefinedBehavior(f"{ins}: index outside the {bound} elements")
                 path.append(index)
