@@ -40,11 +40,7 @@ class _Storage:
         if buf is None:
             return
         try:
-            pool = self.rt.pool
-            # Device-local memory may be reused at once: later work on the queue is
-            # ordered after whatever still reads it. Host-visible memory is written by
-            # the host, so it waits for the work submitted so far.
-            pool.release(buf) if buf.mapped is None else pool.release_later(buf)
+            self.rt.pool.recycle(buf)
         except Exception:  # interpreter shutdown: the device goes with the process
             pass
 

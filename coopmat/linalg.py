@@ -73,14 +73,14 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
                              accumulator=accumulator, device=device, family=family)
     a = np.asarray(a)
     b = np.asarray(b)
-    _shapes(a.shape, b.shape)  # shape errors before any device is opened
+    # Shape errors come before any device is opened.
+    M, N, K, batch_shape, full_shape, shape = _shapes(a.shape, b.shape)
     dtype = _result_dtype_arg(dtype, out_dtype)
     options = Options.from_env().with_family(family)
     rt = runtime(device)
     pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
     alpha, beta = _scalars(pair, alpha, beta)
-    M, N, K, batch_shape, full_shape, shape = _shapes(a.shape, b.shape)
     a2 = a[np.newaxis, :] if a.ndim == 1 else a
     b2 = b[:, np.newaxis] if b.ndim == 1 else b
 

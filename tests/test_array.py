@@ -320,3 +320,14 @@ def test_numpy_to_numpy_through_lanes(rt, monkeypatch):
         got_t = coopmat.matmul(b.T, a.T)
     assert np.abs(got - _ref(a, b)).max() < _tol(200)
     assert np.array_equal(got_t, got.T) or np.abs(got_t - got.T).max() < _tol(200)
+
+
+def test_empty_sum_on_arrays(rt):
+    """K == 0: zeros, plus beta * c, into a new Array or into out=."""
+    a, b = np.zeros((3, 0), np.float16), np.zeros((0, 4), np.float16)
+    assert np.array_equal(coopmat.matmul(coopmat.asarray(a), b).numpy(),
+                          np.zeros((3, 4), np.float16))
+    c = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = coopmat.empty((3, 4), np.float32)
+    got = coopmat.matmul(coopmat.asarray(a), b, c=c, beta=2.0, dtype=np.float32, out=out)
+    assert got is out and np.array_equal(out.numpy(), 2 * c)

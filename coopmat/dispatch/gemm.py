@@ -415,6 +415,6 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
                                    tuple(o for o in offsets if o[1])))
         ticket = rt.executor.submit(uploads, dispatches)
     finally:
-        for buf in temps:  # later work on the queue is ordered after this GEMM
-            rt.pool.release(buf) if buf.mapped is None else rt.pool.release_later(buf)
+        for buf in temps:
+            rt.pool.recycle(buf)
     return ticket, plan

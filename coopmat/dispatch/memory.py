@@ -201,6 +201,15 @@ class MemoryPool:
             dropped = self._trim(self.max_cached_bytes)
         self._drop_all(dropped)
 
+    def recycle(self, buf: Buffer) -> None:
+        """Give `buf` back as soon as that is safe: device-local memory now (later work on
+        the queue is ordered after whatever still reads it), host-visible memory, which the
+        host writes, once the work submitted so far is done."""
+        if buf.mapped is None:
+            self.release(buf)
+        else:
+            self.release_later(buf)
+
     def release_later(self, buf: Buffer) -> None:
         """Give `buf` back once everything submitted so far has completed."""
         if self.stream is None:

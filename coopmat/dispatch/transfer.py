@@ -147,7 +147,7 @@ class _Imported:
 
     def __init__(self, t: Transfers, address: int, nbytes: int):
         v = vk()
-        ffi, lib = v.ffi, v.lib
+        ffi = v.ffi
         dev = t.device.handle
         align = t.import_alignment
         base = address & ~(align - 1)
@@ -180,7 +180,6 @@ class _Imported:
         except BaseException:
             self.free()
             raise
-        del lib
 
     def free(self) -> None:
         v = vk()
