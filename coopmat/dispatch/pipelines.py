@@ -162,9 +162,30 @@ class PipelineCache:
                          float(st.value.f64))[fmt]
         return out
 
+    def destroy(self) -> None:
+        """Save the cache blob, then destroy every pipeline object and the cache itself
+        (all of them must go before their device does)."""
+        self.save()
+        atexit.unregister(self.save)
+        if self.device.handle is None:
+            return
+        v = vk()
+        dev = self.device.handle
+        with self._lock:
+            for p in self._pipelines.values():
+                v.vkDestroyPipeline(dev, p.handle, None)
+                v.vkDestroyPipelineLayout(dev, p.layout, None)
+                v.vkDestroyDescriptorSetLayout(dev, p.set_layout, None)
+                v.vkDestroyShaderModule(dev, p.module, None)
+            self._pipelines.clear()
+            if self.handle is not None:
+                v.vkDestroyPipelineCache(dev, self.handle, None)
+                self.handle = None
+
     def save(self) -> None:
         """Write the driver's cache blob to disk (atomically), if anything new was built."""
-        if not self._dirty or self.device.handle is None or self.path is None:
+        if (not self._dirty or self.device.handle is None or self.handle is None
+                or self.path is None):
             return
         v = vk()
         with self._lock:

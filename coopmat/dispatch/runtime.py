@@ -24,9 +24,35 @@ class Runtime:
     stream: Stream
     transfers: Transfers
 
+    @classmethod
+    def create(cls, dev: Device) -> Runtime:
+        """Everything one logical device needs to run kernels."""
+        stream = Stream(dev)
+        pool = MemoryPool(dev, stream=stream)
+        rt = cls(dev, pool, PipelineCache(dev), Executor(dev, pool, stream), stream,
+                 Transfers(dev, pool, stream))
+        with _lock:
+            _by_device[id(dev)] = rt
+        return rt
 
-_lock = threading.Lock()
-_runtimes: dict[int, Runtime] = {}
+    def destroy(self) -> None:
+        """Tear down in reverse order of creation (work finished first); the device last."""
+        self.stream.wait()
+        self.transfers.destroy()
+        self.executor.destroy()
+        self.pipelines.destroy()
+        self.pool.clear()
+        self.stream.destroy()
+        with _lock:
+            _by_device.pop(id(self.device), None)
+            if _runtimes.get(self.device.info.index) is self:
+                del _runtimes[self.device.info.index]
+        self.device.destroy()
+
+
+_lock = threading.RLock()  # runtime() holds it while Runtime.create registers
+_runtimes: dict[int, Runtime] = {}  # the default runtime per physical device index
+_by_device: dict[int, Runtime] = {}  # every live runtime, by id() of its logical device
 
 DeviceArg = int | str | PhysicalDeviceInfo | Device | None
 
@@ -34,6 +60,12 @@ DeviceArg = int | str | PhysicalDeviceInfo | Device | None
 def runtime(selector: DeviceArg = None) -> Runtime:
     """The runtime of the selected device (argument, $COOPMAT_DEVICE, or the default)."""
     if isinstance(selector, Device):
+        # A Device names its own runtime: a second logical device on the same physical
+        # one (a test, or a user's own) must not fall back to the default.
+        with _lock:
+            own = _by_device.get(id(selector))
+        if own is not None:
+            return own
         selector = selector.info.index
     elif isinstance(selector, PhysicalDeviceInfo):
         selector = selector.index
@@ -41,10 +73,9 @@ def runtime(selector: DeviceArg = None) -> Runtime:
     with _lock:
         rt = _runtimes.get(dev.info.index)
         if rt is None:
-            stream = Stream(dev)
-            pool = MemoryPool(dev, stream=stream)
-            rt = Runtime(dev, pool, PipelineCache(dev), Executor(dev, pool, stream), stream,
-                         Transfers(dev, pool, stream))
+            rt = _by_device.get(id(dev))
+            if rt is None:
+                rt = Runtime.create(dev)
             _runtimes[dev.info.index] = rt
         return rt
 
