@@ -322,3 +322,51 @@ def test_empty_sum_on_arrays(rt):
     out = coopmat.empty((3, 4), np.float32)
     got = coopmat.matmul(coopmat.asarray(a), b, c=c, beta=2.0, dtype=np.float32, out=out)
     assert got is out and np.array_equal(out.numpy(), 2 * c)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8])
+def test_numpy_to_numpy_pipelined(rt, monkeypatch, dtype):
+    """Large numpy -> numpy products run as a pipeline of row blocks (uploads, kernels and
+    downloads overlapping where the device has copy queues), including a short last block;
+    int8 (whose row-major B is repacked first) and column-major A fall back to one
+    product."""
+    from coopmat.dispatch import gemm, pipeline, transfer
+    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(pipeline, "PIPELINE_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(pipeline, "FORCE", True)
+    monkeypatch.setattr(pipeline, "BLOCK_BYTES", 24 << 10)
+    monkeypatch.setattr(pipeline, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(transfer, "CHUNK_BYTES", 8 << 10)
+    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 16 << 10)
+    calls = []
+    real = pipeline.run_pipelined
+    monkeypatch.setattr(pipeline, "run_pipelined",
+                        lambda *a, **k: calls.append(a[2].shape) or real(*a, **k))
+    a, b = _random((150, 96), dtype, 16), _random((96, 130), dtype, 17)
+    assert len(pipeline.row_blocks(150, 96 * 2 + 130 * 2)) > 2
+    with discrete(rt):
+        got = coopmat.matmul(a, b)
+        again = coopmat.matmul(a, b, alpha=0.5 if dtype == np.float16 else 3)
+        got_t = coopmat.matmul(b.T, a.T)  # A column-major: not pipelined
+    assert calls == [(1, 150, 96), (1, 150, 96)]
+    if dtype == np.int8:
+        want = a.astype(np.int64) @ b.astype(np.int64)
+        assert np.array_equal(got, want) and np.array_equal(got_t, want.T)
+        assert np.array_equal(again, 3 * want)
+        return
+    assert np.abs(got - _ref(a, b)).max() < _tol(96)
+    np.testing.assert_allclose(again.astype(np.float64), 0.5 * got.astype(np.float64),
+                               rtol=2e-3, atol=_tol(96))
+    assert np.abs(got_t - got.T).max() < _tol(96)
+
+
+def test_row_blocks():
+    from coopmat.dispatch import pipeline
+    # 8192 rows of 32 KiB (A and D): 256 MiB in blocks of about BLOCK_BYTES (16 MiB)
+    blocks = pipeline.row_blocks(8192, 8192 * 4)
+    assert len(blocks) == 16 and all(r1 - r0 == 512 for r0, r1 in blocks)
+    # contiguous cover, a short last block
+    blocks = pipeline.row_blocks(1000, 1 << 20)
+    assert blocks[0][0] == 0 and blocks[-1][1] == 1000
+    assert all(b0[1] == b1[0] for b0, b1 in zip(blocks, blocks[1:], strict=False))
+    assert len(blocks) >= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +46,8 @@ def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
 
 @dataclass
 class Device:
-    """A VkDevice with one compute queue, and what was enabled on it."""
+    """A VkDevice with one compute queue (and, where the device has a transfer-only
+    queue family, up to two copy queues of it), and what was enabled on it."""
 
     info: PhysicalDeviceInfo
     physical: Any
@@ -56,6 +58,18 @@ class Device:
     enabled_extensions: tuple[str, ...]
     timestamp_valid_bits: int
     queue_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Queues of a transfer-only family (the GPU's copy engines: they copy while the
+    # compute queue runs kernels), one for each direction where the family has two.
+    copy_queues: tuple[Any, ...] = ()
+    copy_queue_family_index: int | None = None
+    copy_queue_locks: tuple[threading.Lock, ...] = ()
+
+    @property
+    def queue_family_indices(self) -> tuple[int, ...]:
+        """The families buffers are shared between (concurrent sharing mode)."""
+        if self.copy_queue_family_index is None:
+            return (self.queue_family_index,)
+        return (self.queue_family_index, self.copy_queue_family_index)
 
     def has(self, feature: str) -> bool:
         return feature in self.enabled_features
@@ -121,10 +135,16 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
     vkffi.chain(*structs)
 
     family, ts_bits = _compute_queue_family(physical)
-    queue_info = v.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1,
-                                           pQueuePriorities=[1.0])
+    queue_infos = [v.VkDeviceQueueCreateInfo(queueFamilyIndex=family, queueCount=1,
+                                             pQueuePriorities=[1.0])]
+    copy_family, copy_count = _copy_queue_family(physical)
+    if copy_family is not None:
+        queue_infos.append(v.VkDeviceQueueCreateInfo(
+            queueFamilyIndex=copy_family, queueCount=copy_count,
+            pQueuePriorities=[1.0] * copy_count))
     create = v.VkDeviceCreateInfo(
-        pNext=vkffi.as_vk_pointer(f2), queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+        pNext=vkffi.as_vk_pointer(f2), queueCreateInfoCount=len(queue_infos),
+        pQueueCreateInfos=queue_infos,
         enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions,
         pEnabledFeatures=None,
     )
@@ -133,6 +153,29 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
     except v.VkError as exc:
         raise VulkanError("vkCreateDevice", type(exc).__name__) from exc
     queue = v.vkGetDeviceQueue(handle, family, 0)
+    copies = tuple(v.vkGetDeviceQueue(handle, copy_family, i) for i in range(copy_count)) \
+        if copy_family is not None else ()
     return Device(info=info, physical=physical, handle=handle, queue=queue,
                   queue_family_index=family, enabled_features=frozenset(enable),
-                  enabled_extensions=tuple(extensions), timestamp_valid_bits=ts_bits)
+                  enabled_extensions=tuple(extensions), timestamp_valid_bits=ts_bits,
+                  copy_queues=copies, copy_queue_family_index=copy_family,
+                  copy_queue_locks=tuple(threading.Lock() for _ in copies))
+
+
+COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
+
+
+def _copy_queue_family(physical: Any) -> tuple[int | None, int]:
+    """(family, queues to take) of a transfer-only queue family, or (None, 0). Only with
+    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM that uses them measured
+    slower than the plain path on the H200 (docs/arrays.md), so by default everything
+    runs on the compute queue."""
+    if os.environ.get(COPY_QUEUES_ENV, "0") != "1":
+        return None, 0
+    v = vk()
+    for i, f in enumerate(v.vkGetPhysicalDeviceQueueFamilyProperties(physical)):
+        flags = f.queueFlags
+        if flags & v.VK_QUEUE_TRANSFER_BIT and not flags & (
+                v.VK_QUEUE_GRAPHICS_BIT | v.VK_QUEUE_COMPUTE_BIT):
+            return i, min(2, f.queueCount)
+    return None, 0

@@ -158,11 +158,14 @@ class Executor:
             return self._gpu_seconds()
 
     def submit(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-               downloads: Sequence[Copy] = ()) -> int:
-        """Queue the work without waiting; returns the stream's ticket for it."""
+               downloads: Sequence[Copy] = (), waits: Sequence[tuple[Stream, int]] = ()
+               ) -> int:
+        """Queue the work without waiting; returns the stream's ticket for it. `waits`:
+        other queues' work (stream, ticket) it must wait for."""
         with self.lock, self.stream.lock:
             rec = self._recording(uploads, dispatches, downloads, timed=False)
-            return self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads))
+            return self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads),
+                                      waits)
 
     def run_independent(self, dispatches: Sequence[Dispatch],
                         submits: int) -> list[tuple[float | None, float]]:

@@ -26,6 +26,7 @@ from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
+from coopmat.dispatch.stream import Stream
 from coopmat.dtypes import numpy_dtype
 from coopmat.errors import OutOfDeviceMemoryError
 from coopmat.policy import (
@@ -342,6 +343,13 @@ def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.nd
              out: np.ndarray, alpha: float | int, beta: float | int,
              options: Options | None = None) -> GemmResult:
     """out[i] = alpha * a[i] @ b[i] (+ beta * c[i]); 3-D arrays, batch 1 broadcasts."""
+    from coopmat.dispatch import pipeline
+
+    io_bytes = a.nbytes + b.nbytes + out.nbytes
+    if pipeline.applies(rt, a, b, c, out, io_bytes):
+        done = pipeline.run_pipelined(rt, pair, a, b, out, alpha, options)
+        if done is not None:
+            return done
     g = PreparedGemm(rt, pair, a, b, c, out.shape[0], alpha, beta, options=options)
     try:
         seconds = g.execute()
@@ -382,10 +390,11 @@ class DeviceOperand:
 def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
                  c: DeviceOperand | None, d: DeviceOperand, shape: tuple[int, int, int, int],
                  alpha: float | int, beta: float | int, options: Options,
-                 uploads: Sequence[Copy] = ()) -> tuple[int, Plan]:
+                 uploads: Sequence[Copy] = (),
+                 waits: Sequence[tuple[Stream, int]] = ()) -> tuple[int, Plan]:
     """Queue d = alpha * a @ b (+ beta * c) on buffers already on the device (after the
-    staging copies `uploads`, in the same submission), without waiting; returns the
-    stream's ticket and the plan that ran."""
+    staging copies `uploads`, in the same submission, and other queues' work `waits`),
+    without waiting; returns the stream's ticket and the plan that ran."""
     plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
                    None, options)
     fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
@@ -413,7 +422,7 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
             offsets.append((3, c.offset))
         dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups,
                                    tuple(o for o in offsets if o[1])))
-        ticket = rt.executor.submit(uploads, dispatches)
+        ticket = rt.executor.submit(uploads, dispatches, waits=waits)
     finally:
         for buf in temps:
             rt.pool.recycle(buf)

@@ -35,6 +35,18 @@ BUFFER_USAGE_TRANSFER_DST = 0x2
 BUFFER_USAGE_STORAGE = 0x20
 
 
+def sharing(device: Any) -> dict[str, Any]:
+    """VkBufferCreateInfo's sharing fields: buffers are used by the compute queue and,
+    where the device has them, the copy queues (another family): concurrent sharing
+    spares queue-family ownership transfers."""
+    v = vk()
+    families = device.queue_family_indices
+    if len(families) == 1:
+        return {"sharingMode": v.VK_SHARING_MODE_EXCLUSIVE}
+    return {"sharingMode": v.VK_SHARING_MODE_CONCURRENT,
+            "queueFamilyIndexCount": len(families), "pQueueFamilyIndices": list(families)}
+
+
 class Kind(enum.Enum):
     DEVICE = "device"
     UPLOAD = "upload"
@@ -127,7 +139,7 @@ class MemoryPool:
         dev = self.device.handle
         usage = BUFFER_USAGE_STORAGE | BUFFER_USAGE_TRANSFER_SRC | BUFFER_USAGE_TRANSFER_DST
         handle = call(v.vkCreateBuffer, dev, v.VkBufferCreateInfo(
-            size=size, usage=usage, sharingMode=v.VK_SHARING_MODE_EXCLUSIVE), None)
+            size=size, usage=usage, **sharing(self.device)), None)
         memory = None
         try:
             req = v.vkGetBufferMemoryRequirements(dev, handle)

@@ -23,14 +23,27 @@ class Runtime:
     executor: Executor
     stream: Stream
     transfers: Transfers
+    # Streams of the copy queues (uploads, downloads) where the device has a transfer-
+    # only family; both the compute stream otherwise.
+    up: Stream
+    down: Stream
+
+    @property
+    def copy_engines(self) -> bool:
+        """Whether copies can run beside kernels (on queues of their own)."""
+        return self.up is not self.stream
 
     @classmethod
     def create(cls, dev: Device) -> Runtime:
         """Everything one logical device needs to run kernels."""
         stream = Stream(dev)
         pool = MemoryPool(dev, stream=stream)
+        queues = list(zip(dev.copy_queues, dev.copy_queue_locks, strict=True))
+        copy = [Stream(dev, q, lock, compute=False) for q, lock in queues]
+        up = copy[0] if copy else stream
+        down = copy[-1] if copy else stream
         rt = cls(dev, pool, PipelineCache(dev), Executor(dev, pool, stream), stream,
-                 Transfers(dev, pool, stream))
+                 Transfers(dev, pool, stream), up, down)
         with _lock:
             _by_device[id(dev)] = rt
         return rt
@@ -39,6 +52,8 @@ class Runtime:
         """Tear down in reverse order of creation (work finished first); the device last."""
         self.stream.wait()
         self.transfers.destroy()
+        for copy in {id(s): s for s in (self.up, self.down) if s is not self.stream}.values():
+            copy.destroy()
         self.executor.destroy()
         self.pipelines.destroy()
         self.pool.clear()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coopmat.device.logical import Device
@@ -27,6 +27,7 @@ from coopmat.dispatch.vkcall import call, check
 from coopmat.errors import DeviceLostError, OutOfDeviceMemoryError, VulkanError
 
 SEMAPHORE_TYPE_TIMELINE = 1
+ALL_COMMANDS = 0x10000  # VK_PIPELINE_STAGE_ALL_COMMANDS_BIT
 WAIT_SLICE_NS = 100_000_000
 WAIT_TIMEOUT_S = 600.0
 # A small dispatch completes within microseconds; a blocking wait's wake-up can cost more.
@@ -49,11 +50,21 @@ def _failure(what: str, result: int) -> Exception:
 
 
 class Stream:
-    """The submission order of one device. Thread-safe: `lock` orders submissions."""
+    """The submission order of one queue (the device's compute queue unless `queue` and
+    its `queue_lock` are given: a copy queue). Thread-safe: `lock` orders submissions.
+    `compute`: whether the queue runs compute work (barrier stages depend on it)."""
 
-    def __init__(self, device: Device):
+    def __init__(self, device: Device, queue: Any = None, queue_lock: Any = None,
+                 compute: bool = True):
         v = vk()
         self.device = device
+        self.queue = device.queue if queue is None else queue
+        self.queue_lock = device.queue_lock if queue_lock is None else queue_lock
+        self.compute = compute
+        # Command buffers submitted here come from pools of this family.
+        family = device.queue_family_index if compute else device.copy_queue_family_index
+        assert family is not None
+        self.family_index: int = family
         self.lock = threading.RLock()
         type_info = v.VkSemaphoreTypeCreateInfo(semaphoreType=SEMAPHORE_TYPE_TIMELINE,
                                                 initialValue=0)
@@ -78,16 +89,22 @@ class Stream:
         self._what: dict[int, str | Callable[[], str]] = {}
 
     # -- submitting ------------------------------------------------------------------
-    def submit(self, cmd: Any, what: str | Callable[[], str] = "a GEMM") -> int:
+    def submit(self, cmd: Any, what: str | Callable[[], str] = "a GEMM",
+               waits: Sequence[tuple[Stream, int]] = ()) -> int:
         """Queue one recorded command buffer; returns its ticket. `what` names the work
-        in the error raised if it fails (a callable: named only then)."""
+        in the error raised if it fails (a callable: named only then). `waits`: (stream,
+        ticket) pairs of other queues' work this submission must wait for (a semaphore
+        wait: it also makes their writes visible here)."""
         lib = vk().lib
+        waits = [(st, t) for st, t in waits if st is not self and t > st.completed]
         with self.lock:
             ticket = self.submitted + 1
             self._cmds[0] = cmd
             self._signal[0] = ticket
-            with self.device.queue_lock:
-                r = lib.vkQueueSubmit(self.device.queue, 1, self._submit, vk().ffi.NULL)
+            submit, keep = (self._submit, None) if not waits else self._waiting(waits)
+            with self.queue_lock:
+                r = lib.vkQueueSubmit(self.queue, 1, submit, vk().ffi.NULL)
+            del keep
             if r != 0:
                 raise _failure(f"vkQueueSubmit of {_name(what)}", r)
             self.submitted = ticket
@@ -97,6 +114,26 @@ class Stream:
             ready = self._retire()
         _run(ready)
         return ticket
+
+    def _waiting(self, waits: Sequence[tuple[Stream, int]]) -> tuple[Any, list[Any]]:
+        """A VkSubmitInfo like the stream's own, waiting for `waits` first (and what must
+        stay alive until vkQueueSubmit returns)."""
+        v = vk()
+        ffi = v.ffi
+        n = len(waits)
+        sems = ffi.new("VkSemaphore[]", [st.semaphore for st, _ in waits])
+        values = ffi.new("uint64_t[]", [t for _, t in waits])
+        stages = ffi.new("VkPipelineStageFlags[]", [ALL_COMMANDS] * n)
+        timeline = ffi.new("VkTimelineSemaphoreSubmitInfo *", {
+            "sType": v.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+            "waitSemaphoreValueCount": n, "pWaitSemaphoreValues": values,
+            "signalSemaphoreValueCount": 1, "pSignalSemaphoreValues": self._signal})
+        submit = ffi.new("VkSubmitInfo *", {
+            "sType": v.VK_STRUCTURE_TYPE_SUBMIT_INFO, "pNext": timeline,
+            "waitSemaphoreCount": n, "pWaitSemaphores": sems, "pWaitDstStageMask": stages,
+            "commandBufferCount": 1, "pCommandBuffers": self._cmds,
+            "signalSemaphoreCount": 1, "pSignalSemaphores": self._sems})
+        return submit, [sems, values, stages, timeline]
 
     def busy(self) -> bool:
         """Whether submitted work may still be running (polls the device)."""
@@ -186,7 +223,8 @@ class Stream:
         try:
             self.wait()
         finally:
-            check("vkDeviceWaitIdle", vk().lib.vkDeviceWaitIdle(self.device.handle))
+            with self.queue_lock:
+                check("vkQueueWaitIdle", vk().lib.vkQueueWaitIdle(self.queue))
             vk().vkDestroySemaphore(self.device.handle, self.semaphore, None)
 
 

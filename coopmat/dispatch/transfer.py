@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +35,7 @@ from coopmat.device.vkffi import vk
 from coopmat.dispatch.executor import (
     ACCESS_ALL,
     ACCESS_SHADER_WRITE,
+    ACCESS_TRANSFER_READ,
     ACCESS_TRANSFER_WRITE,
     STAGE_COMPUTE,
     STAGE_TRANSFER,
@@ -44,6 +46,7 @@ from coopmat.dispatch.memory import (
     Buffer,
     Kind,
     MemoryPool,
+    sharing,
 )
 from coopmat.dispatch.stream import Stream
 from coopmat.dispatch.vkcall import call, check
@@ -60,7 +63,7 @@ ONE_TIME_SUBMIT = 0x1
 MODES = ("staging", "import")
 MODE_ENV = "COOPMAT_TRANSFER"
 
-_workers: ThreadPoolExecutor | None = None
+_workers: dict[str, ThreadPoolExecutor] = {}
 _workers_lock = threading.Lock()
 
 
@@ -68,25 +71,30 @@ def lane_count() -> int:
     return max(1, min(MAX_LANES, os.cpu_count() or 1))
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _workers
+def _pool(direction: str = "up") -> ThreadPoolExecutor:
+    """The worker threads of one direction: uploads and downloads of a pipelined GEMM run
+    at the same time, so neither waits for the other's threads."""
     with _workers_lock:
-        if _workers is None:
-            _workers = ThreadPoolExecutor(lane_count(), thread_name_prefix="coopmat-copy")
-        return _workers
+        pool = _workers.get(direction)
+        if pool is None:
+            pool = _workers[direction] = ThreadPoolExecutor(
+                lane_count(), thread_name_prefix=f"coopmat-{direction}")
+        return pool
 
 
 class _Lane:
-    """Two staging buffers and two command buffers, used by one thread at a time."""
+    """Two staging buffers and two command buffers, used by one thread at a time, on one
+    stream (the compute queue's or a copy queue's)."""
 
-    def __init__(self, transfers: Transfers, kind: Kind):
+    def __init__(self, transfers: Transfers, kind: Kind, stream: Stream):
         v = vk()
         self.t = transfers
+        self.stream = stream
+        self.waits: list[tuple[Stream, int]] = []  # other streams' work the next copies wait for
         self.lock = threading.Lock()
         dev = transfers.device.handle
         self.cmd_pool = call(v.vkCreateCommandPool, dev, v.VkCommandPoolCreateInfo(
-            flags=COMMAND_POOL_RESET, queueFamilyIndex=transfers.device.queue_family_index),
-            None)
+            flags=COMMAND_POOL_RESET, queueFamilyIndex=stream.family_index), None)
         self.cmds = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
             commandPool=self.cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=2))
@@ -98,15 +106,19 @@ class _Lane:
         self._begin = ffi.new("VkCommandBufferBeginInfo *", {
             "sType": v.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, "flags": ONE_TIME_SUBMIT})
         self._region = ffi.new("VkBufferCopy *")
+        # A copy queue knows no compute stage: its barrier orders copies only.
+        self._stages = STAGE_COMPUTE | STAGE_TRANSFER if stream.compute else STAGE_TRANSFER
         self._barrier = ffi.new("VkMemoryBarrier *", {
             "sType": v.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-            "srcAccessMask": ACCESS_SHADER_WRITE | ACCESS_TRANSFER_WRITE,
-            "dstAccessMask": ACCESS_ALL})
+            "srcAccessMask": ACCESS_SHADER_WRITE | ACCESS_TRANSFER_WRITE if stream.compute
+            else ACCESS_TRANSFER_WRITE,
+            "dstAccessMask": ACCESS_ALL if stream.compute
+            else ACCESS_TRANSFER_READ | ACCESS_TRANSFER_WRITE})
 
     def slot(self, i: int) -> np.ndarray:
         """Staging buffer i's bytes, once the device is done with its last use."""
         if self.tickets[i]:
-            self.t.stream.wait(self.tickets[i], spin=self.spin)
+            self.stream.wait(self.tickets[i], spin=self.spin)
             self.tickets[i] = 0
         mapped = self.staging[i].mapped
         assert mapped is not None
@@ -125,12 +137,11 @@ class _Lane:
         lib = vk().lib
         cmd = self.cmds[i]
         check("vkBeginCommandBuffer", lib.vkBeginCommandBuffer(cmd, self._begin))
-        lib.vkCmdPipelineBarrier(cmd, STAGE_COMPUTE | STAGE_TRANSFER,
-                                 STAGE_COMPUTE | STAGE_TRANSFER, 0, 1, self._barrier,
+        lib.vkCmdPipelineBarrier(cmd, self._stages, self._stages, 0, 1, self._barrier,
                                  0, vk().ffi.NULL, 0, vk().ffi.NULL)
         command(cmd)
         check("vkEndCommandBuffer", lib.vkEndCommandBuffer(cmd))
-        ticket = self.t.stream.submit(cmd, what)
+        ticket = self.stream.submit(cmd, what, self.waits)
         self.tickets[i] = ticket
         return ticket
 
@@ -164,7 +175,7 @@ class _Imported:
         self.buffer = call(v.vkCreateBuffer, dev, v.VkBufferCreateInfo(
             pNext=external, size=self.size,
             usage=BUFFER_USAGE_TRANSFER_SRC | BUFFER_USAGE_TRANSFER_DST,
-            sharingMode=v.VK_SHARING_MODE_EXCLUSIVE), None)
+            **sharing(t.device)), None)
         self.memory = None
         try:
             req = v.vkGetBufferMemoryRequirements(dev, self.buffer)
@@ -197,7 +208,7 @@ class Transfers:
         self.pool = pool
         self.stream = stream
         self._lock = threading.Lock()
-        self._lanes: dict[Kind, list[_Lane]] = {}
+        self._lanes: dict[tuple[Kind, int], list[_Lane]] = {}
         self.unified = pool.unified
         self.import_alignment = 0
         self.host_pointer_properties: Any = None
@@ -224,11 +235,15 @@ class Transfers:
     def can_import(self) -> bool:
         return self.import_alignment > 0 and not self.unified
 
-    def _lanes_of(self, kind: Kind, count: int) -> list[_Lane]:
+    def _lanes_of(self, kind: Kind, count: int, stream: Stream | None = None,
+                  waits: Sequence[tuple[Stream, int]] = ()) -> list[_Lane]:
+        stream = stream or self.stream
         with self._lock:
-            lanes = self._lanes.setdefault(kind, [])
+            lanes = self._lanes.setdefault((kind, id(stream)), [])
             while len(lanes) < count:
-                lanes.append(_Lane(self, kind))
+                lanes.append(_Lane(self, kind, stream))
+            for lane in lanes[:count]:
+                lane.waits = list(waits)
             return lanes[:count]
 
     # -- numpy -> device -------------------------------------------------------------
@@ -254,33 +269,67 @@ class Transfers:
                 pass  # pages the driver will not import: the staging path does it all
         self._staged_upload([(src, dst, dst_offset)])
 
-    def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]]) -> None:
-        """upload() of several arrays, their chunks spread over the lanes together (a
-        GEMM's A and B: one array's tail does not leave lanes idle)."""
-        if self.unified or self.mode == "import":
-            for src, dst in jobs:
-                self.upload(src, dst)
+    def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]], stream: Stream | None = None,
+                    waits: Sequence[tuple[Stream, int]] = (),
+                    on_job: Callable[[int, int], None] | None = None,
+                    dst_offsets: Sequence[int] | None = None) -> None:
+        """upload() of several arrays, their chunks spread over the lanes together, in
+        job order (a GEMM's A and B: one array's tail does not leave lanes idle).
+        stream: the queue whose lanes copy (default: the compute stream); waits: other
+        streams' work the copies wait for; on_job(j, ticket): job j's copies are all
+        submitted, and complete once `stream` reaches ticket."""
+        offsets = list(dst_offsets) if dst_offsets is not None else [0] * len(jobs)
+        if self.unified or (self.mode == "import" and stream is None):
+            for j, ((src, dst), off) in enumerate(zip(jobs, offsets, strict=True)):
+                self.upload(src, dst, off)
+                if on_job is not None:
+                    on_job(j, self.stream.submitted)
             return
-        self._staged_upload([(src, dst, 0) for src, dst in jobs if src.nbytes])
+        self._staged_upload([(src, dst, off) for (src, dst), off in zip(jobs, offsets,
+                                                                        strict=True)],
+                            stream, waits, on_job)
 
-    def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]]) -> None:
-        chunks = [(src, dst, off, lo, hi, part) for src, dst, off in jobs
+    def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]],
+                       stream: Stream | None = None, waits: Sequence[tuple[Stream, int]] = (),
+                       on_job: Callable[[int, int], None] | None = None) -> None:
+        chunks = [(j, src, dst, off, lo, hi, part) for j, (src, dst, off) in enumerate(jobs)
                   for lo, hi, part in _chunks(src, CHUNK_BYTES)]
         total = sum(src.nbytes for src, _, _ in jobs)
         lanes = self._lanes_of(Kind.UPLOAD, min(len(chunks), lane_count())
-                               if total >= PARALLEL_MIN_BYTES else 1)
+                               if total >= PARALLEL_MIN_BYTES else 1, stream, waits)
+        # Chunks go out in order to whichever lane is free; a job is done when its last
+        # chunk is submitted (one queue, a barrier a chunk: they complete in order).
+        left = [0] * len(jobs)
+        for c in chunks:
+            left[c[0]] += 1
+        last = [0] * len(jobs)
+        next_chunk = iter(chunks)
+        lock = threading.Lock()
 
         def run(li: int) -> None:
             lane = lanes[li]
             with lane.lock:
                 lane.spin = len(lanes) == 1
-                for j, (src, dst, off, lo, hi, part) in enumerate(chunks[li::len(lanes)]):
+                j = 0
+                while True:
+                    with lock:
+                        chunk = next(next_chunk, None)
+                    if chunk is None:
+                        return
+                    job, src, dst, off, lo, hi, part = chunk
                     i = j % 2
+                    j += 1
                     stage = lane.slot(i)
                     np.copyto(stage[:hi - lo].view(src.dtype).reshape(part.shape), part)
-                    lane.copy(i, lane.staging[i].handle, 0, dst.handle, off + lo, hi - lo,
-                              "a copy to the device")
-        _on_lanes(run, len(lanes))
+                    ticket = lane.copy(i, lane.staging[i].handle, 0, dst.handle, off + lo,
+                                       hi - lo, "a copy to the device")
+                    with lock:
+                        last[job] = max(last[job], ticket)
+                        left[job] -= 1
+                        done = left[job] == 0
+                    if done and on_job is not None:
+                        on_job(job, last[job])
+        _on_lanes(run, len(lanes), "up")
 
     def fill_zero(self, dst: Buffer, offset: int, nbytes: int) -> None:
         """Zero nbytes of dst from offset (both multiples of 4 or reaching the end)."""
@@ -296,21 +345,26 @@ class Transfers:
 
     # -- device -> numpy -------------------------------------------------------------
     def download(self, src: Buffer, src_offset: int, dst: np.ndarray,
-                 mode: str | None = None) -> None:
+                 mode: str | None = None, stream: Stream | None = None,
+                 waits: Sequence[tuple[Stream, int]] = ()) -> None:
         """Fill the C-contiguous `dst` from src at src_offset, after all work submitted so
-        far; returns when dst holds the data."""
+        far (on another `stream`: after `waits`); returns when dst holds the data."""
         assert dst.flags.c_contiguous
         nbytes = dst.nbytes
         if nbytes == 0:
             return
         if src.mapped is not None:
-            self.stream.wait()
+            if stream is None:
+                self.stream.wait()
+            for st, ticket in waits:
+                st.wait(ticket)
             self._parallel(nbytes, dst, lambda lo, hi, part: np.copyto(
                 part, src.mapped[src_offset + lo:src_offset + hi].view(dst.dtype).reshape(
                     part.shape)))
             return
         mode = mode or self.mode
-        if mode == "import" and self.can_import and nbytes >= PARALLEL_MIN_BYTES:
+        if mode == "import" and self.can_import and nbytes >= PARALLEL_MIN_BYTES \
+                and stream is None:
             try:
                 self._imported(dst, src, src_offset, upload=False)
                 return
@@ -319,7 +373,7 @@ class Transfers:
         flat = dst.reshape(-1).view(np.uint8)
         bounds = [(lo, min(nbytes, lo + CHUNK_BYTES)) for lo in range(0, nbytes, CHUNK_BYTES)]
         lanes = self._lanes_of(Kind.DOWNLOAD, min(len(bounds), lane_count())
-                               if nbytes >= PARALLEL_MIN_BYTES else 1)
+                               if nbytes >= PARALLEL_MIN_BYTES else 1, stream, waits)
 
         def run(li: int) -> None:
             lane = lanes[li]
@@ -336,7 +390,7 @@ class Transfers:
                     if j + 1 < len(mine):
                         start(j + 1)  # the other buffer's DMA overlaps this drain
                     np.copyto(flat[lo:hi], lane.slot(j % 2)[:hi - lo])
-        _on_lanes(run, len(lanes))
+        _on_lanes(run, len(lanes), "down")
 
     # -- both ways through imported pages --------------------------------------------
     def _imported(self, host: np.ndarray, dev_buf: Buffer, dev_offset: int,
@@ -396,16 +450,17 @@ class Transfers:
         self.stream.wait()
         for lanes in self._lanes.values():
             for lane in lanes:
+                lane.stream.wait()
                 lane.destroy()
         self._lanes.clear()
 
 
-def _on_lanes(run: Any, count: int) -> None:
-    """run(0..count-1), on the worker threads when more than one."""
+def _on_lanes(run: Any, count: int, direction: str = "up") -> None:
+    """run(0..count-1), on the direction's worker threads when more than one."""
     if count == 1:
         run(0)
         return
-    for f in [_pool().submit(run, i) for i in range(count)]:
+    for f in [_pool(direction).submit(run, i) for i in range(count)]:
         f.result()
 
 
