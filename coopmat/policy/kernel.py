@@ -215,6 +215,14 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     pair = problem.pair
     fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
     why = "forced" if options.family else "tuned" if tile is not None else "default"
+    if fam == "nv2" and problem.ops is not None and \
+            not info.has("cooperativeMatrixPerElementOperations"):
+        if options.family == "nv2":
+            raise MissingFeatureError(
+                f"a fused epilogue on the nv2 kernel family needs "
+                f"cooperativeMatrixPerElementOperations, which device {info.index} "
+                f"({info.name}) lacks")
+        fam, tile, why = "khr", None, "default"
     if fam == "nv2":
         if tile is None:
             tile = next(iter(nv2_tiles(info, pair.operand, pair.result)), None)
