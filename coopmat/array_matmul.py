@@ -14,6 +14,7 @@ import numpy as np
 
 from coopmat.array import Array, asarray, empty, same_runtime, staged
 from coopmat.codegen import Layout
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import (
     DIRECT_MAX_BYTES,
@@ -32,7 +33,6 @@ from coopmat.fused import (
     check_residual_shape,
     host_epilogue,
 )
-from coopmat.codegen.traits import EpilogueOps
 from coopmat.linalg import _last, _scalars, _shapes
 from coopmat.policy import Options, TypePair, resolve
 

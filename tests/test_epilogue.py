@@ -19,18 +19,18 @@ import pytest
 import coopmat
 import coopmat.linalg
 from coopmat.codegen import abi, cache
+from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.family import family_for
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import Op
 from coopmat.codegen.tools import find_tool, validate
 from coopmat.codegen.traits import Activation, EpilogueOps, KhrTraits, Nv2Traits
-from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.variants import device_variants
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.errors import MissingFeatureError
 from coopmat.fused import ops_of
-from coopmat.policy import Options, OperandLayout, Problem, TypePair, choose
+from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose
 
 DATA = Path(__file__).parent / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")

@@ -139,11 +139,11 @@ class TiledGemmEmitter:
         ob = element_bytes(t.stored_type)
         self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
         self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
-        ops = t.ops
+        fused = t.ops
         self.bias = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
-                                     restrict=True) if ops and ops.bias else None
+                                     restrict=True) if fused and fused.bias else None
         self.residual = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
-                                         "residual") if ops and ops.residual else None
+                                         "residual") if fused and fused.residual else None
         self.scratch = (s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
                         if p.scratch_elems else None)
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]

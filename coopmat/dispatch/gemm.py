@@ -20,8 +20,8 @@ import numpy as np
 
 from coopmat import codegen
 from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
-from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.pack import pack_kernel
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind

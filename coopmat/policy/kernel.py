@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import overload
 
 from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, KhrTraits, Layout, Tile, abi
-from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
