@@ -2,6 +2,7 @@
 
     import coopmat
     d = coopmat.matmul(a, b)                   # numpy in, numpy out, on the GPU
+    y = coopmat.linear(x, w, bias, "gelu_tanh")  # act(x @ w.T + bias), one fused kernel
     w = coopmat.asarray(b)                     # kept on the GPU
     y = (coopmat.asarray(a) @ w).numpy()       # queued there; .numpy() waits
     coopmat.devices(); coopmat.configs()       # what `python -m coopmat.info` shows
@@ -24,7 +25,7 @@ from coopmat.errors import (
 
 __version__ = "0.1.0"
 
-_LINALG = ("configs", "devices", "last_kernel_time", "matmul", "supported_dtypes")
+_LINALG = ("configs", "devices", "last_kernel_time", "linear", "matmul", "supported_dtypes")
 _ARRAY = ("Array", "asarray", "empty", "synchronize", "zeros")
 
 
@@ -44,5 +45,5 @@ __all__ = [
     "MissingFeatureError",
     "NoCooperativeMatrixDeviceError", "NoDeviceError", "OutOfDeviceMemoryError", "VulkanError",
     "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "last_kernel_time",
-    "matmul", "supported_dtypes", "synchronize", "zeros",
+    "linear", "matmul", "supported_dtypes", "synchronize", "zeros",
 ]

@@ -14,6 +14,7 @@ import numpy as np
 
 from coopmat.array import Array, asarray, empty, same_runtime, staged
 from coopmat.codegen import Layout
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import (
     DIRECT_MAX_BYTES,
@@ -25,6 +26,13 @@ from coopmat.dispatch.gemm import (
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.errors import DeviceMismatchError
+from coopmat.fused import (
+    check_bias_shape,
+    check_dtype,
+    check_ops,
+    check_residual_shape,
+    host_epilogue,
+)
 from coopmat.linalg import _last, _scalars, _shapes
 from coopmat.policy import Options, TypePair, resolve
 
@@ -140,16 +148,17 @@ def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
 
 def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | int,
                   out: Any, dtype: Any, accumulator: Any, device: DeviceArg,
-                  family: str | None) -> Any:
+                  family: str | None, bias: Any = None, residual: Any = None,
+                  ops: EpilogueOps | None = None) -> Any:
     key = None
-    if c is None and out is None and device is None:
+    if c is None and out is None and device is None and ops is None:
         sa, sb = _signature(a), _signature(b)
         if sa is not None and sb is not None:
             key = (sa, sb, alpha, beta, dtype, accumulator, family, Options.from_env())
             done = _fast(a, b, key)
             if done is not None:
                 return done
-    arrays = [x for x in (a, b, c, out) if isinstance(x, Array)]
+    arrays = [x for x in (a, b, c, out, bias, residual) if isinstance(x, Array)]
     rt = same_runtime(arrays)
     if device is not None and runtime(device) is not rt:
         raise DeviceMismatchError(
@@ -163,6 +172,18 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
     pair = resolve(rt.device.info, a_dtype, b_dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
     alpha, beta = _scalars(pair, alpha, beta)
+    check_ops(ops, pair.result.is_float, dtype_name(result_dtype))
+    if bias is not None:
+        check_bias_shape(tuple(np.shape(bias)), N if len(b_shape) > 1 else 1)
+    if residual is not None:
+        check_residual_shape(tuple(np.shape(residual)), shape)
+    for what, x in (("bias", bias), ("residual", residual)):
+        if isinstance(x, Array) and (x.dtype != result_dtype or not x.is_c_contiguous):
+            raise TypeError(f"matmul: a device array {what} must be C-contiguous and of the "
+                            f"result dtype {dtype_name(result_dtype)}, not "
+                            f"{dtype_name(x.dtype)}")
+        if x is not None and not isinstance(x, Array):
+            check_dtype(what, np.asarray(x).dtype, result_dtype)
 
     if out is not None:
         if not isinstance(out, Array):
@@ -210,8 +231,23 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
         host = np.zeros(shape, result_dtype)
         if C is not None:
             host[...] = beta * C.numpy()
+        if ops is not None:
+            host[...] = host_epilogue(
+                host, ops, None if bias is None else np.asarray(bias).astype(result_dtype),
+                None if residual is None else np.asarray(residual).astype(result_dtype))
         rt.transfers.upload(host, result.buffer, result.offset_bytes)
         return result
+    # The fused epilogue's operands: bias (N elements) and residual, laid out like D.
+    bias_op = res_op = None
+    if bias is not None:
+        bias_arr = _on(rt, bias, uploads, result_dtype)
+        bias_op = DeviceOperand(bias_arr.buffer, bias_arr.offset_bytes,
+                                Staged(Layout.ROW_MAJOR, bias_arr.size, 0, bias_arr.nbytes))
+    if residual is not None:
+        res_arr = _on(rt, np.ascontiguousarray(residual, dtype=result_dtype)
+                      if not isinstance(residual, Array) else residual, uploads)
+        res_op = DeviceOperand(res_arr.buffer, res_arr.offset_bytes,
+                               Staged(Layout.ROW_MAJOR, N, 0, res_arr.nbytes))
 
     full = (*batch_shape, M, N)
     a_op = _operand(A2, batch_shape, 0)
@@ -223,7 +259,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
                          Staged(Layout.ROW_MAJOR, N, M * N if batch > 1 else 0,
                                 batch * M * N * result_dtype.itemsize))
     _, plan = enqueue_gemm(rt, pair, a_op, b_op, c_op, d_op, (batch, M, N, K), alpha, beta,
-                           options, uploads)
+                           options, uploads, bias=bias_op, residual=res_op, ops=ops)
     _last.result = GemmResult(None, plan.traits)
     if key is not None:
         with _lock:

@@ -13,6 +13,7 @@ from coopmat.device.enums import ComponentType
 from coopmat.dispatch.gemm import GemmResult, check_fits, run_gemm
 from coopmat.dispatch.runtime import DeviceArg, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
+from coopmat.fused import check_ops, host_bias, host_epilogue, host_residual, ops_of
 from coopmat.policy import Options, TypePair, resolve, result_pairs
 
 _SIGNATURE = "(n?,k),(k,m?)->(n?,m?)"
@@ -39,8 +40,10 @@ def _core_dims_error(operand: int, dim: int, got: int, want: int) -> ValueError:
 def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float | int = 0,
            out: Any = None, dtype: Any = None, accumulator: Any = None,
            device: DeviceArg = None, family: str | None = None,
-           out_dtype: Any = None) -> Any:
-    """alpha * (a @ b) + beta * c on the GPU, with numpy.matmul's shape rules.
+           out_dtype: Any = None, bias: Any = None, activation: Any = None,
+           residual: Any = None) -> Any:
+    """alpha * (a @ b) + beta * c on the GPU, with numpy.matmul's shape rules; with a fused
+    epilogue, act(alpha * (a @ b) + beta * c + bias) + residual.
 
     - a, b: float16, int8, uint8, bfloat16 (ml_dtypes.bfloat16) or, where the device offers
       them, float8 (ml_dtypes.float8_e4m3fn, float8_e5m2) arrays of one dtype; 1-D operands
@@ -65,12 +68,20 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope) or
       'nv2' (VK_NV_cooperative_matrix2, workgroup scope); default $COOPMAT_FAMILY, else
       the tuned or measured-faster one the device offers.
+    - bias: shape (N,), added to every row; activation: None, 'relu', 'gelu_tanh'
+      (torch's gelu(approximate='tanh')) or 'silu' (float results only); residual: the
+      result's shape, added after the activation. Fused into the kernel and computed on
+      the float32 accumulator (integer results: in their own type), rounded to the result
+      dtype once. bias and residual are cast to the result dtype ("same_kind", as c).
+      See also coopmat.linear.
     """
-    if any(isinstance(x, Array) for x in (a, b, c, out)):
+    ops = ops_of(bias, activation, residual)
+    if any(isinstance(x, Array) for x in (a, b, c, out, bias, residual)):
         from coopmat.array_matmul import matmul_arrays
         return matmul_arrays(a, b, c=c, alpha=alpha, beta=beta, out=out,
                              dtype=_result_dtype_arg(dtype, out_dtype),
-                             accumulator=accumulator, device=device, family=family)
+                             accumulator=accumulator, device=device, family=family,
+                             bias=bias, residual=residual, ops=ops)
     a = np.asarray(a)
     b = np.asarray(b)
     # Shape errors come before any device is opened.
@@ -81,6 +92,10 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
     alpha, beta = _scalars(pair, alpha, beta)
+    check_ops(ops, pair.result.is_float, dtype_name(result_dtype))
+    bias_arr = host_bias(bias, N if b.ndim > 1 else 1, result_dtype) \
+        if bias is not None else None
+    res_arr = host_residual(residual, shape, result_dtype) if residual is not None else None
     a2 = a[np.newaxis, :] if a.ndim == 1 else a
     b2 = b[:, np.newaxis] if b.ndim == 1 else b
 
@@ -126,6 +141,8 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
         result[...] = 0
         if c_arr is not None:
             result[...] = beta * c_arr if beta != 1 else c_arr
+        if ops is not None:
+            result[...] = host_epilogue(result.astype(result_dtype), ops, bias_arr, res_arr)
         return _finish(result, out)
 
     def as3d(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -146,7 +163,9 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     direct = result.flags.c_contiguous and result.dtype == result_dtype
     out3 = result.reshape(batch, M, N) if direct else None
     target = out3 if out3 is not None else np.empty((batch, M, N), dtype=result_dtype)
-    _last.result = run_gemm(rt, pair, a3, b3, c3, target, alpha, beta, options)
+    res3 = res_arr.reshape(batch, M, N) if res_arr is not None else None
+    _last.result = run_gemm(rt, pair, a3, b3, c3, target, alpha, beta, options,
+                            bias=bias_arr, residual=res3, ops=ops)
     if out3 is None:
         np.copyto(result, target.reshape(shape), casting="same_kind")
     return _finish(result, out)
@@ -233,5 +252,27 @@ def supported_dtypes(device: DeviceArg = None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-__all__ = ["ComponentType", "TypePair", "configs", "devices", "last_kernel_time", "matmul",
-           "supported_dtypes"]
+def linear(x: Any, w: Any, bias: Any = None, activation: Any = None, residual: Any = None, *,
+           out: Any = None, **kwargs: Any) -> Any:
+    """act(x @ w.T + bias) + residual, as torch.nn.functional.linear followed by an
+    activation and a residual add, fused into one GPU kernel.
+
+    - x: (..., in_features); w: (out_features, in_features), as torch stores a Linear's
+      weight (a numpy array, a coopmat.Array, or anything with a `.T` that matmul takes);
+    - bias: (out_features,); activation: None, 'relu', 'gelu_tanh' (torch's
+      gelu(approximate='tanh')) or 'silu'; residual: the result's shape (..., out_features);
+    - result dtype, devices and the other keyword arguments (dtype, accumulator, device,
+      family) as matmul's: it is matmul(x, w.T, bias=bias, activation=activation,
+      residual=residual, out=out, **kwargs).
+    """
+    if not hasattr(w, "T"):
+        w = np.asarray(w)
+    if getattr(w, "ndim", 2) != 2:
+        raise ValueError(f"linear: w must be 2-D (out_features, in_features), not of shape "
+                         f"{tuple(np.shape(w))}")
+    return matmul(x, w.T, bias=bias, activation=activation, residual=residual, out=out,
+                  **kwargs)
+
+
+__all__ = ["ComponentType", "TypePair", "configs", "devices", "last_kernel_time", "linear",
+           "matmul", "supported_dtypes"]

@@ -1,6 +1,9 @@
 """The interface between a GEMM kernel and its dispatcher, shared by every kernel family.
 
-Bindings (descriptor set 0, all storage buffers): A=0, B=1, D=2, C=3 (only with C).
+Bindings (descriptor set 0, all storage buffers): A=0, B=1, D=2, C=3 (only with C),
+bias=4 (N elements of D's stored type; with EpilogueOps.bias), residual=5 (M x N in D's
+stored type, addressed exactly like D with ldd and batch_stride_d; with
+EpilogueOps.residual).
 Push constants, 4 bytes each, in this order (offsets in PUSH_FIELDS):
 M, N, K, lda, ldb, ldc, ldd, batch strides of A, B, C, D, alpha, beta, flags.
 alpha/beta are float32 for float results and int32 for integer ones.
@@ -16,6 +19,7 @@ from coopmat.codegen.plan import element_bytes, plan_kernel
 from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, Layout, Nv2Traits
 
 BINDING_A, BINDING_B, BINDING_D, BINDING_C = 0, 1, 2, 3
+BINDING_BIAS, BINDING_RESIDUAL = 4, 5
 
 PUSH_FIELDS = ("M", "N", "K", "lda", "ldb", "ldc", "ldd", "batch_stride_a", "batch_stride_b",
                "batch_stride_c", "batch_stride_d", "alpha", "beta", "flags")
@@ -27,9 +31,13 @@ FLAG_DIRECT_CD = 1
 U32_MAX = 0xFFFFFFFF
 
 
-def bindings(has_c: bool) -> tuple[int, ...]:
-    return (BINDING_A, BINDING_B, BINDING_D, BINDING_C) if has_c else (
-        BINDING_A, BINDING_B, BINDING_D)
+def bindings(traits: GemmTraits) -> tuple[int, ...]:
+    """The bindings a kernel built from `traits` declares."""
+    out = [BINDING_A, BINDING_B, BINDING_D] + ([BINDING_C] if traits.has_c else [])
+    if traits.ops is not None:
+        out += [BINDING_BIAS] if traits.ops.bias else []
+        out += [BINDING_RESIDUAL] if traits.ops.residual else []
+    return tuple(out)
 
 
 def cd_alignment_elems(traits: GemmTraits) -> int:

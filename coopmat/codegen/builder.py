@@ -59,6 +59,7 @@ class ModuleBuilder:
         self._next_id = 1
         self._capabilities: dict[int, None] = {}
         self._extensions: dict[str, None] = {}
+        self._imports: dict[str, int] = {}
         self._entry: list[list[int]] = []
         self._modes: list[list[int]] = []
         self._names: list[list[int]] = []
@@ -81,6 +82,12 @@ class ModuleBuilder:
 
     def extension(self, name: str) -> None:
         self._extensions[name] = None
+
+    def ext_inst_import(self, name: str) -> int:
+        """The id of an extended instruction set (e.g. "GLSL.std.450"), imported once."""
+        if name not in self._imports:
+            self._imports[name] = self.new_id()
+        return self._imports[name]
 
     def name(self, target: int, text: str) -> None:
         self._names.append(instruction(Op.Name, target, text))
@@ -236,8 +243,9 @@ class ModuleBuilder:
     def execution_mode(self, fn: int, mode: ExecutionMode, *literals: int) -> None:
         self._modes.append(instruction(Op.ExecutionMode, fn, mode, *literals))
 
-    def function(self, ret: int, fn_type: int) -> FunctionBuilder:
-        return FunctionBuilder(self, ret, fn_type)
+    def function(self, ret: int, fn_type: int,
+                 params: Sequence[int] = ()) -> FunctionBuilder:
+        return FunctionBuilder(self, ret, fn_type, params)
 
     def add_function(self, words: list[int]) -> None:
         self._functions.append(words)
@@ -247,6 +255,7 @@ class ModuleBuilder:
         words = [MAGIC, (major << 16) | (minor << 8), 0, self._next_id, 0]
         words += [w for c in self._capabilities for w in instruction(Op.Capability, c)]
         words += [w for e in self._extensions for w in instruction(Op.Extension, e)]
+        words += [w for n, i in self._imports.items() for w in instruction(Op.ExtInstImport, i, n)]
         words += instruction(Op.MemoryModel, AddressingModel.Logical, MemoryModel.Vulkan)
         for section in (self._entry, self._modes, self._names, self._annotations,
                         self._globals, self._functions):
@@ -262,10 +271,15 @@ class FunctionBuilder:
     block, where SPIR-V requires them.
     """
 
-    def __init__(self, module: ModuleBuilder, ret: int, fn_type: int) -> None:
+    def __init__(self, module: ModuleBuilder, ret: int, fn_type: int,
+                 params: Sequence[int] = ()) -> None:
+        """`params`: the parameters' type ids; their ids are in `self.params`."""
         self.m = module
         self.id = module.new_id()
         self._head = instruction(Op.Function, ret, self.id, 0, fn_type)
+        self.params = [module.new_id() for _ in params]
+        for t, pid in zip(params, self.params, strict=True):
+            self._head += instruction(Op.FunctionParameter, t, pid)
         self._first_label = instruction(Op.Label, module.new_id())
         self._locals: list[list[int]] = []
         self._body: list[list[int]] = []
@@ -322,9 +336,13 @@ class FunctionBuilder:
         self.emit(Op.Branch, header)
         self.label(merge)
 
-    def finish(self) -> None:
-        """Close the function with OpReturn and hand it to the module."""
-        self.emit(Op.Return)
+    def finish(self, value: int | None = None) -> None:
+        """Close the function with OpReturn (OpReturnValue `value` where given) and hand it
+        to the module."""
+        if value is None:
+            self.emit(Op.Return)
+        else:
+            self.emit(Op.ReturnValue, value)
         words = self._head + self._first_label
         for inst in self._locals + self._body:
             words += inst

@@ -1,4 +1,7 @@
-"""The epilogue every kernel family ends with: D = alpha * acc + beta * C, in D's type.
+"""The epilogue every kernel family ends with: D = alpha * acc + beta * C, in D's type,
+and the optional fused operations after it (EpilogueOps, emitted by ElementOps):
+
+    D[m, n] = act(alpha * acc + beta * C[m, n] + bias[n]) + residual[m, n]
 
 One emitter for both families and both granularities (a whole cooperative matrix, or one
 element on the khr kernel's bounds-checked edge path). The arithmetic runs in the
@@ -7,15 +10,107 @@ once, at the end (a float16 result of a float32 accumulator is numpy's accuracy)
 
 alpha and beta arrive as push constants: float32 for float results, the result's integer
 type otherwise (abi.py); a float16 accumulator takes them converted once, up front.
+
+The fused operations run element by element (tanh and exp have no cooperative-matrix
+form), in float32 whatever the accumulator (integer results: bias and residual only, in
+the accumulator's type); bias and residual are read in D's type and widened, and the
+result is rounded to D's type once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from coopmat.codegen.shader import ShaderContext
-from coopmat.codegen.spv import Op
+from coopmat.codegen.spv import GLSLstd450, Op
+from coopmat.codegen.traits import Activation, EpilogueOps
+
+__all__ = ["Activation", "ElementOps", "Epilogue", "EpilogueOps", "Types"]
+
+
+# gelu_tanh's argument is clamped to this: tanh(10) is 1 in float32 already, and a
+# driver's tanh may compute (e^2u - 1) / (e^2u + 1), NaN once e^2u overflows.
+_TANH_CLAMP = 10.0
+
+ElementLoader = Callable[[int, int], int]
+
+
+class ElementOps:
+    """Emits the fused operations for one element: act(value + bias[col]) +
+    residual[row, col]. Shared by every kernel family (the khr kernel's per-element store,
+    nv2's per-element function); a kernel gives the loaders, each emitting the load of
+    the element at (row, col) in D's stored type (`load_bias` reads only col). Loaders
+    run inside whatever function is being emitted (ShaderContext.f) at the time."""
+
+    def __init__(self, s: ShaderContext, ops: EpilogueOps, *, float_result: bool,
+                 stored_el: int, load_bias: ElementLoader | None,
+                 load_residual: ElementLoader | None, work_el: int | None = None) -> None:
+        """`work_el`: the arithmetic's type for integer results (their accumulator);
+        float results always compute in float32."""
+        if ops.activation is not None and not float_result:
+            raise ValueError(f"the {ops.activation.value} activation needs a float result")
+        if ops.bias != (load_bias is not None) or ops.residual != (load_residual is not None):
+            raise ValueError("a loader is needed for bias and residual, and only for them")
+        self.s, self.ops, self.float_result = s, ops, float_result
+        self.stored_el = stored_el
+        self.load_bias, self.load_residual = load_bias, load_residual
+        if float_result:
+            self.work = s.mb.type_float(32)
+        elif work_el is not None:
+            self.work = work_el
+        else:
+            raise ValueError("integer results need work_el (their accumulator type)")
+        self.glsl = s.mb.ext_inst_import("GLSL.std.450") if ops.activation else 0
+
+    def _convert(self, value: int, src: int, dst: int) -> int:
+        if src == dst:
+            return value
+        return self.s.f.op(Op.FConvert if self.float_result else Op.UConvert, dst, value)
+
+    def _const(self, x: float) -> int:
+        return self.s.mb.constant(self.work, x)
+
+    def _ext(self, inst: GLSLstd450, *args: int) -> int:
+        return self.s.f.op(Op.ExtInst, self.work, self.glsl, inst, *args)
+
+    def _activation(self, x: int) -> int:
+        f, w, act = self.s.f, self.work, self.ops.activation
+        if act is Activation.RELU:
+            # x < 0 ? 0 : x keeps NaN a NaN (GLSL's FMax may return either operand).
+            neg = f.op(Op.FOrdLessThan, self.s.bool, x, self._const(0.0))
+            return f.op(Op.Select, w, neg, self._const(0.0), x)
+        if act is Activation.GELU_TANH:
+            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            x3 = f.op(Op.FMul, w, f.op(Op.FMul, w, x, x), x)
+            inner = f.op(Op.FAdd, w, x, f.op(Op.FMul, w, self._const(0.044715), x3))
+            u = f.op(Op.FMul, w, self._const(math.sqrt(2.0 / math.pi)), inner)
+            u = self._ext(GLSLstd450.FClamp, u, self._const(-_TANH_CLAMP),
+                          self._const(_TANH_CLAMP))
+            t = f.op(Op.FAdd, w, self._const(1.0), self._ext(GLSLstd450.Tanh, u))
+            return f.op(Op.FMul, w, f.op(Op.FMul, w, self._const(0.5), x), t)
+        if act is Activation.SILU:
+            # x / (1 + e^-x): e^-x overflows to inf for x < -88, giving -0, not NaN.
+            e = self._ext(GLSLstd450.Exp, f.op(Op.FNegate, w, x))
+            return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0), e))
+        raise ValueError(f"unknown activation {act!r}")
+
+    def apply(self, value: int, value_el: int, row: int, col: int, result_el: int) -> int:
+        """The fused operations on `value` (of type value_el: alpha * acc + beta * C in
+        the accumulator's type) at D's (row, col); returned in type result_el."""
+        s, w = self.s, self.work
+        add = Op.FAdd if self.float_result else Op.IAdd
+        x = self._convert(value, value_el, w)
+        if self.load_bias is not None:
+            b = self._convert(self.load_bias(row, col), self.stored_el, w)
+            x = s.f.op(add, w, x, b)
+        if self.ops.activation is not None:
+            x = self._activation(x)
+        if self.load_residual is not None:
+            r = self._convert(self.load_residual(row, col), self.stored_el, w)
+            x = s.f.op(add, w, x, r)
+        return self._convert(x, w, result_el)
 
 
 @dataclass(frozen=True)
@@ -53,9 +148,15 @@ class Epilogue:
 
         `load_c(out_type)` emits the load of C (matrix or element, as `matrix` says) in
         D's type; None where the kernel has no C."""
+        return self._convert(self.combine(types, acc, load_c, matrix=matrix), types.acc,
+                             types.out)
+
+    def combine(self, types: Types, acc: int, load_c: Callable[[int], int] | None, *,
+                matrix: bool) -> int:
+        """alpha * acc (+ beta * C), left in the accumulator type (for ElementOps)."""
         value = self._scale(types, acc, self.alpha, matrix)
         if load_c is not None:
             c = self._convert(load_c(types.out), types.out, types.acc)
             add = Op.FAdd if self.float_result else Op.IAdd
             value = self.s.f.op(add, types.acc, value, self._scale(types, c, self.beta, matrix))
-        return self._convert(value, types.acc, types.out)
+        return value

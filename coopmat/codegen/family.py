@@ -55,7 +55,7 @@ class KhrTiledFamily:
             traits=khr, spirv=b"", local_size=(plan.invocations, 1, 1),
             required_subgroup_size=khr.subgroup_size,
             shared_memory_bytes=plan.shared_bytes,
-            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(khr.has_c),
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(khr),
             tile_mn=(khr.tile.tile_m, khr.tile.tile_n),
             features=vulkan_features(required_capabilities(plan)))
 
@@ -90,7 +90,7 @@ class Nv2WorkgroupFamily:
             # maxComputeSharedMemorySize - reserved bytes. This kernel uses 0 of those
             # (nv2_tiles checks that the reservation itself fits).
             shared_memory_bytes=0,
-            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(nv2.has_c),
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(nv2),
             tile_mn=(nv2.tile.tile_m, nv2.tile.tile_n),
             features=tuple(sorted(set(vulkan_features(required_capabilities(nv2)))
                                   | set(NV2_FEATURES))))

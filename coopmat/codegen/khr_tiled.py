@@ -25,6 +25,9 @@ and multiply-accumulate it with every A fragment, so one B fragment is live at a
         workgroup tile inside D (and C/D aligned): direct cooperative-matrix load/store
         workgroup tile straddling an edge: each block through a per-subgroup shared
             scratch, then element by element with bounds checks
+        with fused operations (traits.ops: bias, activation, residual): every tile takes
+            the scratch path, as tanh and exp have no cooperative-matrix form, and adds
+            them per element (epilogue.ElementOps); the exact variant skips the checks
 
 Global loads of A and B are bounds-checked: an out-of-range unit reads index 0 instead
 (always in the buffer) and is replaced by zero, so the shader never reads outside the
@@ -37,7 +40,7 @@ each operand (abi.overread_elems).
 from __future__ import annotations
 
 from coopmat.codegen import abi
-from coopmat.codegen.epilogue import Epilogue, Types
+from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
 from coopmat.codegen.plan import KernelPlan, StagePlan, element_bytes
 from coopmat.codegen.shader import Buffer, ShaderContext, SharedArray
 from coopmat.codegen.spv import (
@@ -136,6 +139,11 @@ class TiledGemmEmitter:
         ob = element_bytes(t.stored_type)
         self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
         self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
+        fused = t.ops
+        self.bias = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
+                                     restrict=True) if fused and fused.bias else None
+        self.residual = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
+                                         "residual") if fused and fused.residual else None
         self.scratch = (s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
                         if p.scratch_elems else None)
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
@@ -169,6 +177,7 @@ class TiledGemmEmitter:
         self.epilogue = Epilogue(s, float_result=self.float_result, acc_el=self.r_el,
                                  acc_is_f32=t.result_type == ComponentType.FLOAT32,
                                  alpha=P["alpha"], beta=P["beta"])
+        self.element_ops = self._element_ops()
         # A: lines are rows (row-major, K inner) or K columns (column-major, M inner).
         A, B = self.A, self.B
         A.base, A.ld = s.mul(batch, P["batch_stride_a"]), P["lda"]
@@ -179,6 +188,26 @@ class TiledGemmEmitter:
         B.k_is_inner = t.b_layout == Layout.COLUMN_MAJOR
         B.outer0 = self.n0
         B.outer_limit, B.inner_limit = (P["N"], P["K"]) if B.k_is_inner else (P["K"], P["N"])
+
+    def _element_ops(self) -> ElementOps | None:
+        s, ops, P = self.s, self.t.ops, self.P
+        if ops is None:
+            return None
+        bias, residual = self.bias, self.residual
+
+        def load_bias(row: int, col: int) -> int:
+            assert bias is not None
+            return s.buffer_load(bias, col)
+
+        def load_residual(row: int, col: int) -> int:
+            assert residual is not None  # addressed exactly like D
+            return s.buffer_load(residual,
+                                 s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)))
+
+        return ElementOps(s, ops, float_result=self.float_result, stored_el=self.o_el,
+                          load_bias=load_bias if bias else None,
+                          load_residual=load_residual if residual else None,
+                          work_el=self.r_el)
 
     # -- global -> registers -> shared --------------------------------------------------
     def _unit_coords(self, op: _Operand, r: int) -> tuple[int, int]:
@@ -377,12 +406,16 @@ class TiledGemmEmitter:
         d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
         s.coop_store_buffer(self.D, d_index, res, row, P["ldd"])
 
-    def _store_checked(self, acc: int, i0: int, j0: int) -> None:
-        """Through this subgroup's scratch: store the block, then copy element-wise.
+    def _store_checked(self, acc: int, i0: int, j0: int, *, checked: bool = True,
+                       barrier: Scope = Scope.Workgroup) -> None:
+        """Through this subgroup's scratch: store the block, then copy element-wise (with
+        the fused operations where the kernel has them).
 
         Runs in workgroup-uniform control flow, so it can use workgroup barriers (a
         subgroup barrier would do, but lavapipe treats those as workgroup barriers too, so
-        they are only safe where the whole workgroup takes the same path anyway).
+        they are only safe where the whole workgroup takes the same path anyway: the fused
+        epilogue, which every workgroup runs, passes Scope.Subgroup). `checked`: skip
+        elements outside M x N (False only where no tile straddles an edge).
         """
         s, t, P = self.s, self.t, self.P
         n_el = self.plan.scratch_elems
@@ -391,8 +424,9 @@ class TiledGemmEmitter:
         base = s.mul(self.sgid, s.c(n_el))
         s.coop_store_shared(scratch, base, acc, CooperativeMatrixLayout.RowMajor,
                             s.c(t.n))
-        s.barrier(Scope.Workgroup)
+        s.barrier(barrier)
         types = Types(self.r_el, self.o_el)
+        eops = self.element_ops
         for e in range(n_el // t.subgroup_size):
             idx = s.add(self.lane, s.c(e * t.subgroup_size))
             gi = s.add(i0, s.udiv(idx, s.c(t.n)))
@@ -404,12 +438,20 @@ class TiledGemmEmitter:
                     return s.buffer_load(self.C, s.add(self.base_c,
                                                        s.add(s.mul(gi, P["ldc"]), gj)))
 
-                v = self.epilogue.apply(types, s.shared_load(scratch, s.add(base, idx)),
-                                        load_c if self.C is not None else None, matrix=False)
+                acc_v = s.shared_load(scratch, s.add(base, idx))
+                c_loader = load_c if self.C is not None else None
+                if eops is None:
+                    v = self.epilogue.apply(types, acc_v, c_loader, matrix=False)
+                else:
+                    v = eops.apply(self.epilogue.combine(types, acc_v, c_loader, matrix=False),
+                                   self.r_el, gi, gj, self.o_el)
                 s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
 
-            s.f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), copy)
-        s.barrier(Scope.Workgroup)  # the scratch is free for the next block
+            if checked:
+                s.f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), copy)
+            else:
+                copy()
+        s.barrier(barrier)  # the scratch is free for the next block
 
     def _blocks(self) -> list[tuple[int, int, int]]:
         """(accumulator, row, column) of each of this subgroup's blocks of D."""
@@ -430,6 +472,10 @@ class TiledGemmEmitter:
         """
         s, t, P = self.s, self.t, self.P
         tile = t.tile
+        if t.ops is not None:  # every workgroup, so subgroup barriers suffice
+            for acc, i0, j0 in self._blocks():
+                self._store_checked(acc, i0, j0, checked=not t.exact, barrier=Scope.Subgroup)
+            return
         if t.exact:  # no workgroup straddles an edge
             for acc, i0, j0 in self._blocks():
                 self._store_direct(acc, i0, j0)

@@ -46,6 +46,14 @@ the K loop instead uses:
 Edge tiles and unaligned operands take the fully clamped 3-D loop above. The epilogue (one
 C load and D store per tile) is shared and stays clamped.
 
+Fused epilogue (traits.ops): after alpha * acc + beta * C as matrices, one
+OpCooperativeMatrixPerElementOpNV calls a function of this module on every element of the
+accumulator with its (row, column) in the tile and, as extra operands, the tile's origin
+and batch; the function adds bias[col], applies the activation and adds residual[row, col]
+(epilogue.ElementOps, shared with the khr kernel) and the result is rounded to D's type as
+a matrix. Elements outside M x N (edge tiles) read index 0 of bias and residual (always in
+the buffers) and are discarded by the clamped store.
+
 Requirements beyond the shared ABI: a nonzero batch stride must be at least
 lines x leading dimension of its operand (OpTensorLayoutSetStrideNV's rule that an outer
 stride covers the inner dimension), which contiguous batches always meet.
@@ -56,7 +64,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coopmat.codegen import abi
-from coopmat.codegen.epilogue import Epilogue, Types
+from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
 from coopmat.codegen.plan import element_bytes
 from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
@@ -107,6 +115,8 @@ def required_capabilities(traits: Nv2Traits) -> set[Capability]:
             Capability.CooperativeMatrixTensorAddressingNV, Capability.TensorAddressingNV}
     for ct in {traits.a_type, traits.b_type, traits.result_type, traits.stored_type}:
         caps.update(type_capabilities(ct, in_storage_buffer=True))
+    if traits.ops is not None:
+        caps.add(Capability.CooperativeMatrixPerElementOperationsNV)
     return caps
 
 
@@ -215,6 +225,13 @@ class Nv2GemmEmitter:
             # C may be bound to D's memory (an in-place update), so only A and B are restrict.
             self.bufs[name] = s.storage_buffer(binding, elem, element_bytes(ct), readonly,
                                                name, restrict=name in ("A", "B"))
+        ob = element_bytes(t.stored_type)
+        if t.ops is not None and t.ops.bias:
+            self.bufs["bias"] = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
+                                                 restrict=True)
+        if t.ops is not None and t.ops.residual:
+            self.bufs["residual"] = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
+                                                     "residual")
         s.push_constants(abi.PUSH_FIELDS, [s.u32] * 11 + [alpha_t, alpha_t, s.u32])
 
     # -- layouts ------------------------------------------------------------------------
@@ -432,12 +449,54 @@ class Nv2GemmEmitter:
             return s.coop_load_tensor(mat_type, self.bufs["C"], s.c(0), zero,
                                       self._tile_slice(layout, batch, rows, cols))
 
-        result = self.epilogue.apply(Types(self.mat_acc, self.mat_out), acc,
-                                     load_c if t.has_c else None, matrix=True)
+        types = Types(self.mat_acc, self.mat_out)
+        if t.ops is None:
+            result = self.epilogue.apply(types, acc, load_c if t.has_c else None, matrix=True)
+        else:
+            value = self.epilogue.combine(types, acc, load_c if t.has_c else None, matrix=True)
+            value = s.f.op(Op.CooperativeMatrixPerElementOpNV, self.mat_acc, value,
+                           self._per_element_function(), self.m0, self.n0, self.batch)
+            result = value if self.mat_acc == self.mat_out else s.f.op(
+                Op.FConvert if self.float_result else Op.UConvert, self.mat_out, value)
         layout, batch = self._layout(P["M"], P["N"], P["ldd"], P["batch_stride_d"])
         # Clamp mode Constant: elements outside M x N (edge tiles) are not stored.
         s.coop_store_tensor(self.bufs["D"], s.c(0), result,
                             self._tile_slice(layout, batch, rows, cols))
+
+    def _per_element_function(self) -> int:
+        """The function OpCooperativeMatrixPerElementOpNV calls: (row, column, element,
+        m0, n0, batch) -> the element with the fused operations applied, in the
+        accumulator's type. It reads the push constants itself (ids do not cross
+        functions)."""
+        s, mb, t = self.s, self.s.mb, self.t
+        assert t.ops is not None
+        params = [s.u32, s.u32, self.r_el, s.u32, s.u32, s.u32]
+        fb = mb.function(self.r_el, mb.type_function(self.r_el, *params), params)
+        main, s.f = s.f, fb  # the ShaderContext helpers emit into the current function
+        try:
+            row, col, value, m0, n0, batch = fb.params
+            gi, gj = s.add(m0, row), s.add(n0, col)
+            P = {name: s.param(name) for name in ("M", "N", "ldd", "batch_stride_d")}
+            inside = s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"]))
+            bias, residual = self.bufs.get("bias"), self.bufs.get("residual")
+
+            def load_bias(r: int, c: int) -> int:
+                assert bias is not None
+                return s.buffer_load(bias, s.select(s.u32, inside, c, s.c(0)))
+
+            def load_residual(r: int, c: int) -> int:
+                assert residual is not None  # addressed exactly like D
+                index = s.add(s.mul(batch, P["batch_stride_d"]), s.add(s.mul(r, P["ldd"]), c))
+                return s.buffer_load(residual, s.select(s.u32, inside, index, s.c(0)))
+
+            eops = ElementOps(s, t.ops, float_result=self.float_result, stored_el=self.o_el,
+                              load_bias=load_bias if bias else None,
+                              load_residual=load_residual if residual else None,
+                              work_el=self.r_el)
+            fb.finish(eops.apply(value, self.r_el, gi, gj, self.r_el))
+        finally:
+            s.f = main
+        return fb.id
 
     def build(self) -> bytes:
         self._declare()

@@ -81,8 +81,10 @@ class KernelPlan:
     @property
     def scratch_elems(self) -> int:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
-        (none in the exact variant, which has no edge tiles)."""
-        return 0 if self.traits.exact else self.traits.m * self.traits.n
+        and every tile's fused epilogue (none in the exact variant without one, which has
+        no edge tiles)."""
+        t = self.traits
+        return 0 if t.exact and t.ops is None else t.m * t.n
 
     @property
     def stages(self) -> int:

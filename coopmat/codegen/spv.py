@@ -18,6 +18,8 @@ class Op(enum.IntEnum):
     Name = 5
     MemberName = 6
     Extension = 10
+    ExtInstImport = 11
+    ExtInst = 12
     MemoryModel = 14
     EntryPoint = 15
     ExecutionMode = 16
@@ -41,6 +43,7 @@ class Op(enum.IntEnum):
     SpecConstantFalse = 49
     SpecConstant = 50
     Function = 54
+    FunctionParameter = 55
     FunctionEnd = 56
     Variable = 59
     Load = 61
@@ -53,11 +56,13 @@ class Op(enum.IntEnum):
     UConvert = 113
     FConvert = 115
     Bitcast = 124
+    FNegate = 127
     IAdd = 128
     FAdd = 129
     ISub = 130
     IMul = 132
     FMul = 133
+    FDiv = 136
     UDiv = 134
     UMod = 137
     MatrixTimesScalar = 143
@@ -69,6 +74,7 @@ class Op(enum.IntEnum):
     INotEqual = 171
     ULessThan = 176
     ULessThanEqual = 178
+    FOrdLessThan = 184
     ShiftRightLogical = 194
     ShiftLeftLogical = 196
     BitwiseOr = 197
@@ -80,6 +86,7 @@ class Op(enum.IntEnum):
     Branch = 249
     BranchConditional = 250
     Return = 253
+    ReturnValue = 254
     # SPV_KHR_cooperative_matrix
     TypeCooperativeMatrixKHR = 4456
     CooperativeMatrixLoadKHR = 4457
@@ -87,6 +94,7 @@ class Op(enum.IntEnum):
     CooperativeMatrixMulAddKHR = 4459
     CooperativeMatrixLengthKHR = 4460
     # SPV_NV_cooperative_matrix2
+    CooperativeMatrixPerElementOpNV = 5366
     CooperativeMatrixLoadTensorNV = 5367
     CooperativeMatrixStoreTensorNV = 5368
     # SPV_NV_tensor_addressing
@@ -120,9 +128,19 @@ class Capability(enum.IntEnum):
     BFloat16CooperativeMatrixKHR = 5118
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
+    CooperativeMatrixPerElementOperationsNV = 5432
     CooperativeMatrixTensorAddressingNV = 5433
     TensorAddressingNV = 5439
     CooperativeMatrixKHR = 6022
+
+
+class GLSLstd450(enum.IntEnum):
+    """Instructions of the GLSL.std.450 extended instruction set (its spec's numbers)."""
+
+    Tanh = 21
+    Exp = 27
+    FMax = 40
+    FClamp = 43
 
 
 class AddressingModel(enum.IntEnum):

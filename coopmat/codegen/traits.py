@@ -62,6 +62,37 @@ def _short(t: ComponentType) -> str:
     return element(t).short if known(t) else str(int(t))
 
 
+class Activation(enum.Enum):
+    """Element-wise activations of the fused epilogue (values: the public names)."""
+
+    RELU = "relu"
+    GELU_TANH = "gelu_tanh"  # torch.nn.functional.gelu(x, approximate="tanh")
+    SILU = "silu"
+
+
+@dataclass(frozen=True)
+class EpilogueOps:
+    """What a kernel fuses after alpha * acc + beta * C: a bias per column of D (binding
+    abi.BINDING_BIAS), an activation, a residual shaped and addressed like D (binding
+    abi.BINDING_RESIDUAL)."""
+
+    bias: bool = False
+    activation: Activation | None = None
+    residual: bool = False
+
+    @property
+    def fused(self) -> bool:
+        """Whether anything is fused (traits hold None rather than an empty EpilogueOps)."""
+        return self.bias or self.activation is not None or self.residual
+
+    def describe(self) -> str:
+        """The suffix of a kernel's name ("" where nothing is fused)."""
+        parts = (["bias"] if self.bias else []) + \
+            ([self.activation.value] if self.activation else []) + \
+            (["res"] if self.residual else [])
+        return "-epi_" + "_".join(parts) if parts else ""
+
+
 _LAYOUT_LETTER = {Layout.ROW_MAJOR: "r", Layout.COLUMN_MAJOR: "c"}
 
 
@@ -72,7 +103,8 @@ class GemmTraits(ABC):
     `subgroup_size` is the device's; with the tile's subgroup grid it sets the workgroup
     size. `out_type`: the element type of C and D in memory where it differs from the
     accumulator (result_type): float16 results of a float32-accumulating config, rounded
-    once in the epilogue. None: C and D hold result_type.
+    once in the epilogue. None: C and D hold result_type. `ops`: the fused epilogue
+    (bias, activation, residual; epilogue.py); None: none.
     """
 
     # The name of the KernelFamily (codegen/family.py) that builds these traits.
@@ -88,6 +120,7 @@ class GemmTraits(ABC):
     tile: Tile
     subgroup_size: int
     out_type: ComponentType | None = None
+    ops: EpilogueOps | None = None
 
     @property
     def stored_type(self) -> ComponentType:
@@ -116,7 +149,8 @@ class GemmTraits(ABC):
                 f"-t{tile.tile_m}x{tile.tile_n}x{tile.tile_k}"
                 f"s{tile.subgroups_m}x{tile.subgroups_n}b{tile.buffering}"
                 + extra
-                + (f"-out{_short(self.out_type)}" if self.out_type is not None else ""))
+                + (f"-out{_short(self.out_type)}" if self.out_type is not None else "")
+                + (self.ops.describe() if self.ops is not None else ""))
 
 
 # KhrTraits' tile buffering modes: 1 load-then-multiply, 2 register prefetch, 3 register

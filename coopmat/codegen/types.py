@@ -49,6 +49,8 @@ def vulkan_features(caps: set[Capability]) -> tuple[str, ...]:
         Capability.VulkanMemoryModel: "vulkanMemoryModel",
         Capability.CooperativeMatrixKHR: "cooperativeMatrix",
         Capability.CooperativeMatrixTensorAddressingNV: "cooperativeMatrixTensorAddressing",
+        Capability.CooperativeMatrixPerElementOperationsNV:
+            "cooperativeMatrixPerElementOperations",
         # TensorAddressingNV (layout/view types) has no feature of its own: Vulkan enables
         # it with cooperativeMatrixTensorAddressing.
         Capability.TensorAddressingNV: "cooperativeMatrixTensorAddressing",

@@ -46,10 +46,10 @@ QUERY_RESULT_WAIT = 0x2
 COMMAND_BUFFER_SIMULTANEOUS_USE = 0x4
 RECORDED_CACHE = 64
 # A recording holds up to this many dispatches (repacks of A and B, then the GEMM), each
-# with one descriptor set of at most four storage buffers; the pool is sized for a full
+# with one descriptor set of at most six storage buffers; the pool is sized for a full
 # cache of such recordings.
 MAX_DISPATCHES = 3
-MAX_BINDINGS = 4
+MAX_BINDINGS = 6  # A, B, D, C, bias, residual (codegen.abi)
 DESCRIPTOR_POOL_FLAGS_FREE = 0x1
 
 

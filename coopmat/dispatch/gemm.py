@@ -21,6 +21,7 @@ import numpy as np
 from coopmat import codegen
 from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
 from coopmat.codegen.pack import pack_kernel
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
@@ -93,12 +94,16 @@ class PreparedGemm:
 
     def __init__(self, rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
                  c: np.ndarray | None, batch: int, alpha: float | int, beta: float | int,
-                 traits: GemmTraits | None = None, options: Options | None = None):
+                 traits: GemmTraits | None = None, options: Options | None = None,
+                 bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                 ops: EpilogueOps | None = None):
+        """bias: N elements; residual: (batch, M, N), C-contiguous (addressed like D);
+        both of the result dtype, given where `ops` asks for them."""
         self.rt = rt
         options = options or Options()
         plan = plan_of(rt, pair, _plan(a), _plan(b), _plan(c) if c is not None else None,
                        (batch, a.shape[1], b.shape[2], a.shape[2]), alpha, beta, traits,
-                       options)
+                       options, ops=ops)
         self.plan = plan
         self.choice = plan.choice
         self.traits = plan.traits
@@ -122,6 +127,11 @@ class PreparedGemm:
         self._acquired: list[Buffer] = []
         try:
             inputs = [(a, sa), (b, sb)] + ([(c, sc)] if c is not None and sc else [])
+            # The fused epilogue's operands (bias as 1 x 1 x N), bound after C.
+            extra = [(abi.BINDING_BIAS, bias.reshape(1, 1, -1)) if bias is not None else None,
+                     (abi.BINDING_RESIDUAL, residual) if residual is not None else None]
+            extra_bindings = [e[0] for e in extra if e is not None]
+            inputs += [(x, _plan(x)) for e in extra if e is not None for x in (e[1],)]
             packed_operands = {step.operand for step in plan.packs}
             device_bufs: list[Buffer] = []
             self.uploads: list[Copy] = []
@@ -160,6 +170,10 @@ class PreparedGemm:
         bindings = {0: operand_bufs[0], 1: operand_bufs[1], 2: d_buf}
         if c is not None:
             bindings[3] = device_bufs[2]
+        for binding, buf in zip(extra_bindings, device_bufs[len(device_bufs)
+                                                             - len(extra_bindings):],
+                                strict=True):
+            bindings[binding] = buf
         self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
                                         plan.groups))
 
@@ -289,26 +303,30 @@ def _admit(traits: GemmTraits, options: Options) -> GemmTraits:
 
 
 def problem_of(pair: TypePair, a: Staged, b: Staged, c: Staged | None, M: int, N: int,
-               K: int, batch: int, alpha: float | int, beta: float | int) -> Problem:
+               K: int, batch: int, alpha: float | int, beta: float | int,
+               ops: EpilogueOps | None = None) -> Problem:
     """The policy's view of a staged call."""
     return Problem(pair, M, N, K, OperandLayout(a.layout, a.ld, a.batch_stride),
                    OperandLayout(b.layout, b.ld, b.batch_stride), batch,
                    has_c=c is not None, c_batch_stride=c.batch_stride if c else 0,
-                   alpha=alpha, beta=beta)
+                   alpha=alpha, beta=beta, ops=ops)
 
 
 def plan_of(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | None,
             shape: tuple[int, int, int, int], alpha: float | int, beta: float | int,
-            traits: GemmTraits | None, options: Options, margins_ok: bool = True) -> Plan:
+            traits: GemmTraits | None, options: Options, margins_ok: bool = True,
+            ops: EpilogueOps | None = None) -> Plan:
     """The cached plan of a call: shape is (batch, M, N, K); margins_ok False when the
-    operands' buffers have no room past their data (device arrays): no exact variant."""
-    key = (id(rt), pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok)
+    operands' buffers have no room past their data (device arrays): no exact variant;
+    ops: the fused epilogue."""
+    key = (id(rt), pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok, ops)
     with _plans_lock:
         plan = _plans.get(key)
         if plan is not None:
             _plans.move_to_end(key)
             return plan
-    plan = _make_plan(rt, pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok)
+    plan = _make_plan(rt, pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok,
+                      ops)
     with _plans_lock:
         _plans[key] = plan
         while len(_plans) > PLAN_CACHE:
@@ -318,10 +336,11 @@ def plan_of(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | No
 
 def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | None,
                shape: tuple[int, int, int, int], alpha: float | int, beta: float | int,
-               traits: GemmTraits | None, options: Options, margins_ok: bool) -> Plan:
+               traits: GemmTraits | None, options: Options, margins_ok: bool,
+               ops: EpilogueOps | None) -> Plan:
     batch, M, N, K = shape
     info = rt.device.info
-    problem = problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta)
+    problem = problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta, ops)
     choice = choose(info, problem, options, tuning.choices(info) if options.tuning else {},
                     traits)
     if not margins_ok and isinstance(choice.traits, KhrTraits) and choice.traits.exact:
@@ -332,6 +351,7 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     itemsize = numpy_dtype(pair.operand).itemsize
     steps = tuple(_pack_step(rt, p, itemsize) for p in choice.packs)
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
+                    d_bytes if ops is not None and ops.residual else 0,
                     *(st.nbytes for st in steps)])
     kernel = codegen.build_gemm(choice.traits)
     return Plan(choice, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
@@ -341,16 +361,20 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
 
 def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
              out: np.ndarray, alpha: float | int, beta: float | int,
-             options: Options | None = None) -> GemmResult:
-    """out[i] = alpha * a[i] @ b[i] (+ beta * c[i]); 3-D arrays, batch 1 broadcasts."""
+             options: Options | None = None, bias: np.ndarray | None = None,
+             residual: np.ndarray | None = None,
+             ops: EpilogueOps | None = None) -> GemmResult:
+    """out[i] = act(alpha * a[i] @ b[i] (+ beta * c[i]) + bias) + residual[i]; 3-D arrays,
+    batch 1 broadcasts (residual: the whole (batch, M, N), C-contiguous)."""
     from coopmat.dispatch import pipeline
 
     io_bytes = a.nbytes + b.nbytes + out.nbytes
-    if pipeline.applies(rt, a, b, c, out, io_bytes):
+    if ops is None and pipeline.applies(rt, a, b, c, out, io_bytes):
         done = pipeline.run_pipelined(rt, pair, a, b, out, alpha, options)
         if done is not None:
             return done
-    g = PreparedGemm(rt, pair, a, b, c, out.shape[0], alpha, beta, options=options)
+    g = PreparedGemm(rt, pair, a, b, c, out.shape[0], alpha, beta, options=options,
+                     bias=bias, residual=residual, ops=ops)
     try:
         seconds = g.execute()
         g.read(out)
@@ -391,17 +415,20 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
                  c: DeviceOperand | None, d: DeviceOperand, shape: tuple[int, int, int, int],
                  alpha: float | int, beta: float | int, options: Options,
                  uploads: Sequence[Copy] = (),
-                 waits: Sequence[tuple[Stream, int]] = ()) -> tuple[int, Plan]:
+                 waits: Sequence[tuple[Stream, int]] = (), *,
+                 bias: DeviceOperand | None = None, residual: DeviceOperand | None = None,
+                 ops: EpilogueOps | None = None) -> tuple[int, Plan]:
     """Queue d = alpha * a @ b (+ beta * c) on buffers already on the device (after the
     staging copies `uploads`, in the same submission, and other queues' work `waits`),
-    without waiting; returns the stream's ticket and the plan that ran."""
+    without waiting; returns the stream's ticket and the plan that ran. With `ops`, the
+    fused epilogue reads `bias` (N elements) and `residual` (laid out exactly like d)."""
     plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
-                   None, options)
+                   None, options, ops=ops)
     fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
                                                                    strict=True))
     if not fits:
         plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha,
-                       beta, None, options, margins_ok=False)
+                       beta, None, options, margins_ok=False, ops=ops)
     device_kind = rt.pool.kinds()[0]
     temps: list[Buffer] = []
     dispatches: list[Dispatch] = []
@@ -420,6 +447,10 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
         if c is not None:
             bindings[3] = c.buffer
             offsets.append((3, c.offset))
+        for binding, op in ((abi.BINDING_BIAS, bias), (abi.BINDING_RESIDUAL, residual)):
+            if op is not None:
+                bindings[binding] = op.buffer
+                offsets.append((binding, op.offset))
         dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups,
                                    tuple(o for o in offsets if o[1])))
         ticket = rt.executor.submit(uploads, dispatches, waits=waits)

@@ -27,6 +27,7 @@ from typing import overload
 from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, KhrTraits, Layout, Tile, abi
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
@@ -65,7 +66,8 @@ class OperandLayout:
 
 @dataclass(frozen=True)
 class Problem:
-    """One batched product D[i] = alpha * A[i] @ B[i] (+ beta * C[i])."""
+    """One batched product D[i] = alpha * A[i] @ B[i] (+ beta * C[i]), with the fused
+    epilogue `ops` (bias, activation, residual; None: none) applied after it."""
 
     pair: TypePair
     M: int
@@ -78,6 +80,7 @@ class Problem:
     c_batch_stride: int = 0
     alpha: float | int = 1
     beta: float | int = 0
+    ops: EpilogueOps | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,14 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     pair = problem.pair
     fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
     why = "forced" if options.family else "tuned" if tile is not None else "default"
+    if fam == "nv2" and problem.ops is not None and \
+            not info.has("cooperativeMatrixPerElementOperations"):
+        if options.family == "nv2":
+            raise MissingFeatureError(
+                f"a fused epilogue on the nv2 kernel family needs "
+                f"cooperativeMatrixPerElementOperations, which device {info.index} "
+                f"({info.name}) lacks")
+        fam, tile, why = "khr", None, "default"
     if fam == "nv2":
         if tile is None:
             tile = next(iter(nv2_tiles(info, pair.operand, pair.result)), None)
@@ -221,15 +232,15 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                 f"{pair.describe()}")
         nv2 = nv2_traits(pair.operand, pair.result, info.flexible_dimensions_properties,
                          info.limits.subgroup_size, a_layout, b_layout, problem.has_c, tile)
-        return replace(nv2, out_type=pair.out), why
+        return replace(nv2, out_type=pair.out, ops=problem.ops), why
     cfg = config_for(info, pair)
     if cfg is None:
         raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
                                   f"subgroup-scope matrix for {pair.describe()}")
     if tile is None:
         tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info))
-    khr = khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
-                     out_type=pair.out)
+    khr = replace(khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
+                             out_type=pair.out), ops=problem.ops)
     return fastest_variant(khr, params, problem.batch, options), why
 
 
@@ -240,6 +251,11 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     options = options or Options()
     tuned = tuned or {}
     p = problem
+    if p.ops is not None and not p.ops.fused:  # one kernel, one name for "nothing fused"
+        p = replace(p, ops=None)
+    if p.ops is not None and p.ops.activation is not None and not p.pair.result.is_float:
+        raise ValueError(f"the {p.ops.activation.value} activation needs a float result, "
+                         f"not {p.pair.describe_result()}")
     packs: list[PackChoice] = []
     a, b = p.a, p.b  # as the GEMM kernel reads them
     if repacks(info, p.pair, 0, a.layout, p.M, traits):  # column-major A: K lines of M
