@@ -10,6 +10,7 @@ else all of it, giving up unroll and then splits where even one group does not f
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from coopmat.codegen.traits import RowsTraits, Tile, rows_tile
@@ -46,6 +47,7 @@ def _largest_kc(base: RowsTraits, splits: int, unroll: int, budget: int) -> Tile
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def default_rows_tile(base: RowsTraits, M: int, shared_limit: int) -> Tile:
     """The default tile for `base` (its tile is replaced) and M rows; ValueError where no
     tile fits the device's shared memory."""
