@@ -131,10 +131,10 @@ def test_swept_tile(pairs, live_device_info):
     fragments, NF 1, S 2, U 1, kc 2 k; K = 40 is whole chunks and a partial one."""
     require(pairs, "float16", np.float32)
     from coopmat.codegen import Layout, rows_traits
+    from coopmat.device.enums import ComponentType as CT
     from coopmat.dispatch.gemm import PreparedGemm
     from coopmat.dispatch.runtime import runtime
     from coopmat.policy import TypePair, config_for
-    from coopmat.device.enums import ComponentType as CT
 
     pair = TypePair(CT.FLOAT16, CT.FLOAT32)
     cfg = config_for(live_device_info, pair)

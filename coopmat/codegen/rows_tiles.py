@@ -5,7 +5,8 @@ any measurement: NF = 2 fragments of columns per workgroup (N = 4096 then makes 
 (2 n) workgroups, enough to cover a large GPU), S = 4 subgroups splitting K, U = 4 k steps
 per batch of B loads (U x NF fragments in flight per subgroup), and the largest kc up to
 MAX_KC whose two A stages fit half the shared memory (two workgroups per multiprocessor),
-else all of it, giving up unroll and then splits where even one group does not fit.
+else all of it; where even one group of S x U k steps does not fit, unroll and then splits
+give way (64 rows on a 48 KiB device: S = 4, U = 2, kc = 128).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def default_rows_tile(base: RowsTraits, M: int, shared_limit: int) -> Tile:
     rf = row_frags_for(min(M, ROWS_MAX_M), base.m)
     base = replace(base, tile=rows_tile(base.m, base.n, row_frags=rf, nf=DEFAULT_NF,
                                         splits=1, unroll=1, kc=base.k))
-    for budget in (shared_limit // 2, shared_limit):
-        for splits, unroll in _SPLITS_UNROLL:
+    for splits, unroll in _SPLITS_UNROLL:
+        for budget in (shared_limit // 2, shared_limit):
             tile = _largest_kc(base, splits, unroll, budget)
             if tile is not None:
                 return tile

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coopmat.codegen.nv2_tiles import NV2_TYPES, nv2_tile_candidates, nv2_traits
+from coopmat.codegen.rows_tiles import default_rows_tile
 from coopmat.codegen.tiles import (
     default_tile,
     kernel_subgroup_size,
     small_m_tile,
     tune_candidates,
 )
-from coopmat.codegen.rows_tiles import default_rows_tile
 from coopmat.codegen.traits import GemmTraits, KhrTraits, Layout, Nv2Traits, RowsTraits, Tile
 from coopmat.device.enums import ComponentType, Scope
 from coopmat.device.model import (
@@ -168,23 +168,22 @@ def rows_traits(cfg: CooperativeMatrixProperties, limits: DeviceLimits, a_layout
 
 
 def rows_variants(info: PhysicalDeviceInfo) -> list[RowsTraits]:
-    """Config x B layout x with/without C x A aligned (row-major) or not, default tiles
-    for one row fragment and for 64 rows; f16->f32 configs also with float16 results."""
+    """Config x B layout x with/without C, each as the aligned variant for one row
+    fragment (row-major A) and the general one for 64 rows (column-major A), default
+    tiles; f16->f32 configs also with float16 results."""
     out: list[RowsTraits] = []
     for cfg in info.cooperative_matrix_properties:
         if not buildable(cfg):
             continue
         for out_type in out_types(cfg.a_type, cfg.result_type):
-            for M in (1, 64):
-                for b_layout in Layout:
-                    for has_c in (False, True):
-                        for a_layout, aligned in ((Layout.ROW_MAJOR, True),
-                                                  (Layout.ROW_MAJOR, False),
-                                                  (Layout.COLUMN_MAJOR, False)):
-                            t = rows_traits(cfg, info.limits, a_layout, b_layout, has_c, M,
-                                            aligned=aligned, out_type=out_type)
-                            if t not in out:
-                                out.append(t)
+            for b_layout in Layout:
+                for has_c in (False, True):
+                    for M, a_layout, aligned in ((1, Layout.ROW_MAJOR, True),
+                                                 (64, Layout.COLUMN_MAJOR, False)):
+                        t = rows_traits(cfg, info.limits, a_layout, b_layout, has_c, M,
+                                        aligned=aligned, out_type=out_type)
+                        if t not in out:
+                            out.append(t)
     return out
 
 
