@@ -425,6 +425,12 @@ def candidates_for(rt: Any, pair: TypePair, config: Any,
                                                          cpu=info.device_type == "CPU")]
     if not small_m:
         out += [("nv2", t) for t in codegen.nv2_tiles(info, pair.operand, pair.result)]
+    elif info.device_type != "CPU":  # the rows family's sweep (too slow to time on a CPU)
+        from coopmat.codegen.rows_tiles import rows_sweep
+
+        base = codegen.rows_traits(config, info.limits, Layout.ROW_MAJOR, Layout.ROW_MAJOR,
+                                   False, 16)
+        out += [("rows", t) for t in rows_sweep(base, info.limits.max_compute_shared_memory_size)]
     return out
 
 
@@ -484,6 +490,9 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
                                 info.flexible_dimensions_properties,
                                 info.limits.subgroup_size, Layout.ROW_MAJOR,
                                 b_layout, False, tile)
+        elif family == "rows":
+            traits = codegen.rows_traits(config, info.limits, Layout.ROW_MAJOR, b_layout,
+                                         False, M, tile=tile, aligned=True)
         else:
             base = codegen.khr_traits(config, info.limits, Layout.ROW_MAJOR, b_layout, False,
                                       tile)
@@ -528,7 +537,7 @@ def overhead(args: argparse.Namespace) -> dict[str, float]:
     return {"median_s": t.median, "min_s": t.min}
 
 
-FAMILIES = ("auto", "khr", "nv2")
+FAMILIES = ("auto", "khr", "nv2", "rows")
 
 
 def _dtype_name(name: str, item: str) -> str:

@@ -14,10 +14,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coopmat.codegen import KhrTraits, Layout, Nv2Traits, Tile
+from coopmat.codegen import KhrTraits, Layout, Nv2Traits, RowsTraits, Tile
 from coopmat.codegen.plan import plan_kernel
+from coopmat.codegen.rows import RowsPlan
+from coopmat.codegen.rows_tiles import ROWS_MAX_M
 from coopmat.codegen.tiles import default_tile, kernel_subgroup_size
-from coopmat.codegen.variants import khr_subgroup_size
+from coopmat.codegen.variants import is_cpu, khr_subgroup_size
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.dispatch.tuning import SHIPPED
@@ -244,11 +246,13 @@ def test_every_choice_fits_the_device(name: str) -> None:
                         (16, 4096, 4096)):
             choice = choose(info, row_major(M, N, K, pair), Options(tuning=False))
             t = choice.traits
-            assert t.family == "khr" and choice.why == "default"
+            # Few rows on a GPU: the rows kernel (tests/test_rows.py); else khr.
+            rows = M <= ROWS_MAX_M and not is_cpu(info)
+            assert t.family == ("rows" if rows else "khr") and choice.why == "default"
             assert lim.min_subgroup_size <= t.subgroup_size <= lim.max_subgroup_size
-            plan = plan_kernel(t)
+            plan = RowsPlan(t) if isinstance(t, RowsTraits) else plan_kernel(t)
             assert plan.shared_bytes <= lim.max_compute_shared_memory_size, (pair, M)
-            assert plan.invocations <= lim.max_compute_work_group_invocations, (pair, M)
+            assert t.invocations <= lim.max_compute_work_group_invocations, (pair, M)
 
 
 def test_intel_matrices_and_types() -> None:
@@ -311,3 +315,79 @@ def test_tiles_per_width_and_their_shrinking(width: int) -> None:
         for b_layout in Layout:
             plan = plan_kernel(traits(small, a_layout, b_layout))
             assert plan.shared_bytes <= 16 * 1024
+
+
+# -- the rows family (few rows, B streamed from global memory) ----------------------------
+F16_OUT = TypePair(CT.FLOAT16, CT.FLOAT32, CT.FLOAT16)
+
+
+def col_major_b(M: int, N: int, K: int, pair: TypePair, **kw: object) -> Problem:
+    """x @ w.T with w an N x K row-major weight (linear-layer / GGUF layout)."""
+    return Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
+                   OperandLayout(Layout.COLUMN_MAJOR, K), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("make", [row_major, col_major_b], ids=["x@W", "x@w.T"])
+@pytest.mark.parametrize("M", [1, 8, 16, 17, 64])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (14336, 4096), (4096, 14336)])
+def test_h200_decode_shapes_choose_rows(make, M: int, N: int, K: int) -> None:
+    choice = choose(H200, make(M, N, K, F16_OUT), Options(tuning=False))
+    t = choice.traits
+    assert isinstance(t, RowsTraits) and choice.why == "default"
+    assert t.aligned and t.out_type == CT.FLOAT16 and t.result_type == CT.FLOAT32
+    assert (t.m, t.n, t.k, t.subgroup_size) == (16, 16, 16, 32)
+    assert t.tile.tile_m == -(-M // 16) * 16  # every row in one row block
+    assert N % t.tile.tile_n == 0 and t.kc % (t.k * t.splits * t.unroll) == 0
+    assert RowsPlan(t).shared_bytes <= H200.limits.max_compute_shared_memory_size
+    assert choice.margins == (0, 0) and not choice.packs
+
+
+def test_rows_only_where_it_applies() -> None:
+    # More than ROWS_MAX_M rows, a CPU driver, N off the column strip, or B's leading
+    # dimension not 16-byte aligned: the khr kernel.
+    assert khr(choose(H200, row_major(65, 4096, 4096, F16_OUT)))
+    assert khr(choose(LAVAPIPE, row_major(16, 4096, 4096, F16_OUT)))
+    assert khr(choose(H200, row_major(16, 4100, 4096, F16_OUT)))
+    odd_ldb = Problem(F16_OUT, 16, 4096, 4096, OperandLayout(Layout.ROW_MAJOR, 4096),
+                      OperandLayout(Layout.ROW_MAJOR, 4104))
+    assert isinstance(choose(H200, odd_ldb).traits, RowsTraits)
+    assert khr(choose(H200, replace(odd_ldb, b=OperandLayout(Layout.ROW_MAJOR, 4100))))
+    # A column-major A runs the general variant (element loads of A).
+    a_view = replace(row_major(16, 4096, 4096, F16_OUT), a=OperandLayout(Layout.COLUMN_MAJOR, 16))
+    t = choose(H200, a_view).traits
+    assert isinstance(t, RowsTraits) and not t.aligned
+    # A's rows 4100 elements apart (not whole 16-byte vectors): the general variant.
+    padded_a = replace(row_major(16, 4096, 4096, F16_OUT), a=OperandLayout(Layout.ROW_MAJOR, 4100))
+    t = choose(H200, padded_a).traits
+    assert isinstance(t, RowsTraits) and not t.aligned
+
+
+def test_forcing_rows() -> None:
+    forced = Options(family="rows")
+    t = choose(LAVAPIPE, row_major(16, 32, 64, F16_OUT), forced).traits
+    assert isinstance(t, RowsTraits) and t.subgroup_size == 8
+    # More rows than the default reaches: row blocks of 64 (WorkgroupId.y).
+    t = choose(LAVAPIPE, row_major(200, 32, 64, F16_OUT), forced).traits
+    assert isinstance(t, RowsTraits) and t.tile.tile_m == 64
+    with pytest.raises(ValueError, match="N=20 is not a multiple"):
+        choose(LAVAPIPE, row_major(16, 20, 64, F16_OUT), forced)
+    with pytest.raises(ValueError, match="K=60 is not a multiple"):
+        choose(LAVAPIPE, row_major(16, 32, 60, F16_OUT), forced)
+    assert Options.from_env({"COOPMAT_FAMILY": "rows"}).family == "rows"
+    assert Options().with_family("rows").family == "rows"
+
+
+def test_tuned_rows_tile_is_used() -> None:
+    from coopmat.codegen import rows_tile
+
+    tile = rows_tile(16, 16, row_frags=1, nf=4, splits=4, unroll=2, kc=128)
+    key = shape_class(F16_OUT, 16, 4096)
+    choice = choose(H200, row_major(16, 4096, 4096, F16_OUT), tuned={key: ("rows", tile)})
+    assert choice.traits.tile == tile and choice.why == "tuned"
+    # For 40 rows the tuned tile gets three row fragments.
+    t = choose(H200, row_major(40, 4096, 4096, F16_OUT), tuned={key: ("rows", tile)}).traits
+    assert t.tile == replace(tile, tile_m=48)
+    # A tuned khr tile from before the rows family does not displace it.
+    khr_tile = Tile(16, 64, 128, 1, 4, 2)
+    t = choose(H200, row_major(16, 4096, 4096, F16_OUT), tuned={key: ("khr", khr_tile)}).traits
+    assert isinstance(t, RowsTraits)

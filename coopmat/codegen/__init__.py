@@ -5,10 +5,11 @@
     kernel.spirv, kernel.local_size, kernel.push_constants(GemmParams(...)), ...
 
 Traits (traits.py): GemmTraits, the base every family shares, with one subclass per
-family: KhrTraits and Nv2Traits.
+family: KhrTraits, Nv2Traits and RowsTraits.
 
 Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
-arithmetic), khr_tiled (the KHR subgroup-scope kernel), nv2_workgroup (the
+arithmetic), khr_tiled (the KHR subgroup-scope kernel), rows and rows_tiles (the few-rows
+kernel that streams B, and its tiles), nv2_workgroup (the
 VK_NV_cooperative_matrix2 workgroup-scope kernel), family (kernel families),
 abi (bindings and push constants), kernel (Kernel), tiles and nv2_tiles (default tiles),
 variants (what a device's capabilities imply), epilogue (D = alpha acc + beta C),
@@ -22,7 +23,16 @@ from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_tile_candidates, nv2_traits
 from coopmat.codegen.tiles import SMALL_M, default_tile, small_m_tile, tune_candidates
-from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, Layout, Nv2Traits, Tile
+from coopmat.codegen.traits import (
+    GemmParams,
+    GemmTraits,
+    KhrTraits,
+    Layout,
+    Nv2Traits,
+    RowsTraits,
+    Tile,
+    rows_tile,
+)
 from coopmat.codegen.variants import (
     device_variants,
     khr_tile,
@@ -31,13 +41,15 @@ from coopmat.codegen.variants import (
     khr_variants,
     nv2_tiles,
     nv2_variants,
+    rows_traits,
+    rows_variants,
 )
 
 __all__ = [
     "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "KhrTraits", "Layout",
-    "Nv2Traits", "Tile",
+    "Nv2Traits", "RowsTraits", "Tile",
     "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "exact_ok", "overread_elems",
     "device_variants", "khr_tile", "khr_traits", "khr_tune_tiles", "khr_variants",
     "nv2_tile_candidates", "nv2_tiles", "nv2_traits", "nv2_variants", "register_family",
-    "small_m_tile", "tune_candidates",
+    "rows_tile", "rows_traits", "rows_variants", "small_m_tile", "tune_candidates",
 ]

@@ -15,8 +15,15 @@ from __future__ import annotations
 import struct
 from dataclasses import replace
 
-from coopmat.codegen.plan import element_bytes, plan_kernel
-from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, Layout, Nv2Traits
+from coopmat.codegen.plan import element_bytes, plan_kernel, vector_elems
+from coopmat.codegen.traits import (
+    GemmParams,
+    GemmTraits,
+    KhrTraits,
+    Layout,
+    Nv2Traits,
+    RowsTraits,
+)
 
 BINDING_A, BINDING_B, BINDING_D, BINDING_C = 0, 1, 2, 3
 BINDING_BIAS, BINDING_RESIDUAL = 4, 5
@@ -49,7 +56,7 @@ def cd_alignment_elems(traits: GemmTraits) -> int:
     computed alike, from the column granularity.
     """
     es = element_bytes(traits.stored_type)
-    if isinstance(traits, KhrTraits):
+    if isinstance(traits, (KhrTraits, RowsTraits)):
         cols = traits.n
     elif isinstance(traits, Nv2Traits):
         cols = traits.n_granularity
@@ -102,6 +109,42 @@ def overread_elems(traits: GemmTraits, ld: int) -> int:
     if not isinstance(traits, KhrTraits) or not traits.exact or t.buffering == 1:
         return 0
     return (2 if t.buffering == 3 else 1) * t.tile_k * ld
+
+
+def rows_b_alignment_elems(traits: RowsTraits) -> int:
+    """Element alignment of B's leading dimension and offsets for the rows kernel's
+    cooperative-matrix loads straight from global memory: the lesser of 16 bytes and one
+    row (row-major: n elements) or column (column-major: k elements) of the fragment."""
+    es = element_bytes(traits.b_type)
+    line = traits.n if traits.b_layout == Layout.ROW_MAJOR else traits.k
+    return min(16, line * es) // es
+
+
+def rows_a_vector_elems(traits: RowsTraits) -> int:
+    """Elements per A load of the rows kernel's aligned variant (1: element loads)."""
+    if not traits.aligned:
+        return 1
+    return vector_elems(traits.a_type, traits.k)
+
+
+def rows_violation(traits: RowsTraits, p: GemmParams) -> str | None:
+    """Why `p` cannot run on the rows kernel `traits`, or None where it can: N a multiple
+    of the column strip, K of the fragment's k, B's leading dimension and batch stride
+    aligned for direct cooperative-matrix loads, and for the aligned variant A's."""
+    t = traits
+    if p.N % t.tile.tile_n:
+        return f"N={p.N} is not a multiple of the rows kernel's column strip {t.tile.tile_n}"
+    if p.K % t.k:
+        return f"K={p.K} is not a multiple of the cooperative matrix's K={t.k}"
+    al = rows_b_alignment_elems(t)
+    if p.ldb % al or p.batch_stride_b % al:
+        return (f"B's leading dimension {p.ldb} and batch stride {p.batch_stride_b} must be "
+                f"multiples of {al} elements (cooperative-matrix loads from memory)")
+    v = rows_a_vector_elems(t)
+    if v > 1 and (p.K % v or p.lda % v or p.batch_stride_a % v):
+        return (f"the aligned variant reads A {v} elements at a time: K={p.K}, lda={p.lda} "
+                f"and A's batch stride {p.batch_stride_a} must be multiples of {v}")
+    return None
 
 
 SPECIALIZED_FIELDS = PUSH_FIELDS[:11]

@@ -3,8 +3,8 @@
 A family turns traits of its own GemmTraits subclass (whose `family` names it) into a
 Kernel that follows the shared ABI in abi.py, so callers never depend on which family
 built a kernel. The KHR subgroup-scope tiled kernel ("khr", KhrTraits) and the
-VK_NV_cooperative_matrix2 workgroup-scope kernel ("nv2", Nv2Traits) register themselves
-here.
+VK_NV_cooperative_matrix2 workgroup-scope kernel ("nv2", Nv2Traits) and the few-rows
+kernel that streams B ("rows", RowsTraits) register themselves here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 from coopmat.codegen import abi
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.plan import plan_kernel
-from coopmat.codegen.traits import GemmTraits, KhrTraits, Nv2Traits
+from coopmat.codegen.traits import GemmTraits, KhrTraits, Nv2Traits, RowsTraits
 from coopmat.codegen.types import vulkan_features
 
 T = TypeVar("T", bound=GemmTraits)
@@ -101,6 +101,35 @@ class Nv2WorkgroupFamily:
         return emit_nv2_gemm(_own(traits, Nv2Traits))
 
 
+class RowsFamily:
+    """VK_KHR_cooperative_matrix, subgroup scope, few rows: B streamed from global memory
+    (rows.py)."""
+
+    name = "rows"
+
+    def describe(self, traits: GemmTraits) -> Kernel:
+        from coopmat.codegen.rows import RowsPlan, required_capabilities
+
+        rows = _own(traits, RowsTraits)
+        if rows.ops is not None:
+            raise ValueError("the rows kernel family has no fused epilogue yet")
+        plan = RowsPlan(rows)
+        return Kernel(
+            traits=rows, spirv=b"", local_size=(rows.invocations, 1, 1),
+            required_subgroup_size=rows.subgroup_size,
+            shared_memory_bytes=plan.shared_bytes,
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(rows),
+            tile_mn=(rows.tile.tile_m, rows.tile.tile_n),
+            features=vulkan_features(required_capabilities(rows)))
+
+    def generate(self, traits: GemmTraits) -> bytes:
+        from coopmat.codegen.rows import RowsPlan, emit_rows_gemm
+
+        rows = _own(traits, RowsTraits)
+        RowsPlan(rows)  # validates
+        return emit_rows_gemm(rows)
+
+
 _FAMILIES: dict[str, KernelFamily] = {}
 
 
@@ -118,3 +147,4 @@ def family_for(traits: GemmTraits) -> KernelFamily:
 
 register_family(KhrTiledFamily())
 register_family(Nv2WorkgroupFamily())
+register_family(RowsFamily())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coopmat.codegen import abi
-from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits
+from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, RowsTraits
 
 
 @dataclass(frozen=True)
@@ -39,4 +39,8 @@ class Kernel:
             if t.exact and not abi.exact_ok(t, p):
                 raise ValueError("these sizes are not whole workgroup tiles; the exact "
                                  "variant needs M, N, K multiples of its tile")
+        if isinstance(t, RowsTraits):
+            why = abi.rows_violation(t, p)
+            if why is not None:
+                raise ValueError(f"the rows kernel cannot run this problem: {why}")
         return abi.push_constants(t, p)

@@ -253,6 +253,80 @@ class Nv2Traits(GemmTraits):
         return self._name(self.granularity, "general")
 
 
+@dataclass(frozen=True, kw_only=True)
+class RowsTraits(GemmTraits):
+    """Traits of the rows family (VK_KHR_cooperative_matrix, subgroup scope; rows.py): a
+    few rows of D per workgroup, streaming B from global memory.
+
+    m, n, k: the cooperative-matrix shape, as in KhrTraits. The tile reads:
+    tile_m = row_frags * m rows of D (all of M for M <= tile_m; more row blocks go to
+    WorkgroupId.y), tile_n = nf * n columns (one strip), tile_k = kc (A is staged in
+    shared memory kc elements of K at a time), subgroups_m = splits (subgroups that
+    split K between them), subgroups_n = 1, buffering = unroll (k steps whose B
+    fragments are loaded together before they are multiplied). These are the sizes to
+    sweep on a GPU (`rows_tile` builds one).
+
+    aligned: A is read 16 bytes at a time (row-major A only; abi.rows_violation says
+    when it may run); otherwise element by element.
+    """
+
+    family: ClassVar[str] = "rows"
+
+    m: int
+    n: int
+    k: int
+    aligned: bool = False
+
+    @property
+    def row_frags(self) -> int:
+        return self.tile.tile_m // self.m
+
+    @property
+    def nf(self) -> int:
+        return self.tile.tile_n // self.n
+
+    @property
+    def splits(self) -> int:
+        return self.tile.subgroups_m
+
+    @property
+    def unroll(self) -> int:
+        return self.tile.buffering
+
+    @property
+    def kc(self) -> int:
+        return self.tile.tile_k
+
+    def check_tile(self) -> None:
+        """Raise ValueError unless the tile fits the rows kernel's structure."""
+        t = self.tile
+        if min(t.tile_m, t.tile_n, t.tile_k, t.subgroups_m, t.buffering) < 1 or \
+                t.subgroups_n != 1:
+            raise ValueError(f"rows tile {t.describe()}: sizes must be positive and "
+                             f"subgroups_n 1")
+        if t.tile_m % self.m or t.tile_n % self.n:
+            raise ValueError(f"rows tile {t.describe()} is not whole {self.m}x{self.n} "
+                             f"fragments")
+        if t.tile_k % (self.k * t.subgroups_m * t.buffering):
+            raise ValueError(f"rows tile {t.describe()}: kc={t.tile_k} must be a multiple "
+                             f"of k * splits * unroll = {self.k * t.subgroups_m * t.buffering}")
+        if self.c_type != self.result_type:
+            raise ValueError("C and Result component types must match")
+        if self.aligned and self.a_layout != Layout.ROW_MAJOR:
+            raise ValueError("the rows kernel's aligned variant reads a row-major A")
+
+    def describe(self) -> str:
+        return self._name((self.m, self.n, self.k), "aligned" if self.aligned else "general")
+
+
+def rows_tile(m: int, n: int, *, row_frags: int, nf: int, splits: int, unroll: int,
+              kc: int) -> Tile:
+    """The Tile of a rows kernel (see RowsTraits): row_frags x nf fragments of m x n per
+    workgroup, K split over `splits` subgroups, `unroll` k steps per load batch, A staged
+    `kc` elements of K at a time."""
+    return Tile(row_frags * m, nf * n, kc, splits, 1, unroll)
+
+
 @dataclass(frozen=True)
 class GemmParams:
     """Runtime values of one dispatch (they go in push constants).

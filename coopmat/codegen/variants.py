@@ -10,13 +10,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coopmat.codegen.nv2_tiles import NV2_TYPES, nv2_tile_candidates, nv2_traits
+from coopmat.codegen.rows_tiles import default_rows_tile
 from coopmat.codegen.tiles import (
     default_tile,
     kernel_subgroup_size,
     small_m_tile,
     tune_candidates,
 )
-from coopmat.codegen.traits import GemmTraits, KhrTraits, Layout, Nv2Traits, Tile
+from coopmat.codegen.traits import GemmTraits, KhrTraits, Layout, Nv2Traits, RowsTraits, Tile
 from coopmat.device.enums import ComponentType, Scope
 from coopmat.device.model import (
     SHADER_STAGE_COMPUTE,
@@ -147,9 +148,48 @@ def nv2_variants(info: PhysicalDeviceInfo) -> list[Nv2Traits]:
     return out
 
 
+def rows_traits(cfg: CooperativeMatrixProperties, limits: DeviceLimits, a_layout: Layout,
+                b_layout: Layout, has_c: bool, M: int, *, tile: Tile | None = None,
+                aligned: bool = False, out_type: ComponentType | None = None) -> RowsTraits:
+    """rows traits for a config on a device and M rows: `tile` (its tile_m replaced by the
+    row fragments M needs), else the default tile (rows_tiles.py)."""
+    from coopmat.codegen.rows_tiles import ROWS_MAX_M, row_frags_for
+
+    base = RowsTraits(a_type=cfg.a_type, b_type=cfg.b_type, c_type=cfg.c_type,
+                      result_type=cfg.result_type, a_layout=a_layout, b_layout=b_layout,
+                      has_c=has_c, tile=Tile(cfg.M, cfg.N, cfg.K, 1, 1, 1),
+                      subgroup_size=khr_subgroup_size(limits), out_type=out_type,
+                      m=cfg.M, n=cfg.N, k=cfg.K, aligned=aligned)
+    if tile is None:
+        tile = default_rows_tile(base, M, limits.max_compute_shared_memory_size)
+    else:
+        tile = replace(tile, tile_m=row_frags_for(min(M, ROWS_MAX_M), cfg.M) * cfg.M)
+    return replace(base, tile=tile)
+
+
+def rows_variants(info: PhysicalDeviceInfo) -> list[RowsTraits]:
+    """Config x B layout x with/without C, each as the aligned variant for one row
+    fragment (row-major A) and the general one for 64 rows (column-major A), default
+    tiles; f16->f32 configs also with float16 results."""
+    out: list[RowsTraits] = []
+    for cfg in info.cooperative_matrix_properties:
+        if not buildable(cfg):
+            continue
+        for out_type in out_types(cfg.a_type, cfg.result_type):
+            for b_layout in Layout:
+                for has_c in (False, True):
+                    for M, a_layout, aligned in ((1, Layout.ROW_MAJOR, True),
+                                                 (64, Layout.COLUMN_MAJOR, False)):
+                        t = rows_traits(cfg, info.limits, a_layout, b_layout, has_c, M,
+                                        aligned=aligned, out_type=out_type)
+                        if t not in out:
+                            out.append(t)
+    return out
+
+
 def device_variants(info: PhysicalDeviceInfo) -> list[GemmTraits]:
-    """Every variant of every family the device implies (khr first, then nv2)."""
-    return [*khr_variants(info), *nv2_variants(info)]
+    """Every variant of every family the device implies (khr, nv2, then rows)."""
+    return [*khr_variants(info), *nv2_variants(info), *rows_variants(info)]
 
 
 def current_device() -> PhysicalDeviceInfo:

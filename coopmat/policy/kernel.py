@@ -8,8 +8,12 @@ object and reads no environment variable, so it is tested against recorded devic
 without a GPU; the dispatcher (coopmat.dispatch.gemm) carries the choice out.
 
 The rules, each with its measurement in docs/kernels.md:
-- family: forced by Options, else the tuned choice for the device, dtype pair and shape
-  class, else khr;
+- family: forced by Options; else rows for at most ROWS_MAX_M rows on a GPU where its
+  preconditions hold (abi.rows_violation; a tuned rows tile where the table has one,
+  taking precedence over a tuned choice of another family, which predates it); else the
+  tuned choice for the device, dtype pair and shape class, else khr;
+- rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
+  variant (A read 16 bytes at a time) where A allows;
 - khr tile: tuned, else the default for the shape class (few rows, or general);
 - khr variant: exact (whole tiles, no bounds checks) > aligned (vector loads) > general,
   whichever the sizes and strides allow; sizes and strides compiled in for problems of
@@ -24,11 +28,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import overload
 
-from coopmat.codegen import SMALL_M, GemmParams, GemmTraits, KhrTraits, Layout, Tile, abi
+from coopmat.codegen import (
+    SMALL_M,
+    GemmParams,
+    GemmTraits,
+    KhrTraits,
+    Layout,
+    RowsTraits,
+    Tile,
+    abi,
+)
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
+from coopmat.codegen.rows import RowsPlan
+from coopmat.codegen.rows_tiles import ROWS_MAX_M
 from coopmat.codegen.traits import EpilogueOps
-from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles
+from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles, rows_traits
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
 from coopmat.errors import MissingFeatureError
@@ -137,7 +152,7 @@ def choose_family(info: PhysicalDeviceInfo, pair: TypePair, options: Options, tu
     found = tuned_choice(tuned, pair, M, N) if options.tuning else None
     if options.family is not None:
         return options.family, found[1] if found and found[0] == options.family else None
-    if found and (found[0] == "khr" or nv2_usable(info)):
+    if found and (found[0] != "nv2" or nv2_usable(info)):
         return found
     return "khr", None
 
@@ -208,6 +223,38 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
     return best
 
 
+def rows_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                b_layout: Layout, params: GemmParams,
+                tile: Tile | None = None) -> tuple[RowsTraits | None, str]:
+    """(rows traits, "") for the problem, the aligned variant where A allows it, with
+    `tile` where it fits the problem, else the default tile; (None, why not) where the
+    rows kernel cannot run it."""
+    cfg = config_for(info, problem.pair)
+    if cfg is None:
+        return None, f"the device offers no subgroup-scope matrix for {problem.pair.describe()}"
+    why = ""
+    for t in (tile, None) if tile is not None else (None,):
+        try:
+            general = rows_traits(cfg, info.limits, a_layout, b_layout, problem.has_c,
+                                  problem.M, tile=t, out_type=problem.pair.out)
+            shared = RowsPlan(general).shared_bytes
+            if shared > info.limits.max_compute_shared_memory_size:
+                raise ValueError(f"rows tile {general.tile.describe()} needs {shared} bytes "
+                                 f"of shared memory")
+        except ValueError as exc:
+            why = str(exc)
+            continue
+        why = abi.rows_violation(general, params) or ""
+        if why:
+            continue
+        if a_layout == Layout.ROW_MAJOR:
+            aligned = replace(general, aligned=True)
+            if abi.rows_violation(aligned, params) is None:
+                return aligned, ""
+        return general, ""
+    return None, why
+
+
 def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                    b_layout: Layout, params: GemmParams, options: Options,
                    tuned: Tuned) -> tuple[GemmTraits, str]:
@@ -223,6 +270,25 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                 f"cooperativeMatrixPerElementOperations, which device {info.index} "
                 f"({info.name}) lacks")
         fam, tile, why = "khr", None, "default"
+    if options.family is None and problem.M <= ROWS_MAX_M and not is_cpu(info) \
+            and problem.ops is None:
+        found = tuned_choice(tuned, pair, problem.M, problem.N) if options.tuning else None
+        rows_tile = found[1] if found and found[0] == "rows" else None
+        rows, _ = rows_choice(info, problem, a_layout, b_layout, params, rows_tile)
+        if rows is not None:
+            tuned_used = rows_tile is not None and \
+                rows.tile == replace(rows_tile, tile_m=rows.tile.tile_m)
+            return rows, "tuned" if tuned_used else "default"
+    if fam == "rows":
+        rows, why_not = rows_choice(info, problem, a_layout, b_layout, params, tile)
+        if problem.ops is not None:
+            rows, why_not = None, "it has no fused epilogue (bias, activation, residual) yet"
+        if rows is not None:
+            return rows, why
+        if options.family == "rows":
+            raise ValueError(f"the rows kernel family cannot run this {problem.M}x"
+                             f"{problem.N}x{problem.K} product: {why_not}")
+        fam, tile, why = "khr", None, "default"  # a tuned rows choice that does not fit
     if fam == "nv2":
         if tile is None:
             tile = next(iter(nv2_tiles(info, pair.operand, pair.result)), None)

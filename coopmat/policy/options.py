@@ -15,13 +15,13 @@ FAMILY_ENV = "COOPMAT_FAMILY"
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
 NO_TUNING_ENV = "COOPMAT_NO_TUNING"
 
-FAMILIES = ("khr", "nv2")
+FAMILIES = ("khr", "nv2", "rows")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
 
 
 @dataclass(frozen=True)
 class Options:
-    """family: force 'khr' or 'nv2' (None: the policy's choice). specialize: 'auto'
+    """family: force 'khr', 'nv2' or 'rows' (None: the policy's choice). specialize: 'auto'
     (large problems, within a per-process budget), 'always' or 'never'. tuning: use
     tuned choices (the user's table, else the shipped one)."""
 
@@ -35,7 +35,7 @@ class Options:
         family = env.get(FAMILY_ENV, "").strip() or None
         if family not in (None, "auto", *FAMILIES):
             raise ValueError(f"{FAMILY_ENV}={family!r} is not a kernel family: use "
-                             f"'khr', 'nv2' or 'auto'")
+                             f"'khr', 'nv2', 'rows' or 'auto'")
         spec = env.get(SPECIALIZE_ENV, "").strip()
         if spec not in _SPECIALIZE:
             raise ValueError(f"{SPECIALIZE_ENV}={spec!r}: use 1 (always), 0 (never) or "
@@ -49,5 +49,6 @@ class Options:
         if family is None or family == "auto":
             return self
         if family not in FAMILIES:
-            raise ValueError(f"unknown kernel family {family!r}: use 'khr', 'nv2' or 'auto'")
+            raise ValueError(f"unknown kernel family {family!r}: use 'khr', 'nv2', 'rows' or "
+                             f"'auto'")
         return replace(self, family=family)
