@@ -14,6 +14,9 @@ from coopmat.dispatch.gemm import GemmResult, check_fits, run_gemm
 from coopmat.dispatch.runtime import DeviceArg, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.policy import Options, TypePair, resolve, result_pairs
+from coopmat.quantized import QuantizedArray, QuantizedTranspose
+
+_QUANTIZED = (QuantizedArray, QuantizedTranspose)
 
 _SIGNATURE = "(n?,k),(k,m?)->(n?,m?)"
 _last = threading.local()
@@ -65,7 +68,15 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope) or
       'nv2' (VK_NV_cooperative_matrix2, workgroup scope); default $COOPMAT_FAMILY, else
       the tuned or measured-faster one the device offers.
+    - Quantized weights: b may be w.T for a coopmat.QuantizedArray w (GGUF q8_0/q4_0
+      blocks, N x K) and a float16 (or bfloat16) x of shape (..., K): a linear layer,
+      dequantized inside the GEMM (coopmat/quant_matmul.py).
     """
+    if isinstance(a, _QUANTIZED) or isinstance(b, _QUANTIZED):
+        from coopmat.quant_matmul import matmul_quantized
+        return matmul_quantized(a, b, c=c, alpha=alpha, beta=beta, out=out,
+                                dtype=_result_dtype_arg(dtype, out_dtype),
+                                accumulator=accumulator, device=device, family=family)
     if any(isinstance(x, Array) for x in (a, b, c, out)):
         from coopmat.array_matmul import matmul_arrays
         return matmul_arrays(a, b, c=c, alpha=alpha, beta=beta, out=out,
