@@ -46,8 +46,8 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
 
 __all__ = [
-    "Array", "CoopmatError", "QuantizedArray", "DeviceLostError", "DeviceMismatchError", "DeviceNotFoundError",
-    "MissingFeatureError",
+    "Array", "CoopmatError", "DeviceLostError", "DeviceMismatchError", "DeviceNotFoundError",
+    "MissingFeatureError", "QuantizedArray",
     "NoCooperativeMatrixDeviceError", "NoDeviceError", "OutOfDeviceMemoryError", "VulkanError",
     "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "from_gguf",
     "last_kernel_time", "matmul", "quantize", "supported_dtypes", "synchronize", "zeros",
