@@ -5,6 +5,8 @@
     y = coopmat.linear(x, w, bias, "gelu_tanh")  # act(x @ w.T + bias), one fused kernel
     w = coopmat.asarray(b)                     # kept on the GPU
     y = (coopmat.asarray(a) @ w).numpy()       # queued there; .numpy() waits
+    q = coopmat.quantize(weight, "q8_0")       # GGUF blocks on the GPU (or from_gguf)
+    y = coopmat.matmul(x, q.T)                 # dequantized inside the GEMM
     coopmat.devices(); coopmat.configs()       # what `python -m coopmat.info` shows
 """
 
@@ -27,6 +29,7 @@ __version__ = "0.1.0"
 
 _LINALG = ("configs", "devices", "last_kernel_time", "linear", "matmul", "supported_dtypes")
 _ARRAY = ("Array", "asarray", "empty", "synchronize", "zeros")
+_QUANT = ("QuantizedArray", "from_gguf", "quantize")
 
 
 def __getattr__(name: str) -> object:
@@ -38,12 +41,16 @@ def __getattr__(name: str) -> object:
     if name in _ARRAY:
         from coopmat import array
         return getattr(array, name)
+    if name in _QUANT:
+        from coopmat import quantized
+        return getattr(quantized, name)
     raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
 
 __all__ = [
     "Array", "CoopmatError", "DeviceLostError", "DeviceMismatchError", "DeviceNotFoundError",
-    "MissingFeatureError",
+    "MissingFeatureError", "QuantizedArray",
     "NoCooperativeMatrixDeviceError", "NoDeviceError", "OutOfDeviceMemoryError", "VulkanError",
-    "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "last_kernel_time",
-    "linear", "matmul", "supported_dtypes", "synchronize", "zeros",
+    "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "from_gguf",
+    "last_kernel_time", "linear", "matmul", "quantize", "supported_dtypes", "synchronize",
+    "zeros",
 ]

@@ -15,6 +15,9 @@ from coopmat.dispatch.runtime import DeviceArg, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.fused import check_ops, host_bias, host_epilogue, host_residual, ops_of
 from coopmat.policy import Options, TypePair, resolve, result_pairs
+from coopmat.quantized import QuantizedArray, QuantizedTranspose
+
+_QUANTIZED = (QuantizedArray, QuantizedTranspose)
 
 _SIGNATURE = "(n?,k),(k,m?)->(n?,m?)"
 _last = threading.local()
@@ -74,8 +77,17 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
       the float32 accumulator (integer results: in their own type), rounded to the result
       dtype once. bias and residual are cast to the result dtype ("same_kind", as c).
       See also coopmat.linear.
+    - Quantized weights: b may be w.T for a coopmat.QuantizedArray w (GGUF q8_0/q4_0
+      blocks, N x K) and a float16 (or bfloat16) x of shape (..., K): a linear layer,
+      dequantized inside the GEMM (coopmat/quant_matmul.py).
     """
     ops = ops_of(bias, activation, residual)
+    if isinstance(a, _QUANTIZED) or isinstance(b, _QUANTIZED):
+        from coopmat.quant_matmul import matmul_quantized
+        return matmul_quantized(a, b, c=c, alpha=alpha, beta=beta, out=out,
+                                dtype=_result_dtype_arg(dtype, out_dtype),
+                                accumulator=accumulator, device=device, family=family,
+                                bias=bias, residual=residual, ops=ops)
     if any(isinstance(x, Array) for x in (a, b, c, out, bias, residual)):
         from coopmat.array_matmul import matmul_arrays
         return matmul_arrays(a, b, c=c, alpha=alpha, beta=beta, out=out,

@@ -147,6 +147,21 @@ def rows_violation(traits: RowsTraits, p: GemmParams) -> str | None:
     return None
 
 
+def overread_bytes_b(traits: GemmTraits, ldb: int, itemsize: int) -> int:
+    """Bytes past B's data its kernel may read: overread_elems in bytes, or for a
+    quantized B the blocks its look-ahead reaches past the last row plus the pad of the
+    funnel-shifted word loads (codegen/quant.py)."""
+    if not isinstance(traits, KhrTraits) or traits.b_quant is None:
+        return overread_elems(traits, ldb) * itemsize
+    from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
+    from coopmat.quant_formats import quant_format
+
+    t = traits.tile
+    steps = 0 if not traits.exact or t.buffering == 1 else 2 if t.buffering == 3 else 1
+    fmt = quant_format(traits.b_quant)
+    return overread_bytes(fmt, t.tile_k, steps) if steps else QUANT_PAD_BYTES
+
+
 SPECIALIZED_FIELDS = PUSH_FIELDS[:11]
 
 
@@ -163,6 +178,12 @@ def check_params(traits: GemmTraits, p: GemmParams) -> None:
                          f"{shape_values(p)}")
     if min(p.M, p.N, p.K) < 1:
         raise ValueError("M, N and K must be at least 1")
+    if isinstance(traits, KhrTraits) and traits.b_quant is not None:
+        if p.K % 32 or p.ldb != p.K or p.batch_stride_b:
+            raise ValueError("a quantized B is one N x K weight of whole 32-weight blocks "
+                             "(K % 32 == 0, ldb == K, no batch stride)")
+        if p.N * p.K // 32 * 34 > U32_MAX:
+            raise ValueError("the kernels index with 32 bits; the quantized B is too large")
     a_lines = p.M if traits.a_layout == Layout.ROW_MAJOR else p.K
     b_lines = p.K if traits.b_layout == Layout.ROW_MAJOR else p.N
     if p.lda < (p.K if traits.a_layout == Layout.ROW_MAJOR else p.M):

@@ -35,6 +35,9 @@ matrix and the zero padding makes partial K steps and edge tiles exact. The exac
 (M, N, K whole multiples of the tile) drops those checks and the edge epilogue; its
 look-ahead loads past the last K step read a margin that the dispatcher allocates after
 each operand (abi.overread_elems).
+
+A quantized B (traits.b_quant: GGUF q8_0/q4_0 blocks, quant.py) is dequantized unit by
+unit in that global load, so registers and shared memory hold plain operand values.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 from coopmat.codegen import abi
 from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
 from coopmat.codegen.plan import KernelPlan, StagePlan, element_bytes
+from coopmat.codegen.quant import QuantReader
 from coopmat.codegen.shader import Buffer, ShaderContext, SharedArray
 from coopmat.codegen.spv import (
     BuiltIn,
@@ -62,6 +66,7 @@ from coopmat.codegen.types import (
     type_extension,
 )
 from coopmat.device.enums import ComponentType
+from coopmat.quant_formats import quant_format
 
 
 class _Operand:
@@ -132,7 +137,10 @@ class TiledGemmEmitter:
                 ("B", p.b, self.b_el, t.b_type, abi.BINDING_B, t.b_layout, self.mat_b)):
             unit = self._unit_type(stage, elem)
             unit_bytes = 4 * stage.unit_words if stage.unit_words else element_bytes(ct)
-            buf = s.storage_buffer(binding, unit, unit_bytes, True, name, restrict=True)
+            if name == "B" and t.b_quant is not None:  # GGUF blocks, read as words
+                buf = s.storage_buffer(binding, s.u32, 4, True, name, restrict=True)
+            else:
+                buf = s.storage_buffer(binding, unit, unit_bytes, True, name, restrict=True)
             sh = s.shared_array(unit, p.stages * stage.shared_units, f"{name}_shared")
             ops.append(_Operand(stage, buf, sh, unit, s.mb.const_null(unit), mat, lay))
         self.A, self.B = ops
@@ -188,6 +196,10 @@ class TiledGemmEmitter:
         B.k_is_inner = t.b_layout == Layout.COLUMN_MAJOR
         B.outer0 = self.n0
         B.outer_limit, B.inner_limit = (P["N"], P["K"]) if B.k_is_inner else (P["K"], P["N"])
+        self.quant: QuantReader | None = None
+        if t.b_quant is not None:
+            self.quant = QuantReader(s, quant_format(t.b_quant), B.buf, self.b_el, B.unit,
+                                     t.b_quant_unit, B.ld)
 
     def _element_ops(self) -> ElementOps | None:
         s, ops, P = self.s, self.t.ops, self.P
@@ -222,6 +234,11 @@ class TiledGemmEmitter:
         """Load one unit of the operand's tile at K offset k0, zero outside the matrix."""
         s, st = self.s, op.stage
         line, col = self._unit_coords(op, r)
+        if self.quant is not None and op is self.B:  # dequantized from its blocks
+            n, k = s.add(op.outer0, line), s.add(k0, col)
+            inside = None if self.t.exact else s.and_(s.lt(n, op.outer_limit),
+                                                      s.lt(k, op.inner_limit))
+            return self.quant.load(n, k, inside)
         if op.k_is_inner:
             outer, inner = s.add(op.outer0, line), s.add(k0, col)
         else:
@@ -525,6 +542,8 @@ def required_capabilities(plan: KernelPlan) -> set[Capability]:
         caps.update(type_capabilities(ct, in_storage_buffer=not stage.unit_words))
     caps.update(type_capabilities(t.result_type, in_storage_buffer=False))
     caps.update(type_capabilities(t.stored_type, in_storage_buffer=True))
+    if t.b_quant is not None:  # the blocks' float16 scales
+        caps.add(Capability.Float16)
     return caps
 
 

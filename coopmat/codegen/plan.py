@@ -132,6 +132,32 @@ def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_g
                      pad_units=max(1, SHARED_PAD_BYTES // unit_bytes), invocations=invocations)
 
 
+QUANT_UNITS = (4, 8)  # weights per staged unit of a quantized B: a uvec2 or uvec4 of f16
+
+
+def _quant_stage(t: KhrTraits, invocations: int) -> StagePlan:
+    """A quantized B's stage: the same shared layout as the aligned variant's column-major
+    B (lines along N, K contiguous, units of b_quant_unit 16-bit elements), whatever the
+    variant, since each unit is dequantized from one block into one vector."""
+    from coopmat.quant_formats import BLOCK_ELEMS, quant_format
+
+    quant_format(t.b_quant or "")
+    q = t.b_quant_unit
+    if t.b_layout != Layout.COLUMN_MAJOR:
+        raise ValueError("a quantized B is column-major (row n of the N x K weight)")
+    if element_bytes(t.b_type) != 2:
+        raise ValueError("a quantized B dequantizes to a 16-bit operand type")
+    if q not in QUANT_UNITS or t.k % q:
+        raise ValueError(f"b_quant_unit={q} must be one of {QUANT_UNITS} and divide K={t.k}")
+    if t.tile.tile_k % BLOCK_ELEMS:
+        raise ValueError(f"tile_k={t.tile.tile_k} must be a multiple of the quantized "
+                         f"block ({BLOCK_ELEMS} weights)")
+    words = q * 2 // 4
+    return StagePlan(lines=t.tile.tile_n, inner=t.tile.tile_k, unit_elems=q,
+                     unit_words=words, pad_units=max(1, SHARED_PAD_BYTES // (4 * words)),
+                     invocations=invocations)
+
+
 @functools.cache  # traits are frozen; dispatch asks for the same plan every call
 def plan_kernel(traits: KhrTraits) -> KernelPlan:
     """Raise ValueError where the tile does not fit the traits."""
@@ -146,8 +172,9 @@ def plan_kernel(traits: KhrTraits) -> KernelPlan:
     inv = t.invocations
     a = _stage(t.a_type, t.a_layout, tile.tile_m, tile.tile_k, t.m, t.k, t.aligned, inv,
                k_contiguous=Layout.ROW_MAJOR)
-    b = _stage(t.b_type, t.b_layout, tile.tile_n, tile.tile_k, t.n, t.k, t.aligned, inv,
-               k_contiguous=Layout.COLUMN_MAJOR)
+    b = _quant_stage(t, inv) if t.b_quant is not None else _stage(
+        t.b_type, t.b_layout, tile.tile_n, tile.tile_k, t.n, t.k, t.aligned, inv,
+        k_contiguous=Layout.COLUMN_MAJOR)
     for name, s in (("A", a), ("B", b)):
         if s.total_units % inv:
             raise ValueError(f"{name} tile of {s.total_units} units does not split evenly "

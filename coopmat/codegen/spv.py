@@ -53,6 +53,7 @@ class Op(enum.IntEnum):
     MemberDecorate = 72
     CompositeConstruct = 80
     CompositeExtract = 81
+    ConvertSToF = 111
     UConvert = 113
     FConvert = 115
     Bitcast = 124
@@ -79,6 +80,8 @@ class Op(enum.IntEnum):
     ShiftLeftLogical = 196
     BitwiseOr = 197
     BitwiseAnd = 199
+    BitFieldSExtract = 202
+    BitFieldUExtract = 203
     ControlBarrier = 224
     LoopMerge = 246
     SelectionMerge = 247

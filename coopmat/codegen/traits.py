@@ -194,6 +194,11 @@ class KhrTraits(GemmTraits):
     aligned: bool = False
     exact: bool = False
     specialized: tuple[int, ...] = ()
+    # Quantized B (coopmat/quant_formats.py name, e.g. "q8_0"): B is column-major GGUF
+    # blocks, dequantized to b_type as it is staged into shared memory, b_quant_unit
+    # weights (4 or 8, within one block) per invocation and unit. None: plain B.
+    b_quant: str | None = None
+    b_quant_unit: int = 8
 
     @property
     def variant(self) -> str:
@@ -220,6 +225,8 @@ class KhrTraits(GemmTraits):
 
     def describe(self) -> str:
         extra = f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else ""
+        if self.b_quant is not None:
+            extra += f"-b{self.b_quant}u{self.b_quant_unit}"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 

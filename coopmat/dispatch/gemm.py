@@ -47,6 +47,7 @@ class Staged:
     ld: int
     batch_stride: int
     nbytes: int
+    quant: str | None = None  # B as GGUF blocks of this format (policy.Problem.b_quant)
 
 
 def choose_layout(x: np.ndarray) -> Layout:
@@ -309,7 +310,7 @@ def problem_of(pair: TypePair, a: Staged, b: Staged, c: Staged | None, M: int, N
     return Problem(pair, M, N, K, OperandLayout(a.layout, a.ld, a.batch_stride),
                    OperandLayout(b.layout, b.ld, b.batch_stride), batch,
                    has_c=c is not None, c_batch_stride=c.batch_stride if c else 0,
-                   alpha=alpha, beta=beta, ops=ops)
+                   alpha=alpha, beta=beta, ops=ops, b_quant=b.quant)
 
 
 def plan_of(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | None,

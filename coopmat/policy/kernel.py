@@ -49,6 +49,7 @@ from coopmat.device.record import nv2_usable
 from coopmat.errors import MissingFeatureError
 from coopmat.policy.options import Options
 from coopmat.policy.types import TypePair, config_for
+from coopmat.quant_formats import BLOCK_ELEMS
 
 # Problems of at least this many operations get a kernel with their sizes and strides
 # compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8),
@@ -96,6 +97,9 @@ class Problem:
     alpha: float | int = 1
     beta: float | int = 0
     ops: EpilogueOps | None = None
+    # B as GGUF blocks of this format (coopmat/quant_formats.py): one column-major N x K
+    # weight, dequantized by the khr kernel while staging. None: a plain B.
+    b_quant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,8 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                    tuned: Tuned) -> tuple[GemmTraits, str]:
     """(traits, why) for the problem as the kernel reads it (after any repack)."""
     pair = problem.pair
+    if problem.b_quant is not None:
+        return _quant_traits(info, problem, a_layout, b_layout, params, options), "default"
     fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
     why = "forced" if options.family else "tuned" if tile is not None else "default"
     if fam == "nv2" and problem.ops is not None and \
@@ -310,6 +316,32 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     return fastest_variant(khr, params, problem.batch, options), why
 
 
+def quant_tile(tile: Tile) -> Tile:
+    """A tile whose K steps are whole quantized blocks (tile_k a multiple of 32): the
+    default's tile_k rounded up (f16 GPU defaults already are: 32, or 64 for few rows)."""
+    block = BLOCK_ELEMS
+    return replace(tile, tile_k=-(-tile.tile_k // block) * block)
+
+
+def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                  b_layout: Layout, params: GemmParams, options: Options) -> KhrTraits:
+    """A quantized B runs on the khr family (its staging path dequantizes), on the default
+    tile for the shape class with whole blocks per K step. Tuned tiles are float B's and
+    are not used."""
+    pair = problem.pair
+    if options.family not in (None, "khr"):
+        raise ValueError(f"a quantized B ({problem.b_quant}) runs on the khr kernel family "
+                         f"only, not {options.family!r}")
+    cfg = config_for(info, pair)
+    if cfg is None:
+        raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
+                                  f"subgroup-scope matrix for {pair.describe()}")
+    tile = quant_tile(_default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info)))
+    khr = replace(khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
+                             out_type=pair.out), b_quant=problem.b_quant, ops=problem.ops)
+    return fastest_variant(khr, params, problem.batch, options)
+
+
 def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
            tuned: Tuned | None = None, traits: GemmTraits | None = None) -> KernelChoice:
     """The kernel for `problem` on `info`. With `traits` (the tuner's candidates), those
@@ -339,13 +371,15 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     if traits is None:
         traits, why = default_traits(info, p, a.layout, b.layout, params, options, tuned)
     item = p.pair.operand.bits // 8
-    margins = (abi.overread_elems(traits, a.ld) * item, abi.overread_elems(traits, b.ld) * item)
+    margins = (abi.overread_elems(traits, a.ld) * item,
+               abi.overread_bytes_b(traits, b.ld, item))
     sizes = (_elems(p, a, 0), _elems(p, b, 1))
     too_big = max(sizes[0] * item + margins[0], sizes[1] * item + margins[1]) > \
         info.limits.max_storage_buffer_range
     if too_big and isinstance(traits, KhrTraits):  # only khr kernels have margins
         # No room for the exact variant's margin: the bounds-checked one needs none.
-        traits, margins = replace(traits, exact=False), (0, 0)
+        traits = replace(traits, exact=False)
+        margins = (0, abi.overread_bytes_b(traits, b.ld, item))  # a quantized B's pad
     return KernelChoice(traits, params, tuple(packs), margins, why)
 
 

@@ -1,0 +1,140 @@
+"""`coopmat.matmul(x, w.T)` for a quantized weight w (coopmat/quantized.py).
+
+x (numpy or coopmat.Array, float16, or bfloat16 where the device offers it) is ... x K;
+its leading axes are flattened into the GEMM's M rows, as numpy broadcasts a 2-D B over
+them. The product runs on the weight's device through the same policy and dispatch as
+other device products (policy.choose picks the khr kernel with a quantized B): numpy x
+gives a numpy result, an Array x an Array queued without waiting.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from coopmat.array import Array, empty
+from coopmat.codegen import Layout
+from coopmat.codegen.traits import EpilogueOps
+from coopmat.dispatch.executor import Copy
+from coopmat.dispatch.gemm import DeviceOperand, GemmResult, Staged, enqueue_gemm
+from coopmat.dispatch.runtime import DeviceArg, runtime
+from coopmat.dtypes import dtype_name, numpy_dtype
+from coopmat.errors import DeviceMismatchError
+from coopmat.fused import check_bias_shape, check_dtype, check_ops, check_residual_shape
+from coopmat.policy import Options, resolve
+from coopmat.quantized import _USE, QuantizedArray, QuantizedTranspose
+
+ACTIVATION_DTYPES = ("float16", "bfloat16")
+
+
+def is_quantized(x: Any) -> bool:
+    return isinstance(x, QuantizedArray | QuantizedTranspose)
+
+
+def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | int,
+                     out: Any, dtype: Any, accumulator: Any, device: DeviceArg,
+                     family: str | None, bias: Any = None, residual: Any = None,
+                     ops: EpilogueOps | None = None) -> Any:
+    """x @ w.T for a quantized w, with matmul's fused epilogue (bias, activation,
+    residual) where asked."""
+    from coopmat.array_matmul import _on, _operand
+    from coopmat.linalg import _last, _scalars
+
+    if is_quantized(a):
+        raise TypeError(f"matmul: a quantized weight cannot be operand 0 (A); {_USE}")
+    if isinstance(b, QuantizedArray):
+        raise ValueError(f"matmul: the quantized weight has shape {b.shape} (N x K) with K "
+                         f"along its rows; {_USE}")
+    assert isinstance(b, QuantizedTranspose)
+    w = b.base
+    rt = w.runtime
+    if c is not None and beta != 0:
+        raise TypeError("matmul: c and beta are not supported with a quantized B")
+    if family not in (None, "khr"):
+        raise ValueError(f"matmul: a quantized B runs on the khr kernel family only, not "
+                         f"{family!r}")
+    if device is not None and runtime(device) is not rt:
+        raise DeviceMismatchError(f"device={device!r} is not the device the quantized weight "
+                                  f"lives on ({rt.device.info.index}: {rt.device.info.name})")
+    if isinstance(a, Array):
+        x_shape, x_dtype = a.shape, a.dtype
+    else:
+        a = np.asarray(a)
+        x_shape, x_dtype = a.shape, a.dtype
+    K, N = b.shape
+    if len(x_shape) == 0:
+        raise ValueError("matmul: Input operand 0 does not have enough dimensions (has 0)")
+    if x_shape[-1] != K:
+        raise ValueError(f"matmul: x has shape {x_shape}; its last axis must be the weight's "
+                         f"K = {K} (w is {w.shape}, N x K)")
+    if dtype_name(x_dtype) not in ACTIVATION_DTYPES:
+        raise TypeError(f"matmul: activations for a quantized weight are float16 (or "
+                        f"bfloat16 where the device offers it), not {dtype_name(x_dtype)}; "
+                        f"cast x first")
+    pair = resolve(rt.device.info, x_dtype, x_dtype, dtype, accumulator)
+    result_dtype = numpy_dtype(pair.stored)
+    alpha, _ = _scalars(pair, alpha, 0)
+    shape = (*x_shape[:-1], N)
+    M = math.prod(x_shape[:-1])
+    check_ops(ops, pair.result.is_float, dtype_name(result_dtype))
+    if bias is not None:
+        check_bias_shape(tuple(np.shape(bias)), N)
+    if residual is not None:
+        check_residual_shape(tuple(np.shape(residual)), shape)
+    for what, e in (("bias", bias), ("residual", residual)):
+        if isinstance(e, Array) and (e.dtype != result_dtype or not e.is_c_contiguous
+                                     or e.runtime is not rt):
+            raise TypeError(f"matmul: a device array {what} must be C-contiguous, of the "
+                            f"result dtype {dtype_name(result_dtype)} and on the weight's "
+                            f"device")
+        if e is not None and not isinstance(e, Array):
+            check_dtype(what, np.asarray(e).dtype, result_dtype)
+
+    host_out = out if isinstance(out, np.ndarray) else None
+    if out is not None:
+        if out.shape != shape:
+            raise ValueError(f"matmul: out has shape {out.shape}, the result has shape {shape}")
+        if isinstance(out, Array):
+            if out.runtime is not rt:
+                raise DeviceMismatchError("matmul: out lives on another device than the weight")
+            if out.dtype != result_dtype or not out.is_c_contiguous:
+                raise TypeError(f"matmul: a device array out must be C-contiguous with the "
+                                f"result dtype {dtype_name(result_dtype)}")
+        elif not isinstance(out, np.ndarray):
+            raise TypeError("matmul: out must be a numpy array or a coopmat.Array")
+        elif not np.can_cast(result_dtype, out.dtype, casting="same_kind"):
+            raise TypeError(f"matmul: cannot cast the result from dtype "
+                            f"{dtype_name(result_dtype)} to out's {dtype_name(out.dtype)}")
+    result = out if isinstance(out, Array) else empty(shape, result_dtype, device=rt.device)
+    if M:
+        uploads: list[Copy] = []
+        x = _on(rt, a, uploads)
+        x2 = x.reshape(M, K)
+        a_op = _operand(x2, (), 0)
+        b_op = DeviceOperand(w.buffer, 0, Staged(Layout.COLUMN_MAJOR, K, 0, w.nbytes,
+                                                 quant=w.format))
+        d_op = DeviceOperand(result.buffer, result.offset_bytes,
+                             Staged(Layout.ROW_MAJOR, N, 0, M * N * result_dtype.itemsize))
+        bias_op = res_op = None
+        if bias is not None:
+            bias_arr = _on(rt, bias, uploads, result_dtype)
+            bias_op = DeviceOperand(bias_arr.buffer, bias_arr.offset_bytes,
+                                    Staged(Layout.ROW_MAJOR, N, 0, bias_arr.nbytes))
+        if residual is not None:
+            res_arr = _on(rt, np.ascontiguousarray(residual, dtype=result_dtype)
+                          if not isinstance(residual, Array) else residual, uploads)
+            res_op = DeviceOperand(res_arr.buffer, res_arr.offset_bytes,
+                                   Staged(Layout.ROW_MAJOR, N, 0, res_arr.nbytes))
+        options = Options.from_env().with_family(family)
+        _, plan = enqueue_gemm(rt, pair, a_op, b_op, None, d_op, (1, M, N, K), alpha, 0,
+                               options, uploads, bias=bias_op, residual=res_op, ops=ops)
+        _last.result = GemmResult(None, plan.traits)
+    if isinstance(a, Array) and host_out is None:
+        return result
+    values = result.numpy()  # waits for the product
+    if host_out is not None:
+        np.copyto(host_out, values, casting="same_kind")
+        return host_out
+    return values

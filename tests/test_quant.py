@@ -1,0 +1,263 @@
+"""Quantized weights (GGUF q8_0, q4_0) on the device, dequantized inside the GEMM.
+
+Oracle: gguf.quants (llama.cpp's own quantizer and dequantizer) and numpy in float64.
+- Exact cases: integer weights whose blocks quantize with scale d = 1 (each q8_0 block
+  holds a +-127, each q4_0 block a -8), times small-integer x: every product and sum is
+  exact in float32, so any wrong byte, nibble, block or row shows as an exact mismatch.
+- Random cases: the error bound of tests/test_matmul.py plus the rounding of each
+  dequantized weight to float16 (2**-11 relative).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.live
+
+gguf = pytest.importorskip("gguf")
+coopmat = pytest.importorskip("coopmat")
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+from gguf import quants  # noqa: E402
+
+from coopmat.linalg import last_kernel_traits  # noqa: E402
+from coopmat.quant_formats import FORMATS  # noqa: E402
+
+QTYPE = {"q8_0": QT.Q8_0, "q4_0": QT.Q4_0}
+U16 = 2.0 ** -11
+U = {np.dtype(np.float16): U16, np.dtype(np.float32): 2.0 ** -24}
+RNG = np.random.default_rng(16)
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from coopmat.dispatch.runtime import runtime
+    try:
+        return runtime()
+    except coopmat.CoopmatError as exc:
+        pytest.skip(f"no cooperative-matrix device: {exc}")
+
+
+def exact_weight(fmt: str, n: int, k: int) -> np.ndarray:
+    """Integer weights that gguf quantizes with d = 1 (so dequantize gives them back)."""
+    if fmt == "q8_0":
+        w = RNG.integers(-100, 101, (n, k // 32, 32))
+        w[:, :, 0] = 127 * RNG.choice([-1, 1], (n, k // 32))
+    else:
+        w = RNG.integers(-7, 8, (n, k // 32, 32))
+        w[:, :, 0] = -8
+    w = np.take_along_axis(w, RNG.permuted(np.tile(np.arange(32), (n, k // 32, 1)), axis=2),
+                           axis=2)  # the extreme value anywhere in its block
+    return w.reshape(n, k).astype(np.float32)
+
+
+def oracle(fmt: str, w: np.ndarray) -> np.ndarray:
+    """gguf's dequantization of gguf's quantization of w, in float64."""
+    return quants.dequantize(quants.quantize(w, QTYPE[fmt]), QTYPE[fmt]).astype(np.float64)
+
+
+def small_x(shape: tuple[int, ...]) -> np.ndarray:
+    return RNG.integers(-3, 4, shape).astype(np.float16)
+
+
+def traits_used():
+    return last_kernel_traits()
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("K", [32, 96, 256])
+@pytest.mark.parametrize("N", [8, 40, 64])
+@pytest.mark.parametrize("M", [1, 5, 64, 100])
+def test_exact_float32(rt, fmt, M, K, N):
+    w = exact_weight(fmt, N, K)
+    deq = oracle(fmt, w)
+    assert np.array_equal(deq, w), "precondition: the blocks have d = 1"
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    y = coopmat.matmul(x, q.T, dtype=np.float32)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (M, N)
+    np.testing.assert_array_equal(y, x.astype(np.float64) @ deq.T)
+    assert traits_used().b_quant == fmt
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("M,K,N", [(5, 96, 40), (64, 256, 64), (100, 32, 8)])
+def test_array_x_float16_result(rt, fmt, M, K, N):
+    w = exact_weight(fmt, N, K)
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    y = coopmat.asarray(x) @ q.T  # queued; an Array
+    assert isinstance(y, coopmat.Array) and y.dtype == np.float16 and y.shape == (M, N)
+    ref = (x.astype(np.float64) @ oracle(fmt, w).T).astype(np.float16)
+    np.testing.assert_array_equal(y.numpy(), ref)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("out", [np.float16, np.float32])
+def test_random_weights_within_bound(rt, fmt, out):
+    M, K, N = 37, 256, 40
+    w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
+    x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
+    q = coopmat.quantize(w, fmt)
+    y = coopmat.matmul(x, q.T, out_dtype=out)
+    assert y.dtype == np.dtype(out)
+    deq = oracle(fmt, w)
+    ref = x.astype(np.float64) @ deq.T
+    mag = np.abs(x.astype(np.float64)) @ np.abs(deq).T
+    tol = (U16 + K * U[np.dtype(np.float32)] + U[np.dtype(out)]) * mag + 1e-30
+    assert np.all(np.abs(y.astype(np.float64) - ref) <= tol)
+
+
+def test_one_dimensional_and_batched_x(rt):
+    w = exact_weight("q4_0", 24, 64)
+    deq = oracle("q4_0", w)
+    q = coopmat.quantize(w, "q4_0")
+    x1 = small_x((64,))
+    y1 = coopmat.matmul(x1, q.T, dtype=np.float32)
+    assert y1.shape == (24,)
+    np.testing.assert_array_equal(y1, x1.astype(np.float64) @ deq.T)
+    xb = small_x((2, 3, 5, 64))
+    yb = xb @ q.T  # numpy @ defers to the quantized view
+    assert isinstance(yb, np.ndarray) and yb.shape == (2, 3, 5, 24) and yb.dtype == np.float16
+    np.testing.assert_array_equal(yb, (xb.astype(np.float64) @ deq.T).astype(np.float16))
+    ya = coopmat.asarray(xb) @ q.T
+    assert isinstance(ya, coopmat.Array) and ya.shape == (2, 3, 5, 24)
+    np.testing.assert_array_equal(ya.numpy(), yb)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_quantize_matches_gguf_bit_for_bit(rt, fmt):
+    w = RNG.standard_normal((40, 96)).astype(np.float32)
+    q = coopmat.quantize(w, fmt)
+    expected = quants.quantize(w, QTYPE[fmt])
+    spec = FORMATS[fmt]
+    assert q.format == fmt and q.shape == (40, 96) and q.T.shape == (96, 40)
+    assert q.nbytes == expected.nbytes == 40 * 3 * spec.block_bytes
+    np.testing.assert_array_equal(q.blocks(), expected)
+    np.testing.assert_array_equal(q.dequantize(), quants.dequantize(expected, QTYPE[fmt]))
+    assert q.T.T is q and f"format='{fmt}'" in repr(q) and repr(q.T).endswith(".T")
+
+
+def test_from_gguf_file(rt, tmp_path):
+    """A GGUF file written by gguf.GGUFWriter, read by gguf.GGUFReader: the tensors go to
+    the device as stored and multiply as gguf dequantizes them."""
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    weights = {"q8": ("q8_0", exact_weight("q8_0", 40, 96)),
+               "q4": ("q4_0", exact_weight("q4_0", 64, 256))}
+    for name, (fmt, w) in weights.items():
+        blocks = quants.quantize(w, QTYPE[fmt])
+        writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=QTYPE[fmt])
+    f16 = RNG.standard_normal((8, 32)).astype(np.float16)
+    writer.add_tensor("f16", f16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    for name, (fmt, w) in weights.items():
+        t = tensors[name]
+        q = coopmat.from_gguf(t)
+        assert isinstance(q, coopmat.QuantizedArray) and q.format == fmt
+        deq = quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+        assert q.shape == deq.shape == w.shape
+        np.testing.assert_array_equal(q.blocks(), np.asarray(t.data))
+        x = small_x((5, w.shape[1]))
+        np.testing.assert_array_equal(coopmat.matmul(x, q.T, dtype=np.float32),
+                                      x.astype(np.float64) @ deq.T)
+    plain = coopmat.from_gguf(tensors["f16"])
+    assert isinstance(plain, coopmat.Array)
+    np.testing.assert_array_equal(plain.numpy(), f16)
+
+
+# -- every kernel variant, through the kernel itself --------------------------------------
+# Each buffering mode, variant, unit size and format at least twice (not their product:
+# each kernel costs lavapipe seconds to compile on a cold cache).
+VARIANT_CASES = [("q8_0", 1, "general", 8), ("q4_0", 1, "aligned", 4),
+                 ("q4_0", 2, "exact", 4), ("q8_0", 2, "exact", 8),
+                 ("q8_0", 3, "aligned", 4), ("q4_0", 3, "exact", 8),
+                 ("q8_0", 4, "general", 4), ("q4_0", 4, "aligned", 8)]
+
+
+@pytest.mark.parametrize("fmt,buffering,variant,unit", VARIANT_CASES)
+def test_kernel_variants(rt, fmt, buffering, variant, unit):
+    """Buffering modes, variants and unit sizes the policy does not pick on this device,
+    with a tile 64 deep (two blocks per K step); edge tiles for the checked variants."""
+    from coopmat.codegen import GemmParams, Layout, build_gemm
+    from coopmat.dispatch.executor import Dispatch
+    from coopmat.policy import choose
+    from coopmat.policy.kernel import OperandLayout, Problem
+    from coopmat.policy.types import resolve
+
+    info = rt.device.info
+    pair = resolve(info, np.float16, np.float16, np.float32)
+    M, N, K = (64, 64, 128) if variant == "exact" else (37, 40, 96)
+    problem = Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
+                      OperandLayout(Layout.COLUMN_MAJOR, K), b_quant=fmt)
+    base = choose(info, problem).traits
+    tile = replace(base.tile, tile_k=64, buffering=buffering)
+    traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
+                     exact=variant == "exact", specialized=())
+    choice = choose(info, problem, traits=traits)
+    w = exact_weight(fmt, N, K)
+    x = small_x((M, K))
+    blocks = quants.quantize(w, QTYPE[fmt])
+    a = coopmat.asarray(np.concatenate([x.reshape(-1), np.zeros(choice.margins[0] // 2 + 8,
+                                                                np.float16)]))
+    b = coopmat.asarray(np.concatenate([blocks.reshape(-1),
+                                        np.zeros(choice.margins[1] + 8, np.uint8)]))
+    d = coopmat.zeros((M, N), np.float32)
+    kernel = build_gemm(traits)
+    params = GemmParams(M=M, N=N, K=K, lda=K, ldb=K, ldc=N, ldd=N)
+    pipeline = rt.pipelines.get(kernel)
+    rt.stream.wait()
+    rt.executor.run([], [Dispatch(pipeline, {0: a.buffer, 1: b.buffer, 2: d.buffer},
+                                  kernel.push_constants(params), kernel.workgroups(M, N, 1))],
+                    [])
+    np.testing.assert_array_equal(d.numpy(), x.astype(np.float64) @ oracle(fmt, w).T)
+
+
+# -- errors -------------------------------------------------------------------------------
+def test_errors(rt):
+    w = RNG.standard_normal((8, 64)).astype(np.float32)
+    q = coopmat.quantize(w, "q8_0")
+    x = small_x((4, 64))
+    with pytest.raises(ValueError, match="multiple of its 32-weight block"):
+        coopmat.quantize(RNG.standard_normal((8, 48)).astype(np.float32), "q4_0")
+    with pytest.raises(ValueError, match="2-D"):
+        coopmat.quantize(RNG.standard_normal((2, 8, 64)).astype(np.float32), "q8_0")
+    with pytest.raises(ValueError, match="unknown quantized format"):
+        coopmat.quantize(w, "q5_1")
+    with pytest.raises(TypeError, match="float16"):
+        coopmat.matmul(x.astype(np.float32), q.T)
+    with pytest.raises(TypeError, match=r"x @ w\.T"):
+        coopmat.matmul(q.T, x.T)
+    with pytest.raises(TypeError, match=r"x @ w\.T"):
+        q @ x.T
+    with pytest.raises(ValueError, match=r"x @ w\.T"):
+        coopmat.matmul(x, q)
+    with pytest.raises(ValueError, match="last axis"):
+        coopmat.matmul(small_x((4, 32)), q.T)
+    with pytest.raises(ValueError, match="khr"):
+        coopmat.matmul(x, q.T, family="nv2")
+    with pytest.raises(TypeError, match="dequantize"):
+        np.asarray(q)
+
+
+def test_imports_without_gguf():
+    """coopmat (quantized arrays included) imports without gguf; using it says how to
+    install it."""
+    code = ("import sys; sys.modules['gguf'] = None\n"
+            "import coopmat, coopmat.quantized\n"
+            "try:\n    coopmat.from_gguf(object())\n"
+            "except ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "pip install gguf" in out
