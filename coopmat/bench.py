@@ -638,6 +638,9 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
+    if "--inference" in args_in:  # decode, quantized weights, fused epilogues vs torch
+        from coopmat import bench_infer
+        return bench_infer.main([a for a in args_in if a != "--inference"])
     if "--data-path" in args_in:  # transfers, numpy -> numpy end to end, resident arrays
         from coopmat import bench_data
         return bench_data.main([a for a in args_in if a != "--data-path"])

@@ -261,3 +261,29 @@ def test_imports_without_gguf():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "pip install gguf" in out
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("array_x", [False, True])
+def test_linear_with_fused_epilogue(rt, fmt, activation, array_x):
+    """coopmat.linear on a quantized weight: act(x @ w.T + bias) + residual, fused into the
+    dequantizing kernel, against gguf's dequantization in float64."""
+    M, K, N = 19, 96, 40
+    w = exact_weight(fmt, N, K)
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    bias = RNG.uniform(-4, 4, N).astype(np.float16)
+    residual = RNG.uniform(-4, 4, (M, N)).astype(np.float16)
+    y = coopmat.linear(coopmat.asarray(x) if array_x else x, q, bias, activation,
+                       residual=residual, dtype=np.float32)
+    y = y.numpy() if array_x else y
+    z = x.astype(np.float64) @ oracle(fmt, w).T + bias.astype(np.float64)
+    act = {None: lambda v: v, "relu": lambda v: np.maximum(v, 0),
+           "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi)
+                                                         * (v + 0.044715 * v ** 3))),
+           "silu": lambda v: v / (1 + np.exp(-v))}[activation]
+    with np.errstate(over="ignore"):  # silu's exp(-v) of a large negative v: the limit -0
+        want = act(z) + residual.astype(np.float64)
+    assert traits_used().b_quant == fmt and traits_used().ops is not None
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-3 * np.abs(want).max())

@@ -1,0 +1,191 @@
+"""`coopmat-bench --inference`: what an inference layer needs, beside torch, in one run.
+
+- decode: M x K @ a resident K x N float16 weight, kernel time (GPU timestamps) of the
+  policy's choice (the rows family for few rows) and of the khr kernel, as weight bytes
+  read per second; torch's same product timed with CUDA events (per call, launch gaps
+  included);
+- quantized: x @ w.T (Arrays, 50 calls queued back to back, per call) with GGUF q8_0 /
+  q4_0 blocks against float16 on the same weight, and torch dequantizing (int8 values
+  times their block scale) then multiplying, timed alike with CUDA events;
+- fused: 4096^3 float16 plain against each epilogue (bias, activation, residual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coopmat.dispatch.gemm import PreparedGemm
+from coopmat.dispatch.runtime import runtime
+from coopmat.linalg import last_kernel_time, last_kernel_traits, matmul
+from coopmat.policy import Options, resolve
+
+REPEAT = 20
+
+
+def _kernel_ms(g: PreparedGemm, repeat: int = REPEAT) -> float:
+    g.execute()
+    return 1e3 * statistics.median(g.execute(transfers=False) or float("nan")
+                                   for _ in range(repeat))
+
+
+def _torch() -> Any:
+    try:
+        import torch
+        return torch if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
+def _torch_ms(torch: Any, fn: Any, repeat: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / repeat
+
+
+def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, int]]) -> None:
+    rt = runtime()
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    for K, N in shapes:
+        w = (rng.standard_normal((K, N), dtype=np.float32) / np.sqrt(K)).astype(np.float16)
+        wt = np.ascontiguousarray(w.T)  # N x K: the linear-layer layout
+        for M in ms:
+            x = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
+            pair = resolve(rt.device.info, x.dtype, w.dtype)
+            for layout, b in (("KxN", w), ("NxK^T", wt.T)):
+                row: dict[str, Any] = {"case": f"decode {M}x{K} @ {K}x{N} ({layout})"}
+                for label, opts in (("policy", Options()), ("khr", Options(family="khr"))):
+                    g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0, options=opts)
+                    try:
+                        t = _kernel_ms(g)
+                    finally:
+                        g.release()
+                    row[f"{label}_us"] = 1e3 * t
+                    row[f"{label}_TBps"] = K * N * 2 / (t * 1e-3) / 1e12
+                    if label == "policy":
+                        row["kernel"] = g.traits.describe()
+                if torch is not None:
+                    xt, bt = torch.from_numpy(x).cuda(), torch.from_numpy(np.array(b)).cuda()
+                    if layout == "NxK^T":
+                        bt = torch.from_numpy(wt).cuda().T
+                    t = _torch_ms(torch, lambda xt=xt, bt=bt: xt @ bt)
+                    row["torch_us"] = 1e3 * t
+                    row["torch_TBps"] = K * N * 2 / (t * 1e-3) / 1e12
+                rows.append(row)
+
+
+def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
+    import coopmat
+    torch = _torch()
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((N, K), dtype=np.float32)
+    wf = coopmat.asarray(w.astype(np.float16))
+    for M in ms:
+        x = coopmat.asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
+        row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
+        row["f16_us"] = 1e3 * _array_kernel_ms(lambda x=x: x @ wf.T)
+        row["f16_kernel"] = last_kernel_traits().describe()
+        for fmt, bpw in (("q8_0", 34 / 32), ("q4_0", 18 / 32)):
+            q = coopmat.quantize(w, fmt)
+            t = _array_kernel_ms(lambda x=x, q=q: x @ q.T)
+            row[f"{fmt}_us"] = 1e3 * t
+            row[f"{fmt}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
+            row[f"{fmt}_kernel"] = last_kernel_traits().describe()
+        if torch is not None:  # dequantize (int8 values x block scale) then multiply
+            qs = torch.randint(-127, 128, (N, K // 32, 32), dtype=torch.int8, device="cuda")
+            d = torch.rand((N, K // 32, 1), dtype=torch.float16, device="cuda")
+            xt = torch.from_numpy(x.numpy()).cuda()
+            row["torch_dequant_matmul_us"] = 1e3 * _torch_ms(
+                torch, lambda xt=xt, qs=qs, d=d: xt @ (qs.half() * d).reshape(N, K).T)
+        rows.append(row)
+
+
+def _array_kernel_ms(fn: Any, repeat: int = 50) -> float:
+    """Per-call time of device-array products queued back to back (no host round trip
+    between them; what a layer sees), as torch's figures are taken: launch gaps
+    included."""
+    import time
+
+    import coopmat
+    for _ in range(3):
+        fn()
+    coopmat.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    coopmat.synchronize()
+    return 1e3 * (time.perf_counter() - t0) / repeat
+
+
+def fused(rows: list[dict[str, Any]], n: int) -> None:
+    rng = np.random.default_rng(2)
+    a, w = (rng.standard_normal((n, n), dtype=np.float32).astype(np.float16) for _ in "ab")
+    bias = rng.standard_normal(n, dtype=np.float32).astype(np.float16)
+    res = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+    for family in ("khr", "nv2"):
+        def t(family: str = family, **kw: Any) -> tuple[float, str]:
+            ts = []
+            for _ in range(9):
+                matmul(a, w, family=family, **kw)
+                ts.append(last_kernel_time() or float("nan"))
+            return statistics.median(ts[2:]), last_kernel_traits().describe()
+        try:
+            base, name = t()
+        except Exception as exc:  # a family the device lacks
+            rows.append({"case": f"fused {n}^3 {family}", "error": str(exc)})
+            continue
+        rows.append({"case": f"fused {n}^3 {family} plain", "ms": 1e3 * base, "kernel": name})
+        for kw in ({"bias": bias}, {"bias": bias, "activation": "relu"},
+                   {"bias": bias, "activation": "gelu_tanh"},
+                   {"bias": bias, "activation": "silu"},
+                   {"bias": bias, "activation": "gelu_tanh", "residual": res}):
+            x, name = t(**kw)
+            label = "+".join(k if k != "activation" else str(v) for k, v in kw.items())
+            rows.append({"case": f"fused {n}^3 {family} {label}", "ms": 1e3 * x,
+                         "over_plain": x / base - 1, "kernel": name})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="coopmat.bench --inference", description=__doc__)
+    ap.add_argument("--rows", default="1,8,16,64", help="decode row counts M")
+    ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096",
+                    help="decode weights KxN")
+    ap.add_argument("--quant-rows", default="16,512")
+    ap.add_argument("--fused", type=int, default=4096)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: decode, "
+                    "quantized, fused")
+    ap.add_argument("--json", dest="json_path")
+    args = ap.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    skip = set(args.skip.split(","))
+    ms = [int(v) for v in args.rows.split(",") if v]
+    if "decode" not in skip:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
+        decode(rows, ms, [(k, n) for k, n in shapes])
+    if "quantized" not in skip:
+        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], 4096, 4096)
+    if "fused" not in skip:
+        fused(rows, args.fused)
+    for r in rows:
+        print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in r.items()), flush=True)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(
+            {"device": runtime().device.info.name, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
