@@ -87,18 +87,19 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
 
 
 def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
-    import coopmat
+    from coopmat.array import asarray
+    from coopmat.quantized import quantize
     torch = _torch()
     rng = np.random.default_rng(1)
     w = rng.standard_normal((N, K), dtype=np.float32)
-    wf = coopmat.asarray(w.astype(np.float16))
+    wf = asarray(w.astype(np.float16))
     for M in ms:
-        x = coopmat.asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
+        x = asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
         row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
         row["f16_us"] = 1e3 * _array_kernel_ms(lambda x=x: x @ wf.T)
         row["f16_kernel"] = last_kernel_traits().describe()
         for fmt, bpw in (("q8_0", 34 / 32), ("q4_0", 18 / 32)):
-            q = coopmat.quantize(w, fmt)
+            q = quantize(w, fmt)
             t = _array_kernel_ms(lambda x=x, q=q: x @ q.T)
             row[f"{fmt}_us"] = 1e3 * t
             row[f"{fmt}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
@@ -118,14 +119,14 @@ def _array_kernel_ms(fn: Any, repeat: int = 50) -> float:
     included."""
     import time
 
-    import coopmat
+    from coopmat.array import synchronize
     for _ in range(3):
         fn()
-    coopmat.synchronize()
+    synchronize()
     t0 = time.perf_counter()
     for _ in range(repeat):
         fn()
-    coopmat.synchronize()
+    synchronize()
     return 1e3 * (time.perf_counter() - t0) / repeat
 
 
