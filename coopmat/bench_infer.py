@@ -83,7 +83,7 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
                     t = _torch_ms(torch, lambda xt=xt, bt=bt: xt @ bt)
                     row["torch_us"] = 1e3 * t
                     row["torch_TBps"] = K * N * 2 / (t * 1e-3) / 1e12
-                rows.append(row)
+                _emit(rows, row)
 
 
 def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
@@ -110,7 +110,7 @@ def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None
             xt = torch.from_numpy(x.numpy()).cuda()
             row["torch_dequant_matmul_us"] = 1e3 * _torch_ms(
                 torch, lambda xt=xt, qs=qs, d=d: xt @ (qs.half() * d).reshape(N, K).T)
-        rows.append(row)
+        _emit(rows, row)
 
 
 def _array_kernel_ms(fn: Any, repeat: int = 50) -> float:
@@ -145,17 +145,30 @@ def fused(rows: list[dict[str, Any]], n: int) -> None:
         try:
             base, name = t()
         except Exception as exc:  # a family the device lacks
-            rows.append({"case": f"fused {n}^3 {family}", "error": str(exc)})
+            _emit(rows, {"case": f"fused {n}^3 {family}", "error": str(exc)})
             continue
-        rows.append({"case": f"fused {n}^3 {family} plain", "ms": 1e3 * base, "kernel": name})
+        _emit(rows, {"case": f"fused {n}^3 {family} plain", "ms": 1e3 * base,
+                     "kernel": name})
         for kw in ({"bias": bias}, {"bias": bias, "activation": "relu"},
                    {"bias": bias, "activation": "gelu_tanh"},
                    {"bias": bias, "activation": "silu"},
                    {"bias": bias, "activation": "gelu_tanh", "residual": res}):
-            x, name = t(**kw)
             label = "+".join(k if k != "activation" else str(v) for k, v in kw.items())
-            rows.append({"case": f"fused {n}^3 {family} {label}", "ms": 1e3 * x,
+            try:
+                x, name = t(**kw)
+            except Exception as exc:  # reported, and the run goes on
+                _emit(rows, {"case": f"fused {n}^3 {family} {label}",
+                             "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            _emit(rows, {"case": f"fused {n}^3 {family} {label}", "ms": 1e3 * x,
                          "over_plain": x / base - 1, "kernel": name})
+
+
+def _emit(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Keep a row and print it at once (a later failure loses nothing)."""
+    rows.append(row)
+    print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in row.items()), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], 4096, 4096)
     if "fused" not in skip:
         fused(rows, args.fused)
-    for r in rows:
-        print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in r.items()), flush=True)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(
             {"device": runtime().device.info.name, "rows": rows}, indent=1))

@@ -59,10 +59,11 @@ def test_exact(pairs, M, N, K, column_major, out_dtype, result):
 @pytest.mark.parametrize("out_dtype", [None, np.float32], ids=["f16", "f32"])
 @pytest.mark.parametrize("M", [5, 17])
 def test_alpha_beta_c(pairs, M, out_dtype, column_major):
-    """Odd alpha and beta, general data, K = 200 (whole chunks and a partial one)."""
+    """Odd alpha and beta, general data, K = 208 (whole chunks and a partial one; a
+    multiple of every listed cooperative-matrix K)."""
     result = np.float16 if out_dtype is None else np.float32
     require(pairs, "float16", result)
-    N, K = 64, 200
+    N, K = 64, 208
     a = RNG.standard_normal((M, K)).astype(np.float16)
     b = RNG.standard_normal((N, K)).astype(np.float16).T if column_major else \
         RNG.standard_normal((K, N)).astype(np.float16)
@@ -79,10 +80,10 @@ def test_alpha_beta_c(pairs, M, out_dtype, column_major):
 
 
 def test_column_major_a_and_a_long_k(pairs):
-    """A a transposed view (the general variant's element loads of A), K = 1000 normal
-    data: several chunks and a tail."""
+    """A a transposed view (the general variant's element loads of A), K = 1056 normal
+    data: several chunks and a tail (a multiple of every listed cooperative-matrix K)."""
     require(pairs, "float16", np.float32)
-    M, N, K = 12, 32, 1000
+    M, N, K = 12, 32, 1056
     a = np.ascontiguousarray(RNG.standard_normal((K, M)).astype(np.float16)).T
     b = RNG.standard_normal((K, N)).astype(np.float16)
     d, t = rows_matmul(a, b, out_dtype=np.float32)
@@ -119,10 +120,10 @@ def test_integers(pairs, dtype, result):
     require(pairs, dtype, result)
     info = np.iinfo(dtype)
     a = RNG.integers(info.min, info.max + 1, size=(7, 64), dtype=dtype)
-    b = RNG.integers(info.min, info.max + 1, size=(64, 48), dtype=dtype)
+    b = RNG.integers(info.min, info.max + 1, size=(64, 64), dtype=dtype)
     d, _ = rows_matmul(a, b)
     np.testing.assert_array_equal(d, reference(a, b, result))
-    d, _ = rows_matmul(a, b, c=np.ones((7, 48), result), alpha=3, beta=-2)
+    d, _ = rows_matmul(a, b, c=np.ones((7, 64), result), alpha=3, beta=-2)
     np.testing.assert_array_equal(d, (3 * reference(a, b, np.int64) - 2).astype(result))
 
 

@@ -41,7 +41,6 @@ from coopmat.codegen import (
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.rows import RowsPlan
-from coopmat.codegen.rows_tiles import ROWS_MAX_M
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles, rows_traits
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
@@ -268,23 +267,16 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
         return _quant_traits(info, problem, a_layout, b_layout, params, options), "default"
     fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
     why = "forced" if options.family else "tuned" if tile is not None else "default"
-    if fam == "nv2" and problem.ops is not None and \
-            not info.has("cooperativeMatrixPerElementOperations"):
+    if fam == "nv2" and problem.ops is not None and (
+            not info.has("cooperativeMatrixPerElementOperations") or not options.family):
         if options.family == "nv2":
             raise MissingFeatureError(
                 f"a fused epilogue on the nv2 kernel family needs "
                 f"cooperativeMatrixPerElementOperations, which device {info.index} "
                 f"({info.name}) lacks")
         fam, tile, why = "khr", None, "default"
-    if options.family is None and problem.M <= ROWS_MAX_M and not is_cpu(info) \
-            and problem.ops is None:
-        found = tuned_choice(tuned, pair, problem.M, problem.N) if options.tuning else None
-        rows_tile = found[1] if found and found[0] == "rows" else None
-        rows, _ = rows_choice(info, problem, a_layout, b_layout, params, rows_tile)
-        if rows is not None:
-            tuned_used = rows_tile is not None and \
-                rows.tile == replace(rows_tile, tile_m=rows.tile.tile_m)
-            return rows, "tuned" if tuned_used else "default"
+    # The rows family runs only when forced or tuned: on the H200 its default tiles
+    # measured slower than the khr kernel for most decode shapes (docs/kernels.md).
     if fam == "rows":
         rows, why_not = rows_choice(info, problem, a_layout, b_layout, params, tile)
         if problem.ops is not None:
