@@ -146,6 +146,42 @@ def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
     return arr
 
 
+def check_epilogue(ops: EpilogueOps | None, float_result: bool, result_dtype: np.dtype,
+                   bias: Any, residual: Any, bias_n: int, shape: tuple[int, ...]) -> None:
+    """The fused epilogue's arguments against the result: activation on a float result,
+    bias of shape (bias_n,), residual of the result's shape, dtypes castable to the result
+    (device arrays: already the result dtype, C-contiguous)."""
+    check_ops(ops, float_result, dtype_name(result_dtype))
+    if bias is not None:
+        check_bias_shape(tuple(np.shape(bias)), bias_n)
+    if residual is not None:
+        check_residual_shape(tuple(np.shape(residual)), shape)
+    for what, x in (("bias", bias), ("residual", residual)):
+        if isinstance(x, Array) and (x.dtype != result_dtype or not x.is_c_contiguous):
+            raise TypeError(f"matmul: a device array {what} must be C-contiguous and of the "
+                            f"result dtype {dtype_name(result_dtype)}, not "
+                            f"{dtype_name(x.dtype)}")
+        if x is not None and not isinstance(x, Array):
+            check_dtype(what, np.asarray(x).dtype, result_dtype)
+
+
+def epilogue_operands(rt: Runtime, bias: Any, residual: Any, N: int, result_dtype: np.dtype,
+                      uploads: list[Copy]) -> tuple[DeviceOperand | None, DeviceOperand | None]:
+    """The fused epilogue's operands on rt's device: bias (its elements) and residual,
+    laid out like D (rows of N); numpy ones copied over for the call."""
+    bias_op = res_op = None
+    if bias is not None:
+        bias_arr = _on(rt, bias, uploads, result_dtype)
+        bias_op = DeviceOperand(bias_arr.buffer, bias_arr.offset_bytes,
+                                Staged(Layout.ROW_MAJOR, bias_arr.size, 0, bias_arr.nbytes))
+    if residual is not None:
+        res_arr = _on(rt, np.ascontiguousarray(residual, dtype=result_dtype)
+                      if not isinstance(residual, Array) else residual, uploads)
+        res_op = DeviceOperand(res_arr.buffer, res_arr.offset_bytes,
+                               Staged(Layout.ROW_MAJOR, N, 0, res_arr.nbytes))
+    return bias_op, res_op
+
+
 def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | int,
                   out: Any, dtype: Any, accumulator: Any, device: DeviceArg,
                   family: str | None, bias: Any = None, residual: Any = None,
@@ -172,18 +208,8 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
     pair = resolve(rt.device.info, a_dtype, b_dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
     alpha, beta = _scalars(pair, alpha, beta)
-    check_ops(ops, pair.result.is_float, dtype_name(result_dtype))
-    if bias is not None:
-        check_bias_shape(tuple(np.shape(bias)), N if len(b_shape) > 1 else 1)
-    if residual is not None:
-        check_residual_shape(tuple(np.shape(residual)), shape)
-    for what, x in (("bias", bias), ("residual", residual)):
-        if isinstance(x, Array) and (x.dtype != result_dtype or not x.is_c_contiguous):
-            raise TypeError(f"matmul: a device array {what} must be C-contiguous and of the "
-                            f"result dtype {dtype_name(result_dtype)}, not "
-                            f"{dtype_name(x.dtype)}")
-        if x is not None and not isinstance(x, Array):
-            check_dtype(what, np.asarray(x).dtype, result_dtype)
+    check_epilogue(ops, pair.result.is_float, result_dtype, bias, residual,
+                   N if len(b_shape) > 1 else 1, shape)
 
     if out is not None:
         if not isinstance(out, Array):
@@ -237,17 +263,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
                 None if residual is None else np.asarray(residual).astype(result_dtype))
         rt.transfers.upload(host, result.buffer, result.offset_bytes)
         return result
-    # The fused epilogue's operands: bias (N elements) and residual, laid out like D.
-    bias_op = res_op = None
-    if bias is not None:
-        bias_arr = _on(rt, bias, uploads, result_dtype)
-        bias_op = DeviceOperand(bias_arr.buffer, bias_arr.offset_bytes,
-                                Staged(Layout.ROW_MAJOR, bias_arr.size, 0, bias_arr.nbytes))
-    if residual is not None:
-        res_arr = _on(rt, np.ascontiguousarray(residual, dtype=result_dtype)
-                      if not isinstance(residual, Array) else residual, uploads)
-        res_op = DeviceOperand(res_arr.buffer, res_arr.offset_bytes,
-                               Staged(Layout.ROW_MAJOR, N, 0, res_arr.nbytes))
+    bias_op, res_op = epilogue_operands(rt, bias, residual, N, result_dtype, uploads)
 
     full = (*batch_shape, M, N)
     a_op = _operand(A2, batch_shape, 0)

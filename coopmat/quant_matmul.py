@@ -22,7 +22,6 @@ from coopmat.dispatch.gemm import DeviceOperand, GemmResult, Staged, enqueue_gem
 from coopmat.dispatch.runtime import DeviceArg, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.errors import DeviceMismatchError
-from coopmat.fused import check_bias_shape, check_dtype, check_ops, check_residual_shape
 from coopmat.policy import Options, resolve
 from coopmat.quantized import _USE, QuantizedArray, QuantizedTranspose
 
@@ -39,7 +38,7 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
                      ops: EpilogueOps | None = None) -> Any:
     """x @ w.T for a quantized w, with matmul's fused epilogue (bias, activation,
     residual) where asked."""
-    from coopmat.array_matmul import _on, _operand
+    from coopmat.array_matmul import _on, _operand, check_epilogue, epilogue_operands
     from coopmat.linalg import _last, _scalars
 
     if is_quantized(a):
@@ -78,19 +77,10 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
     alpha, _ = _scalars(pair, alpha, 0)
     shape = (*x_shape[:-1], N)
     M = math.prod(x_shape[:-1])
-    check_ops(ops, pair.result.is_float, dtype_name(result_dtype))
-    if bias is not None:
-        check_bias_shape(tuple(np.shape(bias)), N)
-    if residual is not None:
-        check_residual_shape(tuple(np.shape(residual)), shape)
-    for what, e in (("bias", bias), ("residual", residual)):
-        if isinstance(e, Array) and (e.dtype != result_dtype or not e.is_c_contiguous
-                                     or e.runtime is not rt):
-            raise TypeError(f"matmul: a device array {what} must be C-contiguous, of the "
-                            f"result dtype {dtype_name(result_dtype)} and on the weight's "
-                            f"device")
-        if e is not None and not isinstance(e, Array):
-            check_dtype(what, np.asarray(e).dtype, result_dtype)
+    check_epilogue(ops, pair.result.is_float, result_dtype, bias, residual, N, shape)
+    if any(isinstance(e, Array) and e.runtime is not rt for e in (bias, residual)):
+        raise DeviceMismatchError("matmul: bias or residual lives on another device than "
+                                  "the weight")
 
     host_out = out if isinstance(out, np.ndarray) else None
     if out is not None:
@@ -117,16 +107,7 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
                                                  quant=w.format))
         d_op = DeviceOperand(result.buffer, result.offset_bytes,
                              Staged(Layout.ROW_MAJOR, N, 0, M * N * result_dtype.itemsize))
-        bias_op = res_op = None
-        if bias is not None:
-            bias_arr = _on(rt, bias, uploads, result_dtype)
-            bias_op = DeviceOperand(bias_arr.buffer, bias_arr.offset_bytes,
-                                    Staged(Layout.ROW_MAJOR, N, 0, bias_arr.nbytes))
-        if residual is not None:
-            res_arr = _on(rt, np.ascontiguousarray(residual, dtype=result_dtype)
-                          if not isinstance(residual, Array) else residual, uploads)
-            res_op = DeviceOperand(res_arr.buffer, res_arr.offset_bytes,
-                                   Staged(Layout.ROW_MAJOR, N, 0, res_arr.nbytes))
+        bias_op, res_op = epilogue_operands(rt, bias, residual, N, result_dtype, uploads)
         options = Options.from_env().with_family(family)
         _, plan = enqueue_gemm(rt, pair, a_op, b_op, None, d_op, (1, M, N, K), alpha, 0,
                                options, uploads, bias=bias_op, residual=res_op, ops=ops)
