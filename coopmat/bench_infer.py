@@ -77,9 +77,10 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
                     if label == "policy":
                         row["kernel"] = g.traits.describe()
                 if torch is not None:
-                    xt, bt = torch.from_numpy(x).cuda(), torch.from_numpy(np.array(b)).cuda()
-                    if layout == "NxK^T":
-                        bt = torch.from_numpy(wt).cuda().T
+                    xt = torch.from_numpy(x).cuda()
+                    # the same layout as coopmat's B: w, or the N x K weight transposed
+                    bt = torch.from_numpy(w).cuda() if layout == "KxN" else \
+                        torch.from_numpy(wt).cuda().T
                     t = _torch_ms(torch, lambda xt=xt, bt=bt: xt @ bt)
                     row["torch_us"] = 1e3 * t
                     row["torch_TBps"] = K * N * 2 / (t * 1e-3) / 1e12

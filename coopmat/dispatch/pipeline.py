@@ -80,13 +80,13 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
     N = b.shape[2]
     sa, sb = _plan(a), _plan(b)
     item = a.itemsize
-    out_item = np.dtype(out.dtype).itemsize
+    out_item = out.itemsize
     blocks = row_blocks(M, (K * item + N * out_item))
     plans = {}
     for r0, r1 in blocks:
         rows = r1 - r0
         if rows not in plans:
-            plans[rows] = plan_of(rt, pair, _rows(sa, rows, K, item), sb, None,
+            plans[rows] = plan_of(rt, pair, _rows(sa, rows, item), sb, None,
                                   (1, rows, N, K), alpha, 0, None, options)
     if any(p.packs for p in plans.values()):
         return None
@@ -111,15 +111,15 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
             pool.release(buf)
 
 
-def _rows(s: Staged, rows: int, K: int, item: int) -> Staged:
+def _rows(s: Staged, rows: int, item: int) -> Staged:
     """The staging description of `rows` rows of a row-major operand."""
-    return Staged(Layout.ROW_MAJOR, s.ld, 0, rows * s.ld * item if rows else 0)
+    return Staged(Layout.ROW_MAJOR, s.ld, 0, rows * s.ld * item)
 
 
 def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndarray,
          alpha: float | int, options: Options, blocks: list[tuple[int, int]], sa: Staged,
          sb: Staged, a_buf: Buffer, b_buf: Buffer, d_buf: Buffer) -> GemmResult:
-    _, M, K = a.shape
+    K = a.shape[2]
     N = b.shape[2]
     item, out_item = a.itemsize, out.itemsize
     compute, up, down = rt.stream, rt.up, rt.down
@@ -155,7 +155,7 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
                     if errors or not uploader.is_alive() and not ready[job].is_set():
                         raise errors[0] if errors else RuntimeError("upload stopped")
             rows = r1 - r0
-            a_i = DeviceOperand(a_buf, r0 * sa.ld * item, _rows(sa, rows, K, item))
+            a_i = DeviceOperand(a_buf, r0 * sa.ld * item, _rows(sa, rows, item))
             d_i = DeviceOperand(d_buf, r0 * N * out_item,
                                 Staged(Layout.ROW_MAJOR, N, 0, rows * N * out_item))
             ticket, plan = enqueue_gemm(
