@@ -2,7 +2,10 @@
 (dispatch/pipeline.py) at several block sizes, and without it, beside the pieces of the
 unpipelined call (upload, kernel, download) timed one by one.
 
-    python benchmarks/profile_numpy_path.py [N ...]
+    python benchmarks/profile_numpy_path.py [N ...] [--force]
+
+--force: run the pipeline even without copy queues (its steps then share the compute
+queue: host copies still overlap the device's work).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def main() -> None:
     rt = runtime()
     print(f"copy queues: {rt.copy_engines} (family {rt.device.copy_queue_family_index}, "
           f"{len(rt.device.copy_queues)} queues)")
-    sizes = [int(s) for s in sys.argv[1:]] or [4096, 8192]
+    pipeline.FORCE = "--force" in sys.argv
+    sizes = [int(s) for s in sys.argv[1:] if not s.startswith("--")] or [4096, 8192]
     for n in sizes:
         rng = np.random.default_rng(0)
         a = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)

@@ -68,6 +68,9 @@ from coopmat.codegen.types import (
 from coopmat.device.enums import ComponentType
 from coopmat.quant_formats import quant_format
 
+# The fused epilogue's per-element copy of a block as a loop (True) or unrolled.
+ELEMENT_LOOP = False
+
 
 class _Operand:
     """Per-operand (A or B) state while emitting."""
@@ -444,8 +447,8 @@ class TiledGemmEmitter:
         s.barrier(barrier)
         types = Types(self.r_el, self.o_el)
         eops = self.element_ops
-        for e in range(n_el // t.subgroup_size):
-            idx = s.add(self.lane, s.c(e * t.subgroup_size))
+
+        def element(idx: int) -> None:
             gi = s.add(i0, s.udiv(idx, s.c(t.n)))
             gj = s.add(j0, s.umod(idx, s.c(t.n)))
 
@@ -468,6 +471,21 @@ class TiledGemmEmitter:
                 s.f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), copy)
             else:
                 copy()
+
+        count = n_el // t.subgroup_size
+        if ELEMENT_LOOP and eops is not None and count > 1:
+            # A loop, not count unrolled copies: with an activation's code in each, the
+            # unrolled form multiplies the kernel's size.
+            f = s.f
+            e_var = f.local(s.u32, s.c(0))
+            f.while_(lambda: s.lt(f.op(Op.Load, s.u32, e_var), s.c(count)),
+                     lambda: element(s.add(self.lane, s.mul(f.op(Op.Load, s.u32, e_var),
+                                                            s.c(t.subgroup_size)))),
+                     lambda: f.emit(Op.Store, e_var,
+                                    s.add(f.op(Op.Load, s.u32, e_var), s.c(1))))
+        else:
+            for e in range(count):
+                element(s.add(self.lane, s.c(e * t.subgroup_size)))
         s.barrier(barrier)  # the scratch is free for the next block
 
     def _blocks(self) -> list[tuple[int, int, int]]:

@@ -66,11 +66,13 @@ def default_rows_tile(base: RowsTraits, M: int, shared_limit: int) -> Tile:
 
 def rows_sweep(base: RowsTraits, shared_limit: int) -> list[Tile]:
     """Tiles worth timing on a GPU for `base`'s row_frags (its tile's tile_m): NF in
-    {1, 2, 4}, S in {2, 4, 8}, U in {2, 4, 8}, kc the largest that fits and half of it."""
+    {1, 2, 4}, S in {2, 4, 8, 16}, U in {2, 4, 8}, kc the largest that fits and half of
+    it. More subgroups a workgroup put more of B's loads in flight per multiprocessor,
+    which is what a kernel bound by reading B needs."""
     out: list[Tile] = []
     rf = base.row_frags
     for nf in (1, 2, 4):
-        for splits in (2, 4, 8):
+        for splits in (2, 4, 8, 16):
             for unroll in (2, 4, 8):
                 b = replace(base, tile=rows_tile(base.m, base.n, row_frags=rf, nf=nf,
                                                  splits=splits, unroll=unroll, kc=base.k))

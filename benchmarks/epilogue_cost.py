@@ -1,0 +1,65 @@
+"""What the fused epilogue costs the khr kernel: N^3 float16 plain against bias, relu,
+gelu (tanh form) and silu, kernel time from GPU timestamps, with the driver's register
+count and local memory (COOPMAT_PIPELINE_STATS=1) and the kernel's SPIR-V size.
+
+    COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--loop]
+
+--loop: the per-element copy of each block as a SPIR-V loop (khr_tiled.ELEMENT_LOOP)
+instead of unrolled; use a fresh COOPMAT_CACHE_DIR, as the flag is not in the cache key.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import numpy as np
+
+from coopmat.codegen import build_gemm, khr_tiled
+from coopmat.codegen.traits import Activation, EpilogueOps
+from coopmat.dispatch.gemm import PreparedGemm
+from coopmat.dispatch.runtime import runtime
+from coopmat.policy import Options, resolve
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    khr_tiled.ELEMENT_LOOP = "--loop" in sys.argv
+    n = int(args[0]) if args else 4096
+    rt = runtime()
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32).astype(np.float16) for _ in "ab")
+    bias = rng.standard_normal(n, dtype=np.float32).astype(np.float16)
+    pair = resolve(rt.device.info, a.dtype, b.dtype)
+    ref = a[:16].astype(np.float64) @ b.astype(np.float64) + bias
+    cases: list[tuple[str, EpilogueOps | None]] = [
+        ("plain", None), ("bias", EpilogueOps(bias=True))] + [
+        (f"bias+{act.value}", EpilogueOps(bias=True, activation=act)) for act in Activation]
+    base = None
+    for label, ops in cases:
+        g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0,
+                         options=Options(family="khr"), ops=ops,
+                         bias=bias if ops is not None else None)
+        try:
+            g.execute()
+            ts = [g.execute(transfers=False) or float("nan") for _ in range(15)]
+            out = np.empty((1, n, n), g.result_dtype)
+            g.read(out)
+            stats = rt.pipelines.statistics(g.plan.pipeline)
+        finally:
+            g.release()
+        t = statistics.median(ts)
+        base = base or t
+        want = ref if ops is not None else ref - bias
+        if ops is not None and ops.activation is Activation.RELU:
+            want = np.maximum(want, 0)
+        err = float(np.abs(out[0, :16].astype(np.float64) - want).max()) \
+            if ops is None or ops.activation in (None, Activation.RELU) else float("nan")
+        size = len(build_gemm(g.traits).spirv)
+        print(f"{label:16} {t * 1e3:7.3f} ms  {t / base - 1:+7.1%}  spirv {size:7d} B  "
+              f"err {err:.2e}  {g.traits.describe()}\n{'':17}{stats}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

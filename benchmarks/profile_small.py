@@ -1,0 +1,58 @@
+"""Where a small call's time goes: a 64^3 float16 numpy -> numpy matmul and a decode step
+(16 x 4096 numpy @ a resident 4096^2 Array, back to numpy), median wall time per call
+and the Python profile of many calls (functions by own time).
+
+    python benchmarks/profile_small.py [--calls 500] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import coopmat
+
+
+def median_us(fn: Callable[[], object], n: int) -> float:
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[n // 2] * 1e6
+
+
+def profile(label: str, fn: Callable[[], object], calls: int, top: int) -> None:
+    for _ in range(20):
+        fn()
+    print(f"== {label}: median {median_us(fn, calls):.1f} us per call")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((64, 64), dtype=np.float32).astype(np.float16)
+    profile("64^3 f16 numpy -> numpy", lambda: coopmat.matmul(s, s), args.calls, args.top)
+    w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
+    x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
+    W = coopmat.asarray(w)
+    profile("decode step 16x4096 @ resident W", lambda: coopmat.matmul(x, W).numpy(),
+            args.calls, args.top)
+
+
+if __name__ == "__main__":
+    main()
