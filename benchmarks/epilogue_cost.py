@@ -5,26 +5,66 @@ count and local memory (COOPMAT_PIPELINE_STATS=1) and the kernel's SPIR-V size.
     COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--loop]
 
 --loop: the per-element copy of each block as a SPIR-V loop (khr_tiled.ELEMENT_LOOP)
-instead of unrolled; use a fresh COOPMAT_CACHE_DIR, as the flag is not in the cache key.
+instead of unrolled; --form=NAME: silu's body replaced by another formula (FORMS, for
+finding which instruction costs); with either, use a fresh COOPMAT_CACHE_DIR, as neither
+is in the kernel cache's key.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
 from coopmat.codegen import build_gemm, khr_tiled
+from coopmat.codegen.epilogue import ElementOps
+from coopmat.codegen.spv import GLSLstd450, Op
 from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
 
 
+def _form(name: str) -> Callable[[ElementOps, int], int]:
+    def body(self: ElementOps, x: int) -> int:
+        f, w, c = self.s.f, self.work, self._const
+        glsl = self.glsl
+        if name == "exp":  # x e^-x
+            return f.op(Op.FMul, w, x, f.op(Op.ExtInst, w, glsl, GLSLstd450.Exp,
+                                            f.op(Op.FNegate, w, x)))
+        if name == "exp2":  # x 2^(-x log2 e)
+            e = f.op(Op.ExtInst, w, glsl, GLSLstd450.Exp2, f.op(Op.FMul, w, x, c(-1.4427)))
+            return f.op(Op.FMul, w, x, e)
+        if name == "div":  # x / (1 + x^2)
+            return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, c(1.0), f.op(Op.FMul, w, x, x)))
+        if name == "rsq":  # x / sqrt(1 + x^2)
+            r = f.op(Op.ExtInst, w, glsl, GLSLstd450.InverseSqrt,
+                     f.op(Op.FAdd, w, c(1.0), f.op(Op.FMul, w, x, x)))
+            return f.op(Op.FMul, w, x, r)
+        if name == "poly":  # x (1 + x^2)
+            return f.op(Op.FMul, w, x, f.op(Op.FAdd, w, c(1.0), f.op(Op.FMul, w, x, x)))
+        raise SystemExit(f"unknown form {name!r}; known: {FORMS}")
+    return body
+
+
+FORMS = ("exp", "exp2", "div", "rsq", "poly")
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     khr_tiled.ELEMENT_LOOP = "--loop" in sys.argv
+    form = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--form=")), None)
+    if form:
+        original = ElementOps._activation
+
+        def patched(self: ElementOps, x: int) -> int:
+            if self.ops.activation is Activation.SILU:
+                return _form(form)(self, x)
+            return original(self, x)
+        ElementOps._activation = patched  # type: ignore[method-assign]
+        print(f"silu replaced by the {form!r} form")
     n = int(args[0]) if args else 4096
     rt = runtime()
     rng = np.random.default_rng(0)

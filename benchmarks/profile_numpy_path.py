@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 import coopmat
-from coopmat.dispatch import pipeline
+from coopmat.dispatch import pipeline, stream
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy.types import resolve
@@ -41,6 +41,7 @@ def main() -> None:
     print(f"copy queues: {rt.copy_engines} (family {rt.device.copy_queue_family_index}, "
           f"{len(rt.device.copy_queues)} queues)")
     pipeline.FORCE = "--force" in sys.argv
+    saved_poll = stream.POLL_SECONDS
     sizes = [int(s) for s in sys.argv[1:] if not s.startswith("--")] or [4096, 8192]
     for n in sizes:
         rng = np.random.default_rng(0)
@@ -49,8 +50,11 @@ def main() -> None:
         d = np.empty((n, n), np.float16)
         want = None
         row = []
-        for label, block in (("8M", 8 << 20), ("16M", 16 << 20), ("32M", 32 << 20),
-                             ("off", None)):
+        for label, block, poll in (("8M", 8 << 20, True), ("16M", 16 << 20, True),
+                                   ("32M", 32 << 20, True), ("off", None, True),
+                                   ("8M blocking-waits", 8 << 20, False),
+                                   ("off blocking-waits", None, False)):
+            stream.POLL_SECONDS = saved_poll if poll else 0.0
             saved = pipeline.BLOCK_BYTES, pipeline.PIPELINE_MIN_BYTES
             if block is None:
                 pipeline.PIPELINE_MIN_BYTES = 1 << 62
@@ -66,7 +70,15 @@ def main() -> None:
                 row.append(f"{label} {ms:.2f}")
             finally:
                 pipeline.BLOCK_BYTES, pipeline.PIPELINE_MIN_BYTES = saved
+                stream.POLL_SECONDS = saved_poll
         print(f"{n}^3 f16 numpy->numpy whole call (ms), pipeline block size: " + ", ".join(row))
+        if pipeline.FORCE or rt.copy_engines:  # one traced call at the default block size
+            pipeline.TRACE = []
+            coopmat.matmul(a, b, out=d)
+            t0 = pipeline.TRACE[0][0] if pipeline.TRACE else 0.0
+            print("   trace (ms): " + "; ".join(f"{(t - t0) * 1e3:.2f} {e}"
+                                             for t, e in pipeline.TRACE))
+            pipeline.TRACE = None
         pair = resolve(rt.device.info, a.dtype, b.dtype)
         parts: dict[str, list[float]] = {"upload": [], "kernel": [], "download": []}
         for _ in range(5):

@@ -64,7 +64,7 @@ class ElementOps:
             raise ValueError("integer results need work_el (their accumulator type)")
         self.glsl = s.mb.ext_inst_import("GLSL.std.450") if ops.activation else 0
 
-    def _convert(self, value: int, src: int, dst: int) -> int:
+    def convert(self, value: int, src: int, dst: int) -> int:
         if src == dst:
             return value
         return self.s.f.op(Op.FConvert if self.float_result else Op.UConvert, dst, value)
@@ -74,6 +74,10 @@ class ElementOps:
 
     def _ext(self, inst: GLSLstd450, *args: int) -> int:
         return self.s.f.op(Op.ExtInst, self.work, self.glsl, inst, *args)
+
+    def activate(self, x: int) -> int:
+        """The activation of `x` (a scalar of the work type); x itself where there is none."""
+        return self._activation(x) if self.ops.activation is not None else x
 
     def _activation(self, x: int) -> int:
         f, w, act = self.s.f, self.work, self.ops.activation
@@ -101,16 +105,16 @@ class ElementOps:
         the accumulator's type) at D's (row, col); returned in type result_el."""
         s, w = self.s, self.work
         add = Op.FAdd if self.float_result else Op.IAdd
-        x = self._convert(value, value_el, w)
+        x = self.convert(value, value_el, w)
         if self.load_bias is not None:
-            b = self._convert(self.load_bias(row, col), self.stored_el, w)
+            b = self.convert(self.load_bias(row, col), self.stored_el, w)
             x = s.f.op(add, w, x, b)
         if self.ops.activation is not None:
             x = self._activation(x)
         if self.load_residual is not None:
-            r = self._convert(self.load_residual(row, col), self.stored_el, w)
+            r = self.convert(self.load_residual(row, col), self.stored_el, w)
             x = s.f.op(add, w, x, r)
-        return self._convert(x, w, result_el)
+        return self.convert(x, w, result_el)
 
 
 @dataclass(frozen=True)

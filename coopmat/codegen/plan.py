@@ -81,10 +81,9 @@ class KernelPlan:
     @property
     def scratch_elems(self) -> int:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
-        and every tile's fused epilogue (none in the exact variant without one, which has
-        no edge tiles)."""
+        (none in the exact variant, which has no edge tiles)."""
         t = self.traits
-        return 0 if t.exact and t.ops is None else t.m * t.n
+        return 0 if t.exact else t.m * t.n
 
     @property
     def stages(self) -> int:

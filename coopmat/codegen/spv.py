@@ -55,6 +55,7 @@ class Op(enum.IntEnum):
     CompositeExtract = 81
     ConvertSToF = 111
     UConvert = 113
+    SConvert = 114
     FConvert = 115
     Bitcast = 124
     FNegate = 127
@@ -142,6 +143,8 @@ class GLSLstd450(enum.IntEnum):
 
     Tanh = 21
     Exp = 27
+    Exp2 = 29
+    InverseSqrt = 32
     FMax = 40
     FClamp = 43
 

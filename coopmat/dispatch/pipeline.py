@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -47,6 +48,14 @@ MAX_BLOCKS = 16
 # The pipeline runs where the device has copy queues (COOPMAT_COPY_QUEUES=1); tests set
 # FORCE to run its steps in order on the compute queue of a device without them.
 FORCE = False
+# A list to receive (perf_counter seconds, event) of each call's steps, for profiling
+# (benchmarks/profile_numpy_path.py); None: not recorded.
+TRACE: list[tuple[float, str]] | None = None
+
+
+def _trace(event: str) -> None:
+    if TRACE is not None:
+        TRACE.append((time.perf_counter(), event))
 
 
 def row_blocks(M: int, row_bytes: int) -> list[tuple[int, int]]:
@@ -131,11 +140,13 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
     def on_job(job: int, ticket: int) -> None:
         uploaded[job] = ticket
         ready[job].set()
+        _trace(f"up {'B' if job == 0 else f'A{job - 1}'} submitted")
 
     jobs = [(_staged_view(b, sb)[0], b_buf)] + [(a[0, r0:r1], a_buf) for r0, r1 in blocks]
     offsets = [0] + [r0 * sa.ld * item for r0, _ in blocks]
     # The copies may not overwrite buffers that earlier kernels still read.
     start = [(compute, compute.submitted)]
+    _trace(f"start: {n} blocks")
     uploader = _thread(lambda: rt.transfers.upload_many(
         jobs, stream=up, waits=start, on_job=on_job, dst_offsets=offsets), errors)
     downloads: queue.Queue[tuple[int, int] | None] = queue.Queue()
@@ -144,8 +155,10 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
         while (item_ := downloads.get()) is not None:
             i, ticket = item_
             r0, r1 = blocks[i]
+            _trace(f"down D{i} start")
             rt.transfers.download(d_buf, r0 * N * out_item, out[0, r0:r1], stream=down,
                                   waits=[(compute, ticket)])
+            _trace(f"down D{i} done")
     downloader = _thread(download_all, errors)
     traits = None
     try:
@@ -162,12 +175,14 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
                 rt, pair, a_i, DeviceOperand(b_buf, 0, sb), None, d_i, (1, rows, N, K),
                 alpha, 0, options, waits=[(up, max(uploaded[0], uploaded[i + 1]))])
             traits = plan.traits
+            _trace(f"gemm {i} submitted")
             downloads.put((i, ticket))
     finally:
         downloads.put(None)
         uploader.join()
         downloader.join()
         compute.wait()
+        _trace("end")
     if errors:
         raise errors[0]
     assert traits is not None

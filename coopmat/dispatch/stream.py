@@ -32,6 +32,11 @@ WAIT_SLICE_NS = 100_000_000
 WAIT_TIMEOUT_S = 600.0
 # A small dispatch completes within microseconds; a blocking wait's wake-up can cost more.
 SPIN_SECONDS = 0.0005
+# Then poll, sleeping POLL_SLEEP_S between polls (the GIL is free meanwhile), for up to
+# POLL_SECONDS before a blocking vkWaitSemaphores: on the H200's driver a blocking wait
+# woke about 10 ms after the work completed (benchmarks/profile_numpy_path.py traces).
+POLL_SECONDS = 0.25
+POLL_SLEEP_S = 0.0001
 
 _RESULT_ERRORS = {
     -4: "VK_ERROR_DEVICE_LOST",
@@ -200,6 +205,11 @@ class Stream:
         while time.perf_counter() < t_spin:
             if self.poll(value) >= target or self._error is not None:
                 return
+        t_poll = time.perf_counter() + POLL_SECONDS
+        while time.perf_counter() < t_poll:
+            if self.poll(value) >= target or self._error is not None:
+                return
+            time.sleep(POLL_SLEEP_S)
         value[0] = target
         info = ffi.new("VkSemaphoreWaitInfo *", {
             "sType": v.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, "semaphoreCount": 1,
