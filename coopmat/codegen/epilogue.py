@@ -4,7 +4,10 @@ and the optional fused operations after it (EpilogueOps, emitted by ElementOps):
     D[m, n] = act(alpha * acc + beta * C[m, n] + bias[n]) + residual[m, n]
 
 One emitter for both families and both granularities (a whole cooperative matrix, or one
-element on the khr kernel's bounds-checked edge path). The arithmetic runs in the
+element: the khr kernel's bounds-checked edge path, and its every tile where the kernel
+takes the scratch path throughout, KhrTraits.scratch_epilogue). A whole matrix is rounded
+to D's type as an accumulator matrix of that type, so the khr kernel uses that form only
+where the device lists one (KhrTraits.out_matrix). The arithmetic runs in the
 accumulator's type; C is read in D's type and widened; the result is rounded to D's type
 once, at the end (a float16 result of a float32 accumulator is numpy's accuracy).
 

@@ -28,6 +28,9 @@ and multiply-accumulate it with every A fragment, so one B fragment is live at a
         with fused operations (traits.ops: bias, activation, residual): every tile takes
             the scratch path, as tanh and exp have no cooperative-matrix form, and adds
             them per element (epilogue.ElementOps); the exact variant skips the checks
+        D of a type the device lists no accumulator matrix of (traits.out_matrix False:
+            float16 D of a float32 accumulator on Intel Xe-HPG): every tile takes the
+            scratch path likewise, rounding each element, and no such matrix is declared
 
 Global loads of A and B are bounds-checked: an out-of-range unit reads index 0 instead
 (always in the buffer) and is replaced by zero, so the shader never reads outside the
@@ -115,10 +118,13 @@ class TiledGemmEmitter:
         self.mat_b = mb.type_coopmat(self.b_el, sub, t.k, t.n, CooperativeMatrixUse.MatrixB)
         self.mat_acc = mb.type_coopmat(self.r_el, sub, t.m, t.n,
                                        CooperativeMatrixUse.MatrixAccumulator)
-        # C and D in memory: the accumulator's type, or a narrower one (out_type).
+        # C and D in memory: the accumulator's type, or a narrower one (out_type), as a
+        # matrix only where the device lists one (KhrTraits.out_matrix): an unlisted
+        # matrix type is undefined behaviour even if never used.
         self.o_el = scalar_type(mb, t.stored_type)
         self.mat_out = mb.type_coopmat(self.o_el, sub, t.m, t.n,
-                                       CooperativeMatrixUse.MatrixAccumulator)
+                                       CooperativeMatrixUse.MatrixAccumulator) \
+            if t.out_matrix else None
         self.float_result = t.result_type.is_float
         self.alpha_t = mb.type_float(32) if self.float_result else self.r_el
 
@@ -418,6 +424,7 @@ class TiledGemmEmitter:
             assert self.C is not None
             return s.coop_load_buffer(mat_type, self.C, c_index, row, P["ldc"])
 
+        assert self.mat_out is not None  # not t.scratch_epilogue
         res = self.epilogue.apply(Types(self.mat_acc, self.mat_out), acc,
                                   load_c if self.C is not None else None, matrix=True)
         d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
@@ -430,9 +437,10 @@ class TiledGemmEmitter:
 
         Runs in workgroup-uniform control flow, so it can use workgroup barriers (a
         subgroup barrier would do, but lavapipe treats those as workgroup barriers too, so
-        they are only safe where the whole workgroup takes the same path anyway: the fused
-        epilogue, which every workgroup runs, passes Scope.Subgroup). `checked`: skip
-        elements outside M x N (False only where no tile straddles an edge).
+        they are only safe where the whole workgroup takes the same path anyway: the
+        fused epilogue, which every workgroup runs, passes Scope.Subgroup; see _epilogue).
+        `checked`: skip elements outside M x N (False only where no tile straddles an
+        edge).
         """
         s, t, P = self.s, self.t, self.P
         n_el = self.plan.scratch_elems
@@ -485,13 +493,18 @@ class TiledGemmEmitter:
         """Interior workgroups store directly; edge workgroups go element by element.
 
         The choice is per workgroup (not per block) so that the edge path's barriers are
-        in workgroup-uniform control flow.
+        in workgroup-uniform control flow. With traits.scratch_epilogue every workgroup
+        goes element by element, so subgroup barriers would suffice: the fused epilogue
+        uses them. A D type with no listed matrix alone keeps workgroup barriers (a few
+        per tile, against two per K step), which the reference interpreter
+        (tests/spirv_interp, workgroup-scope barriers only) runs for every recorded list.
         """
         s, t, P = self.s, self.t, self.P
         tile = t.tile
-        if t.ops is not None:  # every workgroup, so subgroup barriers suffice
+        if t.scratch_epilogue:
+            barrier = Scope.Subgroup if t.ops is not None else Scope.Workgroup
             for acc, i0, j0 in self._blocks():
-                self._store_checked(acc, i0, j0, checked=not t.exact, barrier=Scope.Subgroup)
+                self._store_checked(acc, i0, j0, checked=not t.exact, barrier=barrier)
             return
         if t.exact:  # no workgroup straddles an edge
             for acc, i0, j0 in self._blocks():
