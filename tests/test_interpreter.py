@@ -2,19 +2,21 @@
 
 tests/spirv_interp executes SPIR-V as the specifications define it (SPIR-V,
 SPV_KHR_cooperative_matrix, the Vulkan memory model and runtime rules), so the kernels
-coopmat would build for a device we cannot borrow (tests/data: AMD RDNA4 under RADV, the
-H200, lavapipe) run here at that device's subgroup size and cooperative-matrix shapes, and
-their results are compared with numpy: integers exactly, floats within the bound that
+coopmat would build for a device we cannot borrow (tests/data: AMD RDNA3 and RDNA4 under
+RADV, Intel Xe-HPG and Xe2 under ANV, the H200, lavapipe) run here at that device's
+subgroup size and cooperative-matrix shapes, declaring only matrix types the device lists,
+and their results are compared with numpy: integers exactly, floats within the bound that
 tests/test_matmul.py uses. No Vulkan device is needed.
 
 Every variant runs at one small size: one workgroup, with edges in M and N and a partial
 last K step for the variants that allow them (odd leading dimensions for the general
 variant), and a whole tile with two K steps for the exact variant. The variants that
 handle edges also run on two workgroups along M with a batch of two (B broadcast): one
-workgroup takes the direct store path, the other the bounds-checked one. Gaps between
+workgroup takes the direct store path, the other the bounds-checked one (a D type the
+device lists no matrix of, KhrTraits.out_matrix: both element by element). Gaps between
 lines, the margin after each operand and uninitialised memory hold NaN or junk, so a
-kernel that reads them shows; D's gaps hold a sentinel that must survive. (About 95 s for
-the three lists here, 840 variants, on two cores.)
+kernel that reads them shows; D's gaps hold a sentinel that must survive. (About 3.5
+minutes for the whole file: seven recorded devices, 1512 variants, on two cores.)
 
 Besides: the kernel with its subgroups interleaved only at barriers, the GLSL form of the
 kernel compiled by glslang (an independent producer of SPIR-V), the 8-bit repack kernel,
@@ -254,46 +256,47 @@ CASES = [pytest.param(info, t, id=f"{name}-{t.describe()}")
          for name, info in DEVICES for t in khr_variants(info)]
 
 
-def _unlisted_output(info: PhysicalDeviceInfo, t: GemmTraits) -> bool:
-    """The variant's D type differs from its accumulator and the device lists no
-    accumulator matrix of that type and shape."""
-    if t.out_type is None or not isinstance(t, KhrTraits):
-        return False
-    return not any(c.M == t.m and c.N == t.n and c.result_type == t.out_type
-                   for c in info.cooperative_matrix_properties)
-
-
 @pytest.mark.parametrize("info,traits", CASES)
-def test_variant_matches_numpy(info: PhysicalDeviceInfo, traits: GemmTraits) -> None:
+def test_variant_matches_numpy(info: PhysicalDeviceInfo, traits: KhrTraits) -> None:
     assert traits.subgroup_size == khr_subgroup_size(info.limits)  # the size kernels require
-    if _unlisted_output(info, traits):
-        # A known bug the interpreter found: a float16 result rounded from a float32
-        # accumulator converts to a float16 accumulator matrix, which a device without
-        # float16 accumulation (Intel Xe-HPG) does not list. Fixed, this raises nothing
-        # and the test fails: then delete this branch.
-        with pytest.raises(UndefinedBehavior, match="matches no entry"):
-            Interpreter(build_gemm(traits).spirv, subgroup_size=traits.subgroup_size,
-                        matrix_configs=matrix_configs(info))
-        return
+    # The device's list: a matrix type it does not list (a float16 D's accumulator matrix
+    # on Xe-HPG, which has no float16 accumulation) is undefined behaviour.
     it = Interpreter(build_gemm(traits).spirv, subgroup_size=traits.subgroup_size,
                      matrix_configs=matrix_configs(info))
     g = make_gemm(traits, *single_shape(traits), aligned_ld=traits.aligned)
     stored: dict[str, int] = {}
     check(g, execute(g, None, it=it, stored=stored))
-    # The exact variant stores whole matrices; the others, at an edge, element by element.
-    assert stored == ({"scalar": 0, "matrix": g.M * g.N} if traits.exact else
+    # The exact variant stores whole matrices; the others, at an edge, element by element;
+    # where D's type has no listed accumulator matrix (not out_matrix), every tile goes
+    # element by element.
+    whole = traits.exact and traits.out_matrix
+    assert stored == ({"scalar": 0, "matrix": g.M * g.N} if whole else
                       {"scalar": g.M * g.N, "matrix": 0})
     if not traits.exact:
         g = make_gemm(traits, *grid_shape(traits), batch=2, seed=1)
         check(g, execute(g, None, it=it, stored=stored))
         # Per batch, the interior workgroup's tile directly, the rest element by element.
-        tile = traits.tile.tile_m * traits.tile.tile_n
+        tile = traits.tile.tile_m * traits.tile.tile_n if traits.out_matrix else 0
         assert stored == {"scalar": 2 * (g.M * g.N - tile), "matrix": 2 * tile}, stored
 
 
 def test_every_recorded_list_is_covered() -> None:
     names = {name for name, _ in DEVICES}
-    assert {"nvidia-h200", "lavapipe-mesa26", "radv-gfx12"} <= names, names
+    assert {"nvidia-h200", "lavapipe-mesa26", "radv-gfx12", "radv-gfx11", "anv-xe-hpg",
+            "anv-xe2", "anv-xe2-1"} <= names, names
+
+
+def test_only_xe_hpg_stores_float16_element_by_element() -> None:
+    """Of the recorded lists, only Xe-HPG's lacks a float16 accumulator matrix: its
+    float16 results of float32 accumulation (24 variants) take the scratch path on every
+    tile (KhrTraits.out_matrix, variants.lists_out_matrix); every other list keeps the
+    direct matrix store."""
+    unlisted = [(name, t) for name, info in DEVICES for t in khr_variants(info)
+                if not t.out_matrix]
+    assert {name for name, _ in unlisted} == {"anv-xe-hpg"}
+    assert len(unlisted) == 24
+    assert all(t.out_type == CT.FLOAT16 and t.result_type == CT.FLOAT32 and
+               t.scratch_epilogue for _, t in unlisted)
 
 
 @pytest.mark.parametrize("name,info", DEVICES, ids=[n for n, _ in DEVICES])
@@ -544,6 +547,31 @@ def test_missing_barrier_is_caught() -> None:
                 execute(g, matrix_configs(H200), spirv=mutated)
         else:
             check(g, execute(g, matrix_configs(H200), spirv=mutated))
+
+
+def test_missing_barrier_of_element_stores_is_caught() -> None:
+    """The same for a kernel that stores every tile element by element (Xe-HPG's float16
+    D of a float32 accumulator, its exact variant: KhrTraits.out_matrix False): each
+    barrier of the K loop and of the epilogue's scratch round trips is needed, but the
+    last."""
+    xe = next(info for name, info in DEVICES if name == "anv-xe-hpg")
+    t = next(v for v in khr_variants(xe) if not v.out_matrix and v.exact and v.has_c)
+    g = make_gemm(t, *single_shape(t), aligned_ld=True, seed=9)
+    kernel = build_gemm(t)
+    _, insts = _decode(kernel.spirv)
+    barriers = [k for k, i in enumerate(insts) if _op(i) == Op.ControlBarrier]
+    acc_rows, acc_cols = t.accumulators
+    assert len(barriers) == 2 + 2 * acc_rows * acc_cols  # K loop, then two per block
+    for n, k in enumerate(barriers):
+        def edit(header: list[int], insts: list[list[int]], k: int = k) -> None:
+            insts[k:k + 1] = [_inst(Op.Nop)] * 4
+
+        mutated = _mutate(kernel.spirv, edit)
+        if n < len(barriers) - 1:
+            with pytest.raises(DataRace, match="no barrier between them"):
+                execute(g, matrix_configs(xe), spirv=mutated)
+        else:
+            check(g, execute(g, matrix_configs(xe), spirv=mutated))
 
 
 def test_store_never_made_available_is_caught() -> None:

@@ -139,6 +139,47 @@ def test_float16_accuracy_as_numpy_and_the_half_precision_opt_in(pairs):
     assert half_err.max() > err.max()  # it is the other kernel: less accurate
 
 
+@pytest.mark.parametrize("M,N,K,variant", [(128, 96, 64, "exact"), (80, 48, 40, "aligned"),
+                                           (37, 45, 19, "general")])
+@pytest.mark.parametrize("with_c", [False, True], ids=["noc", "c"])
+def test_float16_results_stored_element_by_element(pairs, M, N, K, variant, with_c):
+    """The khr kernel as a device without a float16 accumulator matrix gets it (Intel
+    Xe-HPG: KhrTraits.out_matrix False): every tile rounds and stores D element by
+    element through the scratch, no float16 matrix declared. Forced here on the device at
+    hand, each variant, with C and without: products of small integers are exact."""
+    require(pairs, "float16", np.float16)
+    from dataclasses import replace
+
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.policy import Options, TypePair
+
+    rt = runtime()
+    pair = TypePair(ComponentType.FLOAT16, ComponentType.FLOAT32, ComponentType.FLOAT16)
+    a, b = operands("float16", M, N, K)
+    c = small_ints((M, N), np.float16) if with_c else None
+    beta = -2.0 if with_c else 0.0
+    chosen = PreparedGemm(rt, pair, a[None], b[None], None if c is None else c[None], 1,
+                          3.0, beta, options=Options(tuning=False))
+    t = chosen.traits
+    chosen.release()
+    assert isinstance(t, KhrTraits) and t.variant == variant and t.out_type is not None
+    t = replace(t, out_matrix=False)
+    g = PreparedGemm(rt, pair, a[None], b[None], None if c is None else c[None], 1, 3.0,
+                     beta, traits=t)
+    try:
+        g.execute()
+        out = np.empty((1, M, N), np.float16)
+        g.read(out)
+    finally:
+        g.release()
+    assert g.traits == t and t.scratch_epilogue
+    want = 3.0 * reference(a, b, np.float64)
+    if c is not None:
+        want = want + beta * c.astype(np.float64)
+    np.testing.assert_array_equal(out[0], want.astype(np.float16))
+
+
 def test_vector_dot_returns_a_scalar_and_dtype_is_out_dtype(pairs):
     require(pairs, "int8", np.int32)
     x = RNG.integers(-9, 9, size=40, dtype=np.int8)

@@ -275,6 +275,24 @@ def test_intel_matrices_and_types() -> None:
     assert plan_kernel(t).shared_bytes <= 28 * 1024
 
 
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_float16_results_store_through_a_listed_matrix_only(name: str) -> None:
+    """matmul's default float16 result (float32 accumulation) is stored as a float16
+    accumulator matrix only where the device lists one (KhrTraits.out_matrix): everywhere
+    but Xe-HPG, which lists no float16 accumulation. There every tile goes through the
+    scratch, and the exact variant's scratch still fits the device's shared memory."""
+    info = RECORDED[name]
+    for M in (4096, 16):
+        t = khr(choose(info, row_major(M, 4096, 4096, resolve(info, F16, F16)),
+                       Options(tuning=False)))
+        assert (t.out_type, t.result_type) == (CT.FLOAT16, CT.FLOAT32)
+        assert t.out_matrix == (name != "xe-hpg")
+        plan = plan_kernel(t)
+        if t.exact:
+            assert plan.scratch_elems == (0 if t.out_matrix else t.m * t.n)
+        assert plan.shared_bytes <= info.limits.max_compute_shared_memory_size, M
+
+
 def test_rdna3_lists_no_bfloat16_or_float8() -> None:
     for dt in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn):
         with pytest.raises(TypeError, match="unsupported dtype"):

@@ -4,17 +4,21 @@ and the optional fused operations after it (EpilogueOps, emitted by ElementOps):
     D[m, n] = act(alpha * acc + beta * C[m, n] + bias[n]) + residual[m, n]
 
 One emitter for both families and both granularities (a whole cooperative matrix, or one
-element on the khr kernel's bounds-checked edge path). The arithmetic runs in the
+element: the khr kernel's bounds-checked edge path, and its every tile where the kernel
+takes the scratch path throughout, KhrTraits.scratch_epilogue). A whole matrix is rounded
+to D's type as an accumulator matrix of that type, so the khr kernel uses that form only
+where the device lists one (KhrTraits.out_matrix). The arithmetic runs in the
 accumulator's type; C is read in D's type and widened; the result is rounded to D's type
 once, at the end (a float16 result of a float32 accumulator is numpy's accuracy).
 
 alpha and beta arrive as push constants: float32 for float results, the result's integer
 type otherwise (abi.py); a float16 accumulator takes them converted once, up front.
 
-The fused operations run element by element (tanh and exp have no cooperative-matrix
-form), in float32 whatever the accumulator (integer results: bias and residual only, in
-the accumulator's type); bias and residual are read in D's type and widened, and the
-result is rounded to D's type once.
+The fused operations run on the khr kernel's whole matrices where it stores them
+directly (bias and residual as matrices, the activation on each invocation's components)
+and element by element elsewhere, in float32 whatever the accumulator (integer results:
+bias and residual only, in the accumulator's type); bias and residual are read in D's
+type and widened, and the result is rounded to D's type once.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from coopmat.codegen.traits import Activation, EpilogueOps
 __all__ = ["Activation", "ElementOps", "Epilogue", "EpilogueOps", "Types"]
 
 
-# gelu_tanh's argument is clamped to this: tanh(10) is 1 in float32 already, and a
-# driver's tanh may compute (e^2u - 1) / (e^2u + 1), NaN once e^2u overflows.
+# gelu_tanh's argument u is clamped to this: tanh(10) is 1 in float32 already, and
+# e^(-2u) then stays finite (an inf over inf would give NaN for large negative x).
 _TANH_CLAMP = 10.0
 
 ElementLoader = Callable[[int, int], int]
@@ -75,6 +79,13 @@ class ElementOps:
     def _ext(self, inst: GLSLstd450, *args: int) -> int:
         return self.s.f.op(Op.ExtInst, self.work, self.glsl, inst, *args)
 
+    def _exp(self, x: int) -> int:
+        """e^x as 2^(x log2 e): on the H200 a kernel using GLSL.std.450 Exp (or Tanh) ran
+        3.3x (4.2x) slower than with Exp2, which cost nothing measurable
+        (benchmarks/epilogue_cost.py --form)."""
+        return self._ext(GLSLstd450.Exp2, self.s.f.op(Op.FMul, self.work, x,
+                                                      self._const(math.log2(math.e))))
+
     def activate(self, x: int) -> int:
         """The activation of `x` (a scalar of the work type); x itself where there is none."""
         return self._activation(x) if self.ops.activation is not None else x
@@ -86,17 +97,19 @@ class ElementOps:
             neg = f.op(Op.FOrdLessThan, self.s.bool, x, self._const(0.0))
             return f.op(Op.Select, w, neg, self._const(0.0), x)
         if act is Activation.GELU_TANH:
-            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            # 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
+            # x / (1 + e^(-2u)) (the same function), u clamped so e^(-2u) stays finite.
             x3 = f.op(Op.FMul, w, f.op(Op.FMul, w, x, x), x)
             inner = f.op(Op.FAdd, w, x, f.op(Op.FMul, w, self._const(0.044715), x3))
             u = f.op(Op.FMul, w, self._const(math.sqrt(2.0 / math.pi)), inner)
             u = self._ext(GLSLstd450.FClamp, u, self._const(-_TANH_CLAMP),
                           self._const(_TANH_CLAMP))
-            t = f.op(Op.FAdd, w, self._const(1.0), self._ext(GLSLstd450.Tanh, u))
-            return f.op(Op.FMul, w, f.op(Op.FMul, w, self._const(0.5), x), t)
+            return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0),
+                                            self._exp(f.op(Op.FNegate, w, f.op(
+                                                Op.FMul, w, self._const(2.0), u)))))
         if act is Activation.SILU:
             # x / (1 + e^-x): e^-x overflows to inf for x < -88, giving -0, not NaN.
-            e = self._ext(GLSLstd450.Exp, f.op(Op.FNegate, w, x))
+            e = self._exp(f.op(Op.FNegate, w, x))
             return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0), e))
         raise ValueError(f"unknown activation {act!r}")
 

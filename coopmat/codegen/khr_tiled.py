@@ -29,6 +29,9 @@ and multiply-accumulate it with every A fragment, so one B fragment is live at a
             matrices where the tile is direct (bias a stride-0 matrix load, residual a
             matrix load, the activation on the invocation's components), per element
             (epilogue.ElementOps) on the scratch path at edges
+        D of a type the device lists no accumulator matrix of (traits.out_matrix False:
+            float16 D of a float32 accumulator on Intel Xe-HPG): every tile takes the
+            scratch path likewise, rounding each element, and no such matrix is declared
 
 Global loads of A and B are bounds-checked: an out-of-range unit reads index 0 instead
 (always in the buffer) and is replaced by zero, so the shader never reads outside the
@@ -120,10 +123,13 @@ class TiledGemmEmitter:
         self.mat_b = mb.type_coopmat(self.b_el, sub, t.k, t.n, CooperativeMatrixUse.MatrixB)
         self.mat_acc = mb.type_coopmat(self.r_el, sub, t.m, t.n,
                                        CooperativeMatrixUse.MatrixAccumulator)
-        # C and D in memory: the accumulator's type, or a narrower one (out_type).
+        # C and D in memory: the accumulator's type, or a narrower one (out_type), as a
+        # matrix only where the device lists one (KhrTraits.out_matrix): an unlisted
+        # matrix type is undefined behaviour even if never used.
         self.o_el = scalar_type(mb, t.stored_type)
         self.mat_out = mb.type_coopmat(self.o_el, sub, t.m, t.n,
-                                       CooperativeMatrixUse.MatrixAccumulator)
+                                       CooperativeMatrixUse.MatrixAccumulator) \
+            if t.out_matrix else None
         self.float_result = t.result_type.is_float
         self.alpha_t = mb.type_float(32) if self.float_result else self.r_el
 
@@ -423,6 +429,7 @@ class TiledGemmEmitter:
             assert self.C is not None
             return s.coop_load_buffer(mat_type, self.C, c_index, row, P["ldc"])
 
+        assert self.mat_out is not None  # not t.scratch_epilogue
         res = self.epilogue.apply(Types(self.mat_acc, self.mat_out), acc,
                                   load_c if self.C is not None else None, matrix=True)
         d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
@@ -433,15 +440,16 @@ class TiledGemmEmitter:
         a matrix whose rows all read bias[j0:j0 + n] (stride 0), the residual as a matrix
         addressed like D, and the activation on this invocation's components of the
         accumulator (OpCooperativeMatrixLengthKHR of them; an activation is element-wise,
-        so which elements they are does not matter). No shared memory and no per-element
-        addressing: the scratch path's extra live values made the driver's compiler spill
-        the accumulators of the main loop (measured on the H200: up to 4x slower)."""
+        so which elements they are does not matter). No shared memory, no barriers, no
+        per-element addressing: on the H200 the per-element form of bias + relu cost from
+        +1% to +235% over the plain kernel, build to build; this form measured -1%."""
         s, f, P, t = self.s, self.s.f, self.P, self.t
-        eops, ops = self.element_ops, t.ops
+        eops, ops, mat_out = self.element_ops, t.ops, self.mat_out
         assert eops is not None and ops is not None
+        assert mat_out is not None  # not t.scratch_epilogue
         row = CooperativeMatrixLayout.RowMajor
         add = Op.FAdd if self.float_result else Op.IAdd
-        types = Types(self.mat_acc, self.mat_out)
+        types = Types(self.mat_acc, mat_out)
 
         def load_c(mat_type: int) -> int:
             assert self.C is not None
@@ -449,7 +457,7 @@ class TiledGemmEmitter:
                 s.mul(i0, P["ldc"]), j0)), row, P["ldc"])
 
         def widened(mat: int) -> int:
-            if self.mat_out == self.mat_acc:
+            if mat_out == self.mat_acc:
                 return mat
             return f.op(Op.FConvert if self.float_result else Op.SConvert, self.mat_acc, mat)
 
@@ -457,7 +465,7 @@ class TiledGemmEmitter:
                                       matrix=True)
         d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
         if self.bias is not None:
-            bias = s.coop_load_buffer(self.mat_out, self.bias, j0, row, s.c(0))
+            bias = s.coop_load_buffer(mat_out, self.bias, j0, row, s.c(0))
             value = f.op(add, self.mat_acc, value, widened(bias))
         if ops.activation is not None:
             var = f.local(self.mat_acc)
@@ -477,10 +485,10 @@ class TiledGemmEmitter:
                                     s.add(f.op(Op.Load, s.u32, i_var), s.c(1))))
             value = f.op(Op.Load, self.mat_acc, var)
         if self.residual is not None:
-            res = s.coop_load_buffer(self.mat_out, self.residual, d_index, row, P["ldd"])
+            res = s.coop_load_buffer(mat_out, self.residual, d_index, row, P["ldd"])
             value = f.op(add, self.mat_acc, value, widened(res))
-        if self.mat_out != self.mat_acc:
-            value = f.op(Op.FConvert if self.float_result else Op.SConvert, self.mat_out,
+        if mat_out != self.mat_acc:
+            value = f.op(Op.FConvert if self.float_result else Op.SConvert, mat_out,
                          value)
         s.coop_store_buffer(self.D, d_index, value, row, P["ldd"])
 
@@ -491,9 +499,10 @@ class TiledGemmEmitter:
 
         Runs in workgroup-uniform control flow, so it can use workgroup barriers (a
         subgroup barrier would do, but lavapipe treats those as workgroup barriers too, so
-        they are only safe where the whole workgroup takes the same path anyway: the fused
-        epilogue, which every workgroup runs, passes Scope.Subgroup). `checked`: skip
-        elements outside M x N (False only where no tile straddles an edge).
+        they are only safe where the whole workgroup takes the same path anyway: the
+        fused epilogue, which every workgroup runs, passes Scope.Subgroup; see _epilogue).
+        `checked`: skip elements outside M x N (False only where no tile straddles an
+        edge).
         """
         s, t, P = self.s, self.t, self.P
         n_el = self.plan.scratch_elems
@@ -561,10 +570,17 @@ class TiledGemmEmitter:
         """Interior workgroups store directly; edge workgroups go element by element.
 
         The choice is per workgroup (not per block) so that the edge path's barriers are
-        in workgroup-uniform control flow.
+        in workgroup-uniform control flow. With traits.scratch_epilogue (a D type with no
+        listed matrix) every workgroup goes element by element, with workgroup barriers
+        (a few per tile, against two per K step), which the reference interpreter
+        (tests/spirv_interp, workgroup-scope barriers only) runs for every recorded list.
         """
         s, t, P = self.s, self.t, self.P
         tile = t.tile
+        if t.scratch_epilogue:
+            for acc, i0, j0 in self._blocks():
+                self._store_checked(acc, i0, j0, checked=not t.exact)
+            return
         store = self._store_direct if t.ops is None else self._store_fused
         if t.exact:  # no workgroup straddles an edge
             for acc, i0, j0 in self._blocks():

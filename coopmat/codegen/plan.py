@@ -81,9 +81,11 @@ class KernelPlan:
     @property
     def scratch_elems(self) -> int:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
-        (none in the exact variant, which has no edge tiles)."""
+        and every tile's element-wise epilogue where D's type has no listed accumulator
+        matrix (KhrTraits.scratch_epilogue); none in the exact variant without it, which
+        has no edge tiles."""
         t = self.traits
-        return 0 if t.exact else t.m * t.n
+        return 0 if t.exact and not t.scratch_epilogue else t.m * t.n
 
     @property
     def stages(self) -> int:
@@ -168,6 +170,9 @@ def plan_kernel(traits: KhrTraits) -> KernelPlan:
         raise ValueError("the exact variant is a refinement of the khr aligned variant")
     if t.c_type != t.result_type:
         raise ValueError("C and Result component types must match (accumulators double as C)")
+    if not t.out_matrix and t.out_type in (None, t.result_type):
+        raise ValueError("out_matrix=False is for a D type other than the accumulator's "
+                         "(out_type)")
     inv = t.invocations
     a = _stage(t.a_type, t.a_layout, tile.tile_m, tile.tile_k, t.m, t.k, t.aligned, inv,
                k_contiguous=Layout.ROW_MAJOR)

@@ -59,7 +59,9 @@ Why:
 - Shared memory, 16-bit operands (128 x 128 x 32): 10 KiB A + 10 KiB B + one accumulator
   per subgroup of edge scratch (8 KiB of float32 on every recorded GPU), about 28 KiB: inside
   the 48 KiB of NVIDIA and of ANV (which caps what it reports at 48 KiB) and RADV's 64 KiB.
-  Vulkan guarantees only 16 KiB, and tiles shrink to fit (below).
+  Vulkan guarantees only 16 KiB, and tiles shrink to fit (below). A tile fits when the
+  non-exact variants, which all hold the scratch, fit; so does the exact variant where it
+  holds one too (KhrTraits.scratch_epilogue: Xe-HPG's float16 D).
 - CPU drivers (lavapipe: 8 lanes, 8 x 8 x 8): a 32 x 32 tile keeps dispatches small and
   still exercises several subgroups, accumulator grids, and multiple K steps per tile.
   Device class is the device type, not the subgroup width: Xe-HPG's 8-wide subgroups are

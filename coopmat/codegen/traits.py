@@ -184,6 +184,15 @@ class KhrTraits(GemmTraits):
     of M, N, K, lda, ldb, ldc, ldd and the four batch strides baked into the code as
     constants (the driver's compiler then folds the address arithmetic); empty: all read
     from push constants.
+
+    `out_matrix`: whether the device lists an accumulator matrix of `out_type` at m x n
+    (variants.lists_out_matrix decides, from the device's list, in variants.khr_traits).
+    Where it does, the epilogue converts the accumulator to that matrix and stores it
+    whole (interior tiles; every tile of the exact variant). Where it does not (Intel
+    Xe-HPG: no float16 accumulation), declaring that matrix would be undefined behaviour,
+    so the kernel never does: every tile takes the scratch path, element by element
+    (`scratch_epilogue`). Always True without an out_type (the accumulator's own type
+    is listed by its config).
     """
 
     family: ClassVar[str] = "khr"
@@ -199,10 +208,20 @@ class KhrTraits(GemmTraits):
     # weights (4 or 8, within one block) per invocation and unit. None: plain B.
     b_quant: str | None = None
     b_quant_unit: int = 8
+    out_matrix: bool = True
 
     @property
     def variant(self) -> str:
         return "exact" if self.exact else "aligned" if self.aligned else "general"
+
+    @property
+    def scratch_epilogue(self) -> bool:
+        """Whether every tile's epilogue goes through the subgroup's shared scratch,
+        element by element (the exact variant's too): where D's type has no listed
+        accumulator matrix (not out_matrix), so that no matrix of it is declared, fused
+        operations included. Otherwise only edge tiles do (fused operations on direct
+        tiles act on whole matrices), and the exact variant has no scratch."""
+        return not self.out_matrix
 
     @property
     def accumulators(self) -> tuple[int, int]:
@@ -227,6 +246,8 @@ class KhrTraits(GemmTraits):
         extra = f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else ""
         if self.b_quant is not None:
             extra += f"-b{self.b_quant}u{self.b_quant_unit}"
+        if not self.out_matrix:  # D stored element by element from the scratch
+            extra += "-estore"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 

@@ -85,16 +85,32 @@ def nv2_tiles(info: PhysicalDeviceInfo, operand: ComponentType,
         or 0, max_dimension=lim.cooperative_matrix_flexible_dimensions_max_dimension)
 
 
-def khr_traits(cfg: CooperativeMatrixProperties, limits: DeviceLimits, a_layout: Layout,
+def lists_out_matrix(info: PhysicalDeviceInfo, cfg: CooperativeMatrixProperties,
+                     out_type: ComponentType | None) -> bool:
+    """Whether a khr kernel of `cfg` may hold D's type `out_type` as an accumulator matrix
+    (KhrTraits.out_matrix): the device lists a subgroup-scope entry of the config's
+    MSize x NSize with that CType or ResultType (a cooperative-matrix type that matches
+    no entry is undefined behaviour, SPV_KHR_cooperative_matrix's validity rules). Always
+    where D holds the accumulator's own type (out_type None). Not so on Intel Xe-HPG,
+    which lists float32 accumulation only, for a float16 D."""
+    if out_type is None or out_type == cfg.result_type:
+        return True
+    return any(c.scope == Scope.SUBGROUP and (c.M, c.N) == (cfg.M, cfg.N)
+               and out_type in (c.c_type, c.result_type)
+               for c in info.cooperative_matrix_properties)
+
+
+def khr_traits(cfg: CooperativeMatrixProperties, info: PhysicalDeviceInfo, a_layout: Layout,
                b_layout: Layout, has_c: bool, tile: Tile, *, aligned: bool = False,
                exact: bool = False, out_type: ComponentType | None = None) -> KhrTraits:
     """khr traits for a config on a device (variant flags as given), at the subgroup size
-    khr_subgroup_size chooses."""
+    khr_subgroup_size chooses, storing D as a matrix of out_type only where the device
+    lists one (lists_out_matrix)."""
     return KhrTraits(a_type=cfg.a_type, b_type=cfg.b_type, c_type=cfg.c_type,
                      result_type=cfg.result_type, a_layout=a_layout, b_layout=b_layout,
-                     has_c=has_c, tile=tile, subgroup_size=khr_subgroup_size(limits),
+                     has_c=has_c, tile=tile, subgroup_size=khr_subgroup_size(info.limits),
                      out_type=out_type, m=cfg.M, n=cfg.N, k=cfg.K, aligned=aligned,
-                     exact=exact)
+                     exact=exact, out_matrix=lists_out_matrix(info, cfg, out_type))
 
 
 def khr_variants(info: PhysicalDeviceInfo) -> list[KhrTraits]:
@@ -110,7 +126,7 @@ def khr_variants(info: PhysicalDeviceInfo) -> list[KhrTraits]:
                 for b_layout in Layout:
                     for has_c in (False, True):
                         for aligned, exact in ((True, True), (True, False), (False, False)):
-                            t = khr_traits(cfg, info.limits, a_layout, b_layout, has_c, tile,
+                            t = khr_traits(cfg, info, a_layout, b_layout, has_c, tile,
                                            aligned=aligned, exact=exact, out_type=out_type)
                             if t not in out:
                                 out.append(t)

@@ -303,7 +303,7 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                                   f"subgroup-scope matrix for {pair.describe()}")
     if tile is None:
         tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info))
-    khr = replace(khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
+    khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), ops=problem.ops)
     return fastest_variant(khr, params, problem.batch, options), why
 
@@ -329,7 +329,7 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
         raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
                                   f"subgroup-scope matrix for {pair.describe()}")
     tile = quant_tile(_default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info)))
-    khr = replace(khr_traits(cfg, info.limits, a_layout, b_layout, problem.has_c, tile,
+    khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), b_quant=problem.b_quant, ops=problem.ops)
     return fastest_variant(khr, params, problem.batch, options)
 
