@@ -3,6 +3,7 @@ gelu (tanh form) and silu, kernel time from GPU timestamps, with the driver's re
 count and local memory (COOPMAT_PIPELINE_STATS=1) and the kernel's SPIR-V size.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--loop]
+        [--tiles=128x128x32x2x4x3,...]   (tile_m x tile_n x tile_k x sg_m x sg_n x buf)
 
 --loop: the per-element copy of each block as a SPIR-V loop (khr_tiled.ELEMENT_LOOP)
 instead of unrolled; --form=NAME: silu's body replaced by another formula (FORMS, for
@@ -12,16 +13,18 @@ is in the kernel cache's key.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from coopmat.codegen import build_gemm, khr_tiled
 from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.spv import GLSLstd450, Op
-from coopmat.codegen.traits import Activation, EpilogueOps
+from coopmat.codegen.traits import Activation, EpilogueOps, Tile
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
@@ -75,11 +78,29 @@ def main() -> None:
     cases: list[tuple[str, EpilogueOps | None]] = [
         ("plain", None), ("bias", EpilogueOps(bias=True))] + [
         (f"bias+{act.value}", EpilogueOps(bias=True, activation=act)) for act in Activation]
+    tiles = [None] + [Tile(*map(int, t.split("x"))) for a in sys.argv
+                      if a.startswith("--tiles=") for t in a.split("=", 1)[1].split(",")]
+    for tile in tiles:
+        if tile is not None:
+            print(f"-- tile {tile.describe()}")
+            cases = [c for c in cases if c[0] != "bias"]
+        run_cases(rt, pair, a, b, bias, ref, cases, tile)
+
+
+def run_cases(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
+              ref: np.ndarray, cases: list[tuple[str, EpilogueOps | None]],
+              tile: Tile | None) -> None:
+    n = a.shape[0]
     base = None
     for label, ops in cases:
-        g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0,
-                         options=Options(family="khr"), ops=ops,
-                         bias=bias if ops is not None else None)
+        kw: dict[str, Any] = {"options": Options(family="khr"), "ops": ops,
+                              "bias": bias if ops is not None else None}
+        if tile is not None:
+            g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, **kw)
+            traits = dataclasses.replace(g.traits, tile=tile)
+            g.release()
+            kw["traits"] = traits
+        g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, **kw)
         try:
             g.execute()
             ts = [g.execute(transfers=False) or float("nan") for _ in range(15)]

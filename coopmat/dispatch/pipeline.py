@@ -152,13 +152,30 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
     downloads: queue.Queue[tuple[int, int] | None] = queue.Queue()
 
     def download_all() -> None:
-        while (item_ := downloads.get()) is not None:
-            i, ticket = item_
-            r0, r1 = blocks[i]
-            _trace(f"down D{i} start")
+        # Blocks whose kernels were submitted meanwhile go down together (they are
+        # contiguous rows): one download spreads over all the lanes, where one block
+        # alone would keep only a few busy.
+        done = False
+        while not done:
+            item_ = downloads.get()
+            if item_ is None:
+                return
+            first, ticket = item_
+            last = first
+            while True:
+                try:
+                    more = downloads.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    done = True
+                    break
+                last, ticket = more
+            r0, r1 = blocks[first][0], blocks[last][1]
+            _trace(f"down D{first}..D{last} start")
             rt.transfers.download(d_buf, r0 * N * out_item, out[0, r0:r1], stream=down,
                                   waits=[(compute, ticket)])
-            _trace(f"down D{i} done")
+            _trace(f"down D{first}..D{last} done")
     downloader = _thread(download_all, errors)
     traits = None
     try:
