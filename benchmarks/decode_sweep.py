@@ -1,9 +1,11 @@
 """Decode-shaped GEMM (few rows against a float16 weight): every rows-family tile of the
-sweep (codegen/rows_tiles.py), the khr kernel the policy would run, and torch, as weight
-bytes read per second from GPU timestamps (torch: CUDA events, per call). Prints the
-best tiles per shape, with the driver's register count where COOPMAT_PIPELINE_STATS=1.
+sweep (codegen/rows_tiles.py), for the x @ w.T layout (NxK^T) and at most GEMV_MAX_M rows
+every gemv-family tile of its sweep (codegen/gemv_tiles.py), the khr kernel the policy
+would run, and torch, as weight bytes read per second from GPU timestamps (torch: CUDA
+events, per call). Prints the best tiles per shape, with the driver's register count
+where COOPMAT_PIPELINE_STATS=1.
 
-    COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,16,64]
+    COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,8,16,64]
         [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE]
 """
 
@@ -18,8 +20,9 @@ import time
 
 import numpy as np
 
+from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
-from coopmat.codegen.traits import RowsTraits
+from coopmat.codegen.traits import GemvTraits, RowsTraits
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
@@ -58,7 +61,7 @@ def torch_s(x: np.ndarray, b_host: np.ndarray, transposed: bool) -> float | None
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ms", default="1,16,64")
+    ap.add_argument("--ms", default="1,8,16,64")
     ap.add_argument("--shapes", default="4096x4096,4096x14336")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--layouts", default="KxN,NxK^T")
@@ -90,6 +93,14 @@ def main() -> None:
                 cands: list[tuple[str, object]] = [("policy", None), ("khr", None)]
                 cands += [("rows", dataclasses.replace(base, tile=t))
                           for t in rows_sweep(base, smem)]
+                if layout != "KxN" and M <= GEMV_MAX_M:  # gemv reads a column-major B
+                    gemv_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
+                                          options=Options(family="gemv"))
+                    gemv = gemv_g.traits
+                    gemv_g.release()
+                    assert isinstance(gemv, GemvTraits)
+                    cands += [("gemv", dataclasses.replace(gemv, tile=t)) for t in gemv_sweep(
+                        M, gemv.subgroup_size, info.limits.max_compute_work_group_invocations)]
                 for label, traits in cands:
                     opts = Options(family="khr") if label == "khr" else Options()
                     try:

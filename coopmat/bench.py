@@ -536,7 +536,7 @@ def overhead(args: argparse.Namespace) -> dict[str, float]:
     return {"median_s": t.median, "min_s": t.min}
 
 
-FAMILIES = ("auto", "khr", "nv2", "rows")
+FAMILIES = ("auto", "khr", "nv2", "rows", "gemv")
 
 
 def _dtype_name(name: str, item: str) -> str:

@@ -68,9 +68,11 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
       over for the call); otherwise numpy in, numpy out.
     - device: index, name substring, or a device object; default $COOPMAT_DEVICE or the
       first discrete GPU with VK_KHR_cooperative_matrix.
-    - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope) or
-      'nv2' (VK_NV_cooperative_matrix2, workgroup scope); default $COOPMAT_FAMILY, else
-      the tuned or measured-faster one the device offers.
+    - family: force a kernel family, 'khr' (VK_KHR_cooperative_matrix, subgroup scope),
+      'nv2' (VK_NV_cooperative_matrix2, workgroup scope), 'rows' (few rows, B streamed)
+      or 'gemv' (few rows against a column-major B such as x @ w.T, no cooperative
+      matrices); default $COOPMAT_FAMILY, else the tuned or measured-faster one the
+      device offers.
     - bias: shape (N,), added to every row; activation: None, 'relu', 'gelu_tanh'
       (torch's gelu(approximate='tanh')) or 'silu' (float results only); residual: the
       result's shape, added after the activation. Fused into the kernel and computed on

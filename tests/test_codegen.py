@@ -325,10 +325,11 @@ def test_disk_cache_can_be_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_cli_validate_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--validate-all", "--properties", str(LAVAPIPE)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # 120 khr variants, 40 of the rows family (codegen/variants.py)
-    assert lines[-1] == "160 passed, 0 failed"
-    assert len(lines) == 161
+    # 120 khr variants, 40 of the rows family, 8 of the gemv family (codegen/variants.py)
+    assert lines[-1] == "168 passed, 0 failed"
+    assert len(lines) == 169
     assert sum(line.startswith("PASS rows-") for line in lines) == 40
+    assert sum(line.startswith("PASS gemv-") for line in lines) == 8
 
 
 @needs_spirv_tools

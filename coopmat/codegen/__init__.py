@@ -5,11 +5,12 @@
     kernel.spirv, kernel.local_size, kernel.push_constants(GemmParams(...)), ...
 
 Traits (traits.py): GemmTraits, the base every family shares, with one subclass per
-family: KhrTraits, Nv2Traits and RowsTraits.
+family: KhrTraits, Nv2Traits, RowsTraits and GemvTraits.
 
 Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
 arithmetic), khr_tiled (the KHR subgroup-scope kernel), rows and rows_tiles (the few-rows
-kernel that streams B, and its tiles), nv2_workgroup (the
+kernel that streams B, and its tiles), gemv and gemv_tiles (few rows against a column-major
+B without cooperative matrices, and its tiles), nv2_workgroup (the
 VK_NV_cooperative_matrix2 workgroup-scope kernel), family (kernel families),
 abi (bindings and push constants), kernel (Kernel), tiles and nv2_tiles (default tiles),
 variants (what a device's capabilities imply), epilogue (D = alpha acc + beta C),
@@ -26,15 +27,19 @@ from coopmat.codegen.tiles import SMALL_M, default_tile, small_m_tile, tune_cand
 from coopmat.codegen.traits import (
     GemmParams,
     GemmTraits,
+    GemvTraits,
     KhrTraits,
     Layout,
     Nv2Traits,
     RowsTraits,
     Tile,
+    gemv_tile,
     rows_tile,
 )
 from coopmat.codegen.variants import (
     device_variants,
+    gemv_traits,
+    gemv_variants,
     khr_tile,
     khr_traits,
     khr_tune_tiles,
@@ -46,10 +51,11 @@ from coopmat.codegen.variants import (
 )
 
 __all__ = [
-    "SMALL_M", "GemmParams", "GemmTraits", "Kernel", "KernelFamily", "KhrTraits", "Layout",
-    "Nv2Traits", "RowsTraits", "Tile",
+    "SMALL_M", "GemmParams", "GemmTraits", "GemvTraits", "Kernel", "KernelFamily",
+    "KhrTraits", "Layout", "Nv2Traits", "RowsTraits", "Tile",
     "aligned_ok", "build_gemm", "default_nv2_tile", "default_tile", "exact_ok", "overread_elems",
-    "device_variants", "khr_tile", "khr_traits", "khr_tune_tiles", "khr_variants",
+    "device_variants", "gemv_tile", "gemv_traits", "gemv_variants", "khr_tile", "khr_traits",
+    "khr_tune_tiles", "khr_variants",
     "nv2_tile_candidates", "nv2_tiles", "nv2_traits", "nv2_variants", "register_family",
     "rows_tile", "rows_traits", "rows_variants", "small_m_tile", "tune_candidates",
 ]

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                          "flexible-dimensions list from NAME-nv-coopmat2-flexible-dims.txt "
                          "beside it")
     ap.add_argument("--family", metavar="NAME",
-                    help="only this kernel family's variants (khr, nv2)")
+                    help="only this kernel family's variants (khr, nv2, rows, gemv)")
     args = ap.parse_args(argv)
 
     variants = _variants(args.properties)

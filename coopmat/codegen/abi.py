@@ -17,8 +17,10 @@ from dataclasses import replace
 
 from coopmat.codegen.plan import element_bytes, plan_kernel, vector_elems
 from coopmat.codegen.traits import (
+    GEMV_VECTOR,
     GemmParams,
     GemmTraits,
+    GemvTraits,
     KhrTraits,
     Layout,
     Nv2Traits,
@@ -60,6 +62,8 @@ def cd_alignment_elems(traits: GemmTraits) -> int:
         cols = traits.n
     elif isinstance(traits, Nv2Traits):
         cols = traits.n_granularity
+    elif isinstance(traits, GemvTraits):
+        cols = 1  # stores element by element; the flag goes unread
     else:
         raise TypeError(f"traits of no known family: {traits!r}")
     return min(16, cols * es) // es
@@ -144,6 +148,28 @@ def rows_violation(traits: RowsTraits, p: GemmParams) -> str | None:
     if v > 1 and (p.K % v or p.lda % v or p.batch_stride_a % v):
         return (f"the aligned variant reads A {v} elements at a time: K={p.K}, lda={p.lda} "
                 f"and A's batch stride {p.batch_stride_a} must be multiples of {v}")
+    return None
+
+
+def gemv_violation(traits: GemvTraits, p: GemmParams) -> str | None:
+    """Why `p` cannot run on the gemv kernel `traits`, or None where it can: A and B are
+    read 16 bytes (8 elements) at a time along K, so K, lda, ldb and the batch strides of
+    A and B must be multiples of 8 (A row-major and B column-major: the traits' own
+    precondition, GemvTraits.check_tile). The traits ask nothing more of `p`."""
+    return gemv_violation_params(p)
+
+
+def gemv_violation_params(p: GemmParams) -> str | None:
+    """gemv_violation's checks, which depend on the parameters only."""
+    v = GEMV_VECTOR
+    if p.K % v:
+        return f"K={p.K} is not a multiple of {v} (the gemv kernel reads 16 bytes of K at once)"
+    if p.lda % v or p.batch_stride_a % v:
+        return (f"A's leading dimension {p.lda} and batch stride {p.batch_stride_a} must be "
+                f"multiples of {v} elements (16-byte loads)")
+    if p.ldb % v or p.batch_stride_b % v:
+        return (f"B's leading dimension {p.ldb} and batch stride {p.batch_stride_b} must be "
+                f"multiples of {v} elements (16-byte loads)")
     return None
 
 

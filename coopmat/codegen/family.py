@@ -4,7 +4,8 @@ A family turns traits of its own GemmTraits subclass (whose `family` names it) i
 Kernel that follows the shared ABI in abi.py, so callers never depend on which family
 built a kernel. The KHR subgroup-scope tiled kernel ("khr", KhrTraits) and the
 VK_NV_cooperative_matrix2 workgroup-scope kernel ("nv2", Nv2Traits) and the few-rows
-kernel that streams B ("rows", RowsTraits) register themselves here.
+kernel that streams B ("rows", RowsTraits) and the few-rows kernel without cooperative
+matrices for a column-major B ("gemv", GemvTraits) register themselves here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Protocol, TypeVar
 from coopmat.codegen import abi
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.plan import plan_kernel
-from coopmat.codegen.traits import GemmTraits, KhrTraits, Nv2Traits, RowsTraits
+from coopmat.codegen.traits import GemmTraits, GemvTraits, KhrTraits, Nv2Traits, RowsTraits
 from coopmat.codegen.types import vulkan_features
 
 T = TypeVar("T", bound=GemmTraits)
@@ -130,6 +131,30 @@ class RowsFamily:
         return emit_rows_gemm(rows)
 
 
+class GemvFamily:
+    """Few rows against a column-major B without cooperative matrices: 16-byte loads along
+    K, float32 sums reduced across the subgroup (gemv.py)."""
+
+    name = "gemv"
+
+    def describe(self, traits: GemmTraits) -> Kernel:
+        from coopmat.codegen.gemv import required_capabilities
+
+        gemv = _own(traits, GemvTraits)
+        gemv.check_tile()
+        return Kernel(
+            traits=gemv, spirv=b"", local_size=(gemv.invocations, 1, 1),
+            required_subgroup_size=gemv.subgroup_size, shared_memory_bytes=0,
+            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(gemv),
+            tile_mn=(gemv.tile.tile_m, gemv.tile.tile_n),
+            features=vulkan_features(required_capabilities(gemv)))
+
+    def generate(self, traits: GemmTraits) -> bytes:
+        from coopmat.codegen.gemv import emit_gemv
+
+        return emit_gemv(_own(traits, GemvTraits))
+
+
 _FAMILIES: dict[str, KernelFamily] = {}
 
 
@@ -148,3 +173,4 @@ def family_for(traits: GemmTraits) -> KernelFamily:
 register_family(KhrTiledFamily())
 register_family(Nv2WorkgroupFamily())
 register_family(RowsFamily())
+register_family(GemvFamily())

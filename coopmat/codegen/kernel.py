@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coopmat.codegen import abi
-from coopmat.codegen.traits import GemmParams, GemmTraits, KhrTraits, RowsTraits
+from coopmat.codegen.traits import GemmParams, GemmTraits, GemvTraits, KhrTraits, RowsTraits
 
 
 @dataclass(frozen=True)
@@ -43,4 +43,8 @@ class Kernel:
             why = abi.rows_violation(t, p)
             if why is not None:
                 raise ValueError(f"the rows kernel cannot run this problem: {why}")
+        if isinstance(t, GemvTraits):
+            why = abi.gemv_violation(t, p)
+            if why is not None:
+                raise ValueError(f"the gemv kernel cannot run this problem: {why}")
         return abi.push_constants(t, p)

@@ -51,6 +51,7 @@ class Op(enum.IntEnum):
     AccessChain = 65
     Decorate = 71
     MemberDecorate = 72
+    VectorShuffle = 79
     CompositeConstruct = 80
     CompositeExtract = 81
     ConvertSToF = 111
@@ -91,6 +92,7 @@ class Op(enum.IntEnum):
     BranchConditional = 250
     Return = 253
     ReturnValue = 254
+    GroupNonUniformFAdd = 350
     # SPV_KHR_cooperative_matrix
     TypeCooperativeMatrixKHR = 4456
     CooperativeMatrixLoadKHR = 4457
@@ -124,6 +126,7 @@ class Capability(enum.IntEnum):
     Int16 = 22
     Int8 = 39
     GroupNonUniform = 61
+    GroupNonUniformArithmetic = 63
     StorageBuffer16BitAccess = 4433
     Float8EXT = 4212
     Float8CooperativeMatrixEXT = 4213
@@ -194,6 +197,10 @@ class BuiltIn(enum.IntEnum):
     SubgroupSize = 36
     SubgroupId = 40
     SubgroupLocalInvocationId = 41
+
+
+class GroupOperation(enum.IntEnum):
+    Reduce = 0
 
 
 class Scope(enum.IntEnum):

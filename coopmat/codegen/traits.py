@@ -347,6 +347,81 @@ class RowsTraits(GemmTraits):
         return self._name((self.m, self.n, self.k), "aligned" if self.aligned else "general")
 
 
+GEMV_MAX_ROWS = 8  # rows of D one gemv workgroup holds (M*C float32 sums per lane)
+GEMV_VECTOR = 8  # 16-bit elements of A and B per 16-byte load along K
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemvTraits(GemmTraits):
+    """Traits of the gemv family (no cooperative matrices; gemv.py): a few rows of D
+    against a column-major B (a weight stored N x K, used as x @ w.T), read once at memory
+    bandwidth with 16-byte loads along K and reduced across the subgroup.
+
+    The tile reads: tile_m = R rows of D per workgroup (<= GEMV_MAX_ROWS; more rows go to
+    further row blocks, WorkgroupId.y, each reading B again), tile_n = S * C columns per
+    workgroup (subgroup s owns columns s * C .. s * C + C - 1 of the workgroup's strip),
+    tile_k = 8 * subgroup_size * U elements of K per step of a subgroup (each lane reads
+    8 elements, 16 bytes, of each of its C columns U times), subgroups_m = S (`splits`),
+    subgroups_n = 1, buffering = U (`unroll`: the U x C loads of a step are issued before
+    any is used). `gemv_tile` builds one from (rows, cols, splits, unroll).
+
+    A and B are float16 or bfloat16 (the same type), read as 32-bit words; the sums are
+    float32 whatever result_type, which (with out_type) only sets what D and C hold.
+    """
+
+    family: ClassVar[str] = "gemv"
+
+    @property
+    def rows(self) -> int:
+        return self.tile.tile_m
+
+    @property
+    def splits(self) -> int:
+        return self.tile.subgroups_m
+
+    @property
+    def cols(self) -> int:
+        return self.tile.tile_n // self.tile.subgroups_m
+
+    @property
+    def unroll(self) -> int:
+        return self.tile.buffering
+
+    def check_tile(self) -> None:
+        """Raise ValueError unless the traits fit the gemv kernel's structure."""
+        t = self.tile
+        if min(t.tile_m, t.tile_n, t.tile_k, t.subgroups_m, t.buffering) < 1 or \
+                t.subgroups_n != 1:
+            raise ValueError(f"gemv tile {t.describe()}: sizes must be positive and "
+                             f"subgroups_n 1")
+        if t.tile_m > GEMV_MAX_ROWS:
+            raise ValueError(f"gemv tile {t.describe()}: at most {GEMV_MAX_ROWS} rows")
+        if t.tile_n % t.subgroups_m:
+            raise ValueError(f"gemv tile {t.describe()}: tile_n must be splits x cols")
+        if t.tile_k != GEMV_VECTOR * self.subgroup_size * t.buffering:
+            raise ValueError(f"gemv tile {t.describe()}: tile_k must be 8 x subgroup size "
+                             f"x unroll = {GEMV_VECTOR * self.subgroup_size * t.buffering}")
+        if self.a_type != self.b_type or \
+                self.a_type not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
+            raise ValueError("the gemv kernel reads float16 or bfloat16 A and B (one type)")
+        if not self.result_type.is_float or not self.stored_type.is_float:
+            raise ValueError("the gemv kernel computes float results only")
+        if self.c_type != self.result_type:
+            raise ValueError("C and Result component types must match")
+        if self.a_layout != Layout.ROW_MAJOR or self.b_layout != Layout.COLUMN_MAJOR:
+            raise ValueError("the gemv kernel reads a row-major A and a column-major B "
+                             "(both contiguous along K)")
+
+    def describe(self) -> str:
+        return self._name((self.rows, self.cols, self.unroll), "general")
+
+
+def gemv_tile(*, rows: int, cols: int, splits: int, unroll: int, subgroup_size: int) -> Tile:
+    """The Tile of a gemv kernel (see GemvTraits): `rows` rows of D, `splits` subgroups
+    of `cols` columns each, `unroll` 16-byte loads per column and lane per step."""
+    return Tile(rows, splits * cols, GEMV_VECTOR * subgroup_size * unroll, splits, 1, unroll)
+
+
 def rows_tile(m: int, n: int, *, row_frags: int, nf: int, splits: int, unroll: int,
               kc: int) -> Tile:
     """The Tile of a rows kernel (see RowsTraits): row_frags x nf fragments of m x n per

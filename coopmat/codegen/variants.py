@@ -17,7 +17,16 @@ from coopmat.codegen.tiles import (
     small_m_tile,
     tune_candidates,
 )
-from coopmat.codegen.traits import GemmTraits, KhrTraits, Layout, Nv2Traits, RowsTraits, Tile
+from coopmat.codegen.traits import (
+    EpilogueOps,
+    GemmTraits,
+    GemvTraits,
+    KhrTraits,
+    Layout,
+    Nv2Traits,
+    RowsTraits,
+    Tile,
+)
 from coopmat.device.enums import ComponentType, Scope
 from coopmat.device.model import (
     SHADER_STAGE_COMPUTE,
@@ -203,9 +212,51 @@ def rows_variants(info: PhysicalDeviceInfo) -> list[RowsTraits]:
     return out
 
 
+# Operand types the gemv kernel reads (as 32-bit words; gemv.py).
+GEMV_OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
+
+
+def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLimits,
+                has_c: bool, M: int, *, tile: Tile | None = None,
+                out_type: ComponentType | None = None,
+                ops: EpilogueOps | None = None) -> GemvTraits:
+    """gemv traits (row-major A, column-major B) for M rows on a device: `tile` (its
+    tile_m replaced by the rows M needs), else the default tile (gemv_tiles.py); at the
+    subgroup size khr kernels use (the smallest the device lets a pipeline require)."""
+    from coopmat.codegen.gemv_tiles import default_gemv_tile, gemv_rows_for
+
+    sg = khr_subgroup_size(limits)
+    tile = default_gemv_tile(M, sg) if tile is None else replace(tile, tile_m=gemv_rows_for(M))
+    return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
+                      a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,
+                      tile=tile, subgroup_size=sg, out_type=out_type, ops=ops)
+
+
+def gemv_variants(info: PhysicalDeviceInfo) -> list[GemvTraits]:
+    """Per float16/bfloat16 config accumulating in float32 (gemv needs no matrix of its
+    own; the configs say which products matmul offers): with and without C, for one row
+    and for GEMV_MAX_M rows, default tiles; float16 operands also with float16 results."""
+    from coopmat.codegen.gemv_tiles import GEMV_MAX_M
+
+    out: list[GemvTraits] = []
+    for cfg in info.cooperative_matrix_properties:
+        if not buildable(cfg) or cfg.a_type not in GEMV_OPERANDS or \
+                cfg.result_type != ComponentType.FLOAT32:
+            continue
+        for out_type in out_types(cfg.a_type, cfg.result_type):
+            for has_c in (False, True):
+                for M in (1, GEMV_MAX_M):
+                    t = gemv_traits(cfg.a_type, cfg.result_type, info.limits, has_c, M,
+                                    out_type=out_type)
+                    if t not in out:
+                        out.append(t)
+    return out
+
+
 def device_variants(info: PhysicalDeviceInfo) -> list[GemmTraits]:
-    """Every variant of every family the device implies (khr, nv2, then rows)."""
-    return [*khr_variants(info), *nv2_variants(info), *rows_variants(info)]
+    """Every variant of every family the device implies (khr, nv2, rows, then gemv)."""
+    return [*khr_variants(info), *nv2_variants(info), *rows_variants(info),
+            *gemv_variants(info)]
 
 
 def current_device() -> PhysicalDeviceInfo:

@@ -173,6 +173,11 @@ class DeviceLimits:
     cooperative_matrix_workgroup_scope_max_workgroup_size: int | None = None
     cooperative_matrix_flexible_dimensions_max_dimension: int | None = None
     cooperative_matrix_workgroup_scope_reserved_shared_memory: int | None = None
+    # Whether compute shaders have subgroup arithmetic (VkPhysicalDeviceSubgroupProperties:
+    # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT and the compute stage; the gemv family's
+    # reduction); None where not recorded (assumed: every driver with cooperative matrices
+    # offers it).
+    subgroup_arithmetic: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -199,6 +204,8 @@ class DeviceLimits:
                 self.cooperative_matrix_workgroup_scope_reserved_shared_memory,
         }
         d.update({k: v for k, v in nv.items() if v is not None})
+        if self.subgroup_arithmetic is not None:
+            d["subgroupArithmetic"] = self.subgroup_arithmetic
         return d
 
 

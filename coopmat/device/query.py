@@ -7,6 +7,7 @@ from typing import Any
 from coopmat.device import vkffi
 from coopmat.device.model import (
     RELEVANT_EXTENSIONS,
+    SHADER_STAGE_COMPUTE,
     CooperativeMatrixProperties,
     DeviceLimits,
     FlexibleDimensionsProperties,
@@ -35,6 +36,7 @@ BFLOAT16_FEATURES = ("shaderBFloat16Type", "shaderBFloat16CooperativeMatrix")
 FLOAT8_FEATURES = ("shaderFloat8", "shaderFloat8CooperativeMatrix")
 PIPELINE_STATS_FEATURES = ("pipelineExecutableInfo",)
 BASE_FEATURES = ("shaderInt16", "shaderInt64")
+SUBGROUP_FEATURE_ARITHMETIC = 0x4  # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT
 
 # (extension, features structure of our own FFI, its sType, its feature names): read, and
 # enabled at device creation, only where the extension is offered.
@@ -155,6 +157,8 @@ def _limits(pd: Any, exts: set[str]) -> DeviceLimits:
             nv.cooperativeMatrixFlexibleDimensionsMaxDimension if nv is not None else None),
         cooperative_matrix_workgroup_scope_reserved_shared_memory=(
             nv.cooperativeMatrixWorkgroupScopeReservedSharedMemory if nv is not None else None),
+        subgroup_arithmetic=bool(subgroup.supportedOperations & SUBGROUP_FEATURE_ARITHMETIC
+                                 and subgroup.supportedStages & SHADER_STAGE_COMPUTE),
     )
 
 

@@ -154,7 +154,9 @@ def _limits(d: dict[str, Any], notes: list[str]) -> DeviceLimits:
         cooperative_matrix_flexible_dimensions_max_dimension=opt(
             "cooperativeMatrixFlexibleDimensionsMaxDimension"),
         cooperative_matrix_workgroup_scope_reserved_shared_memory=opt(
-            "cooperativeMatrixWorkgroupScopeReservedSharedMemory"))
+            "cooperativeMatrixWorkgroupScopeReservedSharedMemory"),
+        subgroup_arithmetic=None if lim.get("subgroupArithmetic") is None
+        else bool(lim["subgroupArithmetic"]))
 
 
 def _inferred_features(configs: tuple[CooperativeMatrixProperties, ...],

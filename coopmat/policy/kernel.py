@@ -8,10 +8,11 @@ object and reads no environment variable, so it is tested against recorded devic
 without a GPU; the dispatcher (coopmat.dispatch.gemm) carries the choice out.
 
 The rules, each with its measurement in docs/kernels.md:
-- family: forced by Options; else rows for at most ROWS_MAX_M rows on a GPU where its
-  preconditions hold (abi.rows_violation; a tuned rows tile where the table has one,
-  taking precedence over a tuned choice of another family, which predates it); else the
-  tuned choice for the device, dtype pair and shape class, else khr;
+- family: forced by Options; else gemv where `gemv_by_default` says so and GEMV_DEFAULT
+  is on (off until measured on a GPU: at most GEMV_MAX_M rows, a column-major B, a GPU,
+  gemv_violation None); else the tuned choice for the device, dtype pair and shape class
+  (rows and gemv run where their preconditions hold, else khr), else khr;
+- gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
 - rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
 - khr tile: tuned, else the default for the shape class (few rows, or general);
@@ -32,17 +33,27 @@ from coopmat.codegen import (
     SMALL_M,
     GemmParams,
     GemmTraits,
+    GemvTraits,
     KhrTraits,
     Layout,
     RowsTraits,
     Tile,
     abi,
 )
+from coopmat.codegen.gemv_tiles import GEMV_MAX_M
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.rows import RowsPlan
 from coopmat.codegen.traits import EpilogueOps
-from coopmat.codegen.variants import is_cpu, khr_tile, khr_traits, nv2_tiles, rows_traits
+from coopmat.codegen.variants import (
+    GEMV_OPERANDS,
+    gemv_traits,
+    is_cpu,
+    khr_tile,
+    khr_traits,
+    nv2_tiles,
+    rows_traits,
+)
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
 from coopmat.errors import MissingFeatureError
@@ -64,6 +75,11 @@ MEDIUM_MN = 2048 * 2048
 # and a write) would cost more than it saves.
 PACK_MIN_M = SMALL_M + 1
 K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
+
+# The gemv family (no cooperative matrices; few rows against a column-major B) as the
+# default for decode shapes (`gemv_by_default`): off until measured on a GPU. Forced
+# (Options.family) or tuned, it runs whatever this says.
+GEMV_DEFAULT = False
 
 # Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
@@ -258,6 +274,61 @@ def rows_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     return None, why
 
 
+def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                   b_layout: Layout, params: GemmParams) -> str | None:
+    """Why the gemv kernel cannot run the problem (as the kernel reads it), or None."""
+    pair = problem.pair
+    if pair.operand not in GEMV_OPERANDS or not pair.result.is_float or \
+            not pair.stored.is_float:
+        return (f"it computes float16 and bfloat16 products with float results, not "
+                f"{pair.describe_result()}")
+    if problem.b_quant is not None:
+        return f"B is quantized ({problem.b_quant})"
+    if b_layout != Layout.COLUMN_MAJOR:
+        return ("B is not column-major (it reads B's columns along K: a weight stored N x K, "
+                "used as x @ w.T)")
+    if a_layout != Layout.ROW_MAJOR:
+        return "A is not row-major (it reads A's rows along K)"
+    if info.limits.subgroup_arithmetic is False:
+        return (f"device {info.index} ({info.name}) lacks subgroup arithmetic in compute "
+                f"shaders")
+    return abi.gemv_violation_params(params)
+
+
+def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                    b_layout: Layout, params: GemmParams) -> bool:
+    """The rule that would pick gemv unforced and untuned: at most GEMV_MAX_M rows against
+    a column-major B on a GPU (not a CPU driver), where its preconditions hold. The
+    policy applies it only while GEMV_DEFAULT is on."""
+    return (problem.M <= GEMV_MAX_M and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
+            and gemv_violation(info, problem, a_layout, b_layout, params) is None)
+
+
+def gemv_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                b_layout: Layout, params: GemmParams,
+                tile: Tile | None = None) -> tuple[GemvTraits | None, str]:
+    """(gemv traits, "") for the problem, with `tile` where it fits the device (its
+    subgroup size sets tile_k), else the default tile; (None, why not) where the gemv
+    kernel cannot run it."""
+    why = gemv_violation(info, problem, a_layout, b_layout, params)
+    if why is not None:
+        return None, why
+    pair = problem.pair
+    for t in (tile, None) if tile is not None else (None,):
+        gemv = gemv_traits(pair.operand, pair.result, info.limits, problem.has_c, problem.M,
+                           tile=t, out_type=pair.out, ops=problem.ops)
+        try:
+            gemv.check_tile()
+        except ValueError as exc:
+            why = str(exc)
+            continue
+        if gemv.invocations > info.limits.max_compute_work_group_invocations:
+            why = f"gemv tile {gemv.tile.describe()} has too many invocations"
+            continue
+        return gemv, ""
+    return None, why or "no gemv tile fits"
+
+
 def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                    b_layout: Layout, params: GemmParams, options: Options,
                    tuned: Tuned) -> tuple[GemmTraits, str]:
@@ -267,6 +338,18 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
         return _quant_traits(info, problem, a_layout, b_layout, params, options), "default"
     fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
     why = "forced" if options.family else "tuned" if tile is not None else "default"
+    if not options.family and fam != "gemv" and GEMV_DEFAULT and \
+            gemv_by_default(info, problem, a_layout, b_layout, params):
+        # Over a tuned choice of another family too: the tables predate the gemv family.
+        fam, tile, why = "gemv", None, "default"
+    if fam == "gemv":
+        gemv, why_not = gemv_choice(info, problem, a_layout, b_layout, params, tile)
+        if gemv is not None:
+            return gemv, why
+        if options.family == "gemv":
+            raise ValueError(f"the gemv kernel family cannot run this {problem.M}x"
+                             f"{problem.N}x{problem.K} product: {why_not}")
+        fam, tile, why = "khr", None, "default"  # a tuned gemv choice that does not fit
     if fam == "nv2" and problem.ops is not None and (
             not info.has("cooperativeMatrixPerElementOperations") or not options.family):
         if options.family == "nv2":

@@ -15,15 +15,15 @@ FAMILY_ENV = "COOPMAT_FAMILY"
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
 NO_TUNING_ENV = "COOPMAT_NO_TUNING"
 
-FAMILIES = ("khr", "nv2", "rows")
+FAMILIES = ("khr", "nv2", "rows", "gemv")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
 
 
 @dataclass(frozen=True)
 class Options:
-    """family: force 'khr', 'nv2' or 'rows' (None: the policy's choice). specialize: 'auto'
-    (large problems, within a per-process budget), 'always' or 'never'. tuning: use
-    tuned choices (the user's table, else the shipped one)."""
+    """family: force 'khr', 'nv2', 'rows' or 'gemv' (None: the policy's choice).
+    specialize: 'auto' (large problems, within a per-process budget), 'always' or 'never'.
+    tuning: use tuned choices (the user's table, else the shipped one)."""
 
     family: str | None = None
     specialize: str = "auto"
@@ -35,7 +35,7 @@ class Options:
         family = env.get(FAMILY_ENV, "").strip() or None
         if family not in (None, "auto", *FAMILIES):
             raise ValueError(f"{FAMILY_ENV}={family!r} is not a kernel family: use "
-                             f"'khr', 'nv2', 'rows' or 'auto'")
+                             f"'khr', 'nv2', 'rows', 'gemv' or 'auto'")
         spec = env.get(SPECIALIZE_ENV, "").strip()
         if spec not in _SPECIALIZE:
             raise ValueError(f"{SPECIALIZE_ENV}={spec!r}: use 1 (always), 0 (never) or "
@@ -49,6 +49,6 @@ class Options:
         if family is None or family == "auto":
             return self
         if family not in FAMILIES:
-            raise ValueError(f"unknown kernel family {family!r}: use 'khr', 'nv2', 'rows' or "
-                             f"'auto'")
+            raise ValueError(f"unknown kernel family {family!r}: use 'khr', 'nv2', 'rows', "
+                             f"'gemv' or 'auto'")
         return replace(self, family=family)

@@ -1,0 +1,307 @@
+"""The gemv kernel: a few rows of D against a column-major B, at memory bandwidth, without
+cooperative matrices (GemvTraits; issue #16).
+
+Decode-shaped products (M = 1..8 rows against a float16 weight) are bound by reading B
+once. B is column-major (the linear layer's weight, stored N x K and used as x @ w.T), so
+each of its columns is contiguous along K. Per workgroup (a strip of S * C columns from
+n0 = WorkgroupId.x * S * C, rows m0 = WorkgroupId.y * R .. m0 + R - 1, batch
+WorkgroupId.z):
+
+    subgroup s owns columns n0 + s C .. n0 + s C + C - 1; lane l of it, per step of
+    subgroup_size * U 16-byte units of K (8 elements each):
+        for u < U: load unit (step + u * subgroup_size + l) of each of its C columns of B
+                   and of each of the R rows of A                    (all loads first)
+        for u < U, rows r, columns j: acc[r][j] += A[r] . B[j] over the unit's 8 elements
+    remainder (K not a multiple of 8 * subgroup_size * U): one unit per lane at a time,
+        units past K read unit 0 and count as zero (subgroup-uniform control flow)
+    then per (r, j): the lane's 4-wide float32 sum, summed across the subgroup
+        (OpGroupNonUniformFAdd, Reduce); lane (r C + j) % subgroup_size applies the
+        epilogue to D[m0 + r, n0 + s C + j] where it lies inside M x N:
+        act(alpha * acc + beta * C + bias) + residual, rounded once to D's type.
+
+A subgroup thus reads subgroup_size * 16 contiguous bytes of each column per load, and
+each lane keeps U * C 16-byte loads of B in flight. Columns past N and rows past M load a
+clamped (valid) column or row, whose sums are never stored: no branches around the loads.
+A (R rows, a few KiB) is read by every workgroup and stays in cache; it is not staged in
+shared memory. No shared memory and no barriers at all.
+
+Elements are converted to float32 as they are used: float16 by a bitcast of two 32-bit
+words to four halves and OpFConvert; bfloat16 with integer operations only (a bfloat16 is
+the top half of a float32: w << 16 and w & 0xffff0000 are the even and odd elements of
+a word as float32), so a bfloat16 kernel needs no bfloat16 feature unless D holds one.
+A and B go through the same mapping, so a unit's dot product pairs the right elements.
+
+Preconditions (abi.gemv_violation; the policy checks them): K, lda, ldb and the batch
+strides of A and B multiples of 8 elements (16-byte loads); A row-major and B
+column-major (both contiguous along K; GemvTraits.check_tile).
+"""
+
+from __future__ import annotations
+
+from coopmat.codegen import abi
+from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
+from coopmat.codegen.plan import element_bytes
+from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.spv import (
+    BuiltIn,
+    Capability,
+    ExecutionMode,
+    ExecutionModel,
+    GroupOperation,
+    Op,
+    Scope,
+)
+from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits
+from coopmat.codegen.types import scalar_type, type_capabilities, type_extension
+from coopmat.device.enums import ComponentType
+
+_UNIT_BYTES = 16  # one load: GEMV_VECTOR 16-bit elements as four 32-bit words
+
+
+class GemvEmitter:
+    def __init__(self, t: GemvTraits) -> None:
+        t.check_tile()
+        self.t = t
+        self.s = ShaderContext()
+
+    # -- declarations -------------------------------------------------------------------
+    def _declare(self) -> None:
+        t, s = self.t, self.s
+        mb = s.mb
+        ext = type_extension(t.stored_type)
+        if ext:
+            mb.extension(ext)
+        mb.capability(*sorted(required_capabilities(t)))
+        self.f32 = mb.type_float(32)
+        self.vec4 = mb.type_vector(self.f32, 4)
+        self.uvec4 = mb.type_vector(s.u32, 4)
+        self.uvec2 = mb.type_vector(s.u32, 2)
+        self.bf16 = t.a_type == ComponentType.BFLOAT16
+        if not self.bf16:
+            self.h4 = mb.type_vector(mb.type_float(16), 4)
+        else:
+            self.shift16 = mb.const_composite(self.uvec4, [s.c(16)] * 4)
+            self.high16 = mb.const_composite(self.uvec4, [s.c(0xFFFF0000)] * 4)
+        self.o_el = scalar_type(mb, t.stored_type)
+        self.zero_unit = mb.const_null(self.uvec4)
+        self.A = s.storage_buffer(abi.BINDING_A, self.uvec4, _UNIT_BYTES, True, "A",
+                                  restrict=True)
+        self.B = s.storage_buffer(abi.BINDING_B, self.uvec4, _UNIT_BYTES, True, "B",
+                                  restrict=True)
+        ob = element_bytes(t.stored_type)
+        self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
+        self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
+        ops = t.ops
+        self.bias = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
+                                     restrict=True) if ops and ops.bias else None
+        self.residual = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
+                                         "residual") if ops and ops.residual else None
+        s.push_constants(abi.PUSH_FIELDS, [s.u32] * 11 + [self.f32, self.f32, s.u32])
+
+    # -- runtime values -------------------------------------------------------------------
+    def _setup(self) -> None:
+        s, t = self.s, self.t
+        v3 = s.mb.type_vector(s.u32, 3)
+        wg = s.builtin(BuiltIn.WorkgroupId, v3)
+        self.sgid = s.builtin(BuiltIn.SubgroupId, s.u32)
+        self.lane = s.builtin(BuiltIn.SubgroupLocalInvocationId, s.u32)
+        wx, wy, batch = (s.f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(3))
+        P = self.P = {name: s.param(name) for name in abi.PUSH_FIELDS}
+        self.m0 = s.mul(wy, s.c(t.rows))
+        self.col0 = s.add(s.mul(wx, s.c(t.tile.tile_n)), s.mul(self.sgid, s.c(t.cols)))
+        self.base_c = s.mul(batch, P["batch_stride_c"])
+        self.base_d = s.mul(batch, P["batch_stride_d"])
+        shift = s.c(GEMV_VECTOR.bit_length() - 1)
+        self.k_units = s.shr(P["K"], shift)  # K % 8 == 0 (a precondition)
+        last_row = s.f.op(Op.ISub, s.u32, P["M"], s.c(1))
+        last_col = s.f.op(Op.ISub, s.u32, P["N"], s.c(1))
+        base_a = s.mul(batch, P["batch_stride_a"])
+        base_b = s.mul(batch, P["batch_stride_b"])
+        # Where each row of A and column of B starts, in 16-byte units (clamped inside the
+        # matrix: the sums of rows and columns past it are computed but never stored).
+        self.a_row = []
+        for r in range(t.rows):
+            row = s.add(self.m0, s.c(r))
+            row = s.select(s.u32, s.lt(row, P["M"]), row, last_row)
+            self.a_row.append(s.shr(s.add(base_a, s.mul(row, P["lda"])), shift))
+        self.b_col = []
+        for j in range(t.cols):
+            col = s.add(self.col0, s.c(j))
+            col = s.select(s.u32, s.lt(col, P["N"]), col, last_col)
+            self.b_col.append(s.shr(s.add(base_b, s.mul(col, P["ldb"])), shift))
+        self.epilogue = Epilogue(s, float_result=True, acc_el=self.f32, acc_is_f32=True,
+                                 alpha=P["alpha"], beta=P["beta"])
+        self.element_ops = self._element_ops()
+
+    def _element_ops(self) -> ElementOps | None:
+        s, ops, P = self.s, self.t.ops, self.P
+        if ops is None:
+            return None
+        bias, residual = self.bias, self.residual
+
+        def load_bias(row: int, col: int) -> int:
+            assert bias is not None
+            return s.buffer_load(bias, col)
+
+        def load_residual(row: int, col: int) -> int:
+            assert residual is not None  # addressed exactly like D
+            return s.buffer_load(residual,
+                                 s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)))
+
+        return ElementOps(s, ops, float_result=True, stored_el=self.o_el,
+                          load_bias=load_bias if bias else None,
+                          load_residual=load_residual if residual else None)
+
+    # -- arithmetic ------------------------------------------------------------------------
+    def _widen(self, unit: int) -> tuple[int, int]:
+        """A 16-byte unit (uvec4) as two float32 vec4s holding its 8 elements (in an order
+        that is the same for A and B)."""
+        f = self.s.f
+        if self.bf16:
+            even = f.op(Op.ShiftLeftLogical, self.uvec4, unit, self.shift16)
+            odd = f.op(Op.BitwiseAnd, self.uvec4, unit, self.high16)
+            return (f.op(Op.Bitcast, self.vec4, even), f.op(Op.Bitcast, self.vec4, odd))
+        out = []
+        for lo in (0, 2):
+            words = f.op(Op.VectorShuffle, self.uvec2, unit, unit, lo, lo + 1)
+            halves = f.op(Op.Bitcast, self.h4, words)
+            out.append(f.op(Op.FConvert, self.vec4, halves))
+        return out[0], out[1]
+
+    def _accumulate(self, accs: list[list[int]], a_units: list[int],
+                    b_units: list[int]) -> None:
+        """accs[r][j] += the products of one unit of A's row r and B's column j."""
+        f, v = self.s.f, self.vec4
+        a = [self._widen(x) for x in a_units]
+        b = [self._widen(x) for x in b_units]
+        for r in range(self.t.rows):
+            for j in range(self.t.cols):
+                acc = accs[r][j]
+                for half in (0, 1):
+                    acc = f.op(Op.FAdd, v, acc, f.op(Op.FMul, v, a[r][half], b[j][half]))
+                accs[r][j] = acc
+
+    def _load_accs(self) -> list[list[int]]:
+        return [[self.s.f.op(Op.Load, self.vec4, var) for var in row] for row in self.acc_vars]
+
+    def _store_accs(self, accs: list[list[int]]) -> None:
+        for row_vars, row_vals in zip(self.acc_vars, accs, strict=True):
+            for var, val in zip(row_vars, row_vals, strict=True):
+                self.s.f.emit(Op.Store, var, val)
+
+    def _units(self, unit: int, valid: int | None = None) -> tuple[list[int], list[int]]:
+        """Unit `unit` of every row of A and column of B; where `valid` is false, unit 0
+        is read and zeros returned."""
+        s = self.s
+        if valid is not None:
+            unit = s.select(s.u32, valid, unit, s.c(0))
+        b = [s.buffer_load(self.B, s.add(base, unit)) for base in self.b_col]
+        a = [s.buffer_load(self.A, s.add(base, unit)) for base in self.a_row]
+        if valid is not None:
+            b = [s.select(self.uvec4, valid, x, self.zero_unit) for x in b]
+            a = [s.select(self.uvec4, valid, x, self.zero_unit) for x in a]
+        return a, b
+
+    # -- the K loop ---------------------------------------------------------------------------
+    def _k_loop(self) -> None:
+        s, f, t = self.s, self.s.f, self.t
+        sg = t.subgroup_size
+        step = sg * t.unroll  # units of K per step of the subgroup
+        full = s.udiv(self.k_units, s.c(step))
+        it_var = f.local(s.u32, s.c(0))
+
+        def body() -> None:
+            k0 = s.add(s.mul(f.op(Op.Load, s.u32, it_var), s.c(step)), self.lane)
+            loads = [self._units(s.add(k0, s.c(u * sg))) for u in range(t.unroll)]
+            accs = self._load_accs()
+            for a, b in loads:
+                self._accumulate(accs, a, b)
+            self._store_accs(accs)
+
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, it_var), full), body,
+                 lambda: f.emit(Op.Store, it_var, s.add(f.op(Op.Load, s.u32, it_var),
+                                                        s.c(1))))
+        # The remainder: fewer than `step` units, subgroup_size at a time.
+        k_var = f.local(s.u32)
+        f.emit(Op.Store, k_var, s.mul(full, s.c(step)))
+
+        def tail() -> None:
+            unit = s.add(f.op(Op.Load, s.u32, k_var), self.lane)
+            a, b = self._units(unit, s.lt(unit, self.k_units))
+            accs = self._load_accs()
+            self._accumulate(accs, a, b)
+            self._store_accs(accs)
+
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.k_units), tail,
+                 lambda: f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var),
+                                                       s.c(sg))))
+
+    # -- reduction and epilogue -----------------------------------------------------------
+    def _store(self, row: int, col: int, acc: int) -> None:
+        """D[row, col] = act(alpha * acc + beta * C[row, col] + bias) + residual, rounded
+        once to D's type (in bounds)."""
+        s, P = self.s, self.P
+
+        def load_c(out_type: int) -> int:
+            assert self.C is not None
+            return s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(row, P["ldc"]), col)))
+
+        types = Types(self.f32, self.o_el)
+        c_loader = load_c if self.C is not None else None
+        if self.element_ops is None:
+            value = self.epilogue.apply(types, acc, c_loader, matrix=False)
+        else:
+            value = self.element_ops.apply(
+                self.epilogue.combine(types, acc, c_loader, matrix=False), self.f32, row,
+                col, self.o_el)
+        s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)), value)
+
+    def _reduce_and_store(self) -> None:
+        s, f, t = self.s, self.s.f, self.t
+        accs = self._load_accs()
+        for r in range(t.rows):
+            row = s.add(self.m0, s.c(r))
+            for j in range(t.cols):
+                col = s.add(self.col0, s.c(j))
+                acc = accs[r][j]
+                parts = [f.op(Op.CompositeExtract, self.f32, acc, i) for i in range(4)]
+                lane_sum = f.op(Op.FAdd, self.f32, f.op(Op.FAdd, self.f32, parts[0], parts[1]),
+                                f.op(Op.FAdd, self.f32, parts[2], parts[3]))
+                total = f.op(Op.GroupNonUniformFAdd, self.f32, s.c(Scope.Subgroup),
+                             GroupOperation.Reduce, lane_sum)
+                owner = (r * t.cols + j) % t.subgroup_size
+                ok = s.and_(f.op(Op.IEqual, s.bool, self.lane, s.c(owner)),
+                            s.and_(s.lt(row, self.P["M"]), s.lt(col, self.P["N"])))
+
+                def store(row: int = row, col: int = col, total: int = total) -> None:
+                    self._store(row, col, total)
+
+                f.if_(ok, store)
+
+    # -- the module ---------------------------------------------------------------------
+    def build(self) -> bytes:
+        self._declare()
+        self._setup()
+        s, t = self.s, self.t
+        zero = s.mb.const_null(self.vec4)
+        self.acc_vars = [[s.f.local(self.vec4, zero) for _ in range(t.cols)]
+                         for _ in range(t.rows)]
+        self._k_loop()
+        self._reduce_and_store()
+        s.f.finish()
+        s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
+        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, t.invocations, 1, 1)
+        return s.mb.assemble()
+
+
+def required_capabilities(t: GemvTraits) -> set[Capability]:
+    caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.GroupNonUniform,
+            Capability.GroupNonUniformArithmetic}
+    if t.a_type == ComponentType.FLOAT16:  # halves converted in registers
+        caps.add(Capability.Float16)
+    caps.update(type_capabilities(t.stored_type, in_storage_buffer=True))
+    return caps
+
+
+def emit_gemv(t: GemvTraits) -> bytes:
+    return GemvEmitter(t).build()

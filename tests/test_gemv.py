@@ -1,0 +1,356 @@
+"""The gemv kernel family (few rows against a column-major B, no cooperative matrices).
+
+Codegen and policy tests run on recorded devices without a GPU (spirv-val where it is
+installed). Live tests force the family (family="gemv", the policy's default keeps khr
+until gemv is measured on a GPU) on the device scripts/test selects (lavapipe in CI:
+subgroup size 8, so the default tile reads 8 x 8 x 2 = 128 elements of K per step) and
+compare with numpy in float64: small-integer data exactly, general data within the
+K-term dot-product bound of test_matmul (test_epilogue's oracle for the fused ops).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import coopmat
+import coopmat.linalg
+from coopmat.codegen import GemmParams, GemvTraits, Layout, build_gemm, cache, gemv_traits
+from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile, gemv_sweep
+from coopmat.codegen.tools import find_tool, validate
+from coopmat.codegen.traits import Activation, EpilogueOps, gemv_tile
+from coopmat.codegen.variants import gemv_variants, khr_subgroup_size
+from coopmat.device.enums import ComponentType as CT
+from coopmat.device.record import load_records
+from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose
+from coopmat.policy import kernel as policy_kernel
+from tests.test_epilogue import check, oracle
+from tests.test_matmul import BFLOAT16, float_tolerance, reference, require, small_ints
+
+DATA = Path(__file__).parent / "data"
+(H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
+(LAVAPIPE,) = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")
+RNG = np.random.default_rng(1616)
+F16 = TypePair(CT.FLOAT16, CT.FLOAT32, CT.FLOAT16)
+F16_F32 = TypePair(CT.FLOAT16, CT.FLOAT32)
+
+needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
+                                     reason="spirv-val not found")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+
+
+# -- codegen ----------------------------------------------------------------------------
+
+def test_traits_name_and_tile_mapping() -> None:
+    t = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 5, out_type=CT.FLOAT16)
+    assert (t.rows, t.cols, t.splits, t.unroll) == (5, 2, 4, 2)
+    assert t.tile == gemv_tile(rows=5, cols=2, splits=4, unroll=2, subgroup_size=32)
+    assert t.tile.tile_k == 8 * 32 * 2 and t.invocations == 128
+    assert t.describe() == "gemv-f16f16-f32-5x2x2-sg32-rc-noc-general-t5x8x512s4x1b2-outf16"
+    k = build_gemm(t)
+    assert k.shared_memory_bytes == 0 and k.workgroups(5, 4100, 3) == (513, 1, 3)
+    assert "shaderFloat16" in k.features and "cooperativeMatrix" not in k.features
+    # Rows past GEMV_MAX_M are further row blocks.
+    assert gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 20).tile.tile_m == 8
+    with pytest.raises(ValueError, match="tile_k must be"):
+        dataclasses.replace(t, tile=dataclasses.replace(t.tile, tile_k=64)).check_tile()
+    with pytest.raises(ValueError, match="column-major B"):
+        dataclasses.replace(t, b_layout=Layout.ROW_MAJOR).check_tile()
+
+
+@needs_spirv_val
+@pytest.mark.parametrize("info", [H200, LAVAPIPE], ids=["h200", "lavapipe"])
+def test_spirv_val_sweep_tiles(info) -> None:
+    sg = khr_subgroup_size(info.limits)
+    ops = EpilogueOps(bias=True, activation=Activation.GELU_TANH, residual=True)
+    for M in (1, GEMV_MAX_M):
+        for tile in gemv_sweep(M, sg, info.limits.max_compute_work_group_invocations):
+            t = gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, True, M, tile=tile,
+                            out_type=CT.FLOAT16, ops=ops)
+            result = validate(build_gemm(t).spirv)
+            assert result.ok, (t.describe(), result.message)
+
+
+@needs_spirv_val
+def test_spirv_val_variants_and_types() -> None:
+    names = [t.describe() for t in gemv_variants(H200)]
+    assert len(names) == len(set(names)) and any("bf16" in n for n in names)
+    extra = [gemv_traits(CT.BFLOAT16, CT.FLOAT32, H200.limits, False, 3,
+                         ops=EpilogueOps(activation=Activation.SILU)),
+             gemv_traits(CT.FLOAT16, CT.FLOAT16, H200.limits, True, 8)]
+    for t in [*gemv_variants(H200), *extra]:
+        result = validate(build_gemm(t).spirv)
+        assert result.ok, (t.describe(), result.message)
+
+
+def test_kernel_refuses_broken_parameters() -> None:
+    t = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 1)
+    k = build_gemm(t)
+    ok = GemmParams(M=1, N=100, K=64, lda=64, ldb=64, ldc=100, ldd=100)
+    k.push_constants(ok)
+    for bad, why in ((dataclasses.replace(ok, K=60, lda=60, ldb=60), "K=60"),
+                     (dataclasses.replace(ok, ldb=68), "leading dimension 68"),
+                     (dataclasses.replace(ok, batch_stride_a=4), "batch stride 4")):
+        with pytest.raises(ValueError, match=f"gemv kernel cannot run.*{why}"):
+            k.push_constants(bad)
+
+
+# -- policy -----------------------------------------------------------------------------
+
+def _problem(M: int, N: int = 4096, K: int = 4096, pair: TypePair = F16,
+             b_layout: Layout = Layout.COLUMN_MAJOR, **kw) -> Problem:
+    ldb = K if b_layout == Layout.COLUMN_MAJOR else N
+    return Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
+                   OperandLayout(b_layout, ldb), **kw)
+
+
+def test_forced_family() -> None:
+    ops = EpilogueOps(bias=True, activation=Activation.RELU)
+    c = choose(H200, _problem(4, ops=ops), Options(family="gemv"))
+    assert isinstance(c.traits, GemvTraits) and c.why == "forced"
+    assert c.traits.ops == ops and c.traits.out_type == CT.FLOAT16 and c.traits.rows == 4
+    assert c.margins == (0, 0)
+    # M past GEMV_MAX_M still runs, in row blocks (forced only).
+    assert choose(H200, _problem(20), Options(family="gemv")).traits.tile.tile_m == 8
+    with pytest.raises(ValueError, match="gemv kernel family cannot run.*not column-major"):
+        choose(H200, _problem(4, b_layout=Layout.ROW_MAJOR), Options(family="gemv"))
+    with pytest.raises(ValueError, match="gemv kernel family cannot run.*K=4092 is not a "
+                                         "multiple of 8"):
+        choose(H200, _problem(4, K=4092), Options(family="gemv"))
+    with pytest.raises(ValueError, match="gemv kernel family cannot run.*int8"):
+        choose(H200, _problem(4, pair=TypePair(CT.SINT8, CT.SINT32)), Options(family="gemv"))
+    assert Options.from_env({"COOPMAT_FAMILY": "gemv"}).family == "gemv"
+
+
+def test_default_rule_is_off_but_would_pick_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rule(info, p):
+        return policy_kernel.gemv_by_default(info, p, p.a.layout, p.b.layout,
+                                             choose(info, p).params)
+
+    assert rule(H200, _problem(1)) and rule(H200, _problem(GEMV_MAX_M))
+    assert rule(H200, _problem(2, pair=TypePair(CT.BFLOAT16, CT.FLOAT32)))
+    assert not rule(H200, _problem(GEMV_MAX_M + 1))
+    assert not rule(H200, _problem(1, b_layout=Layout.ROW_MAJOR))
+    assert not rule(H200, _problem(1, K=4100))
+    assert not rule(H200, _problem(1, pair=TypePair(CT.SINT8, CT.SINT32)))
+    assert not rule(LAVAPIPE, _problem(1))  # a CPU driver
+    no_arith = dataclasses.replace(H200, limits=dataclasses.replace(
+        H200.limits, subgroup_arithmetic=False))
+    assert not rule(no_arith, _problem(1))
+    # Off by default: khr runs; on, gemv for decode shapes and khr otherwise.
+    assert not policy_kernel.GEMV_DEFAULT
+    assert choose(H200, _problem(1)).traits.family == "khr"
+    monkeypatch.setattr(policy_kernel, "GEMV_DEFAULT", True)
+    assert choose(H200, _problem(1)).traits.family == "gemv"
+    assert choose(H200, _problem(16)).traits.family == "khr"
+    assert choose(H200, _problem(1, b_layout=Layout.ROW_MAJOR)).traits.family == "khr"
+    assert choose(H200, _problem(1), Options(family="khr")).traits.family == "khr"
+
+
+def test_tuned_choice() -> None:
+    tile = gemv_tile(rows=8, cols=4, splits=2, unroll=4, subgroup_size=32)
+    tuned = {"float16->float32@small-m": ("gemv", tile)}
+    c = choose(H200, _problem(3), tuned=tuned)
+    assert c.why == "tuned" and c.traits.tile == dataclasses.replace(tile, tile_m=3)
+    # Where the problem does not fit gemv, the tuned choice falls back to khr.
+    assert choose(H200, _problem(3, b_layout=Layout.ROW_MAJOR), tuned=tuned).traits.family \
+        == "khr"
+    # A tile of another subgroup size is replaced by the default.
+    odd = {"float16->float32@small-m": ("gemv", dataclasses.replace(tile, tile_k=64))}
+    assert choose(H200, _problem(3), tuned=odd).traits.tile == default_gemv_tile(3, 32)
+
+
+# -- live -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pairs(live_device_info):
+    return coopmat.supported_dtypes()
+
+
+def gemv_matmul(a, b, **kw):
+    d = coopmat.matmul(a, b, family="gemv", **kw)
+    t = coopmat.linalg.last_kernel_traits()
+    assert isinstance(t, GemvTraits), t
+    return d, t
+
+
+def tail_k(info) -> int:
+    """Two whole steps of the default tile and a remainder of 3 units."""
+    sg = khr_subgroup_size(info.limits)
+    return 2 * default_gemv_tile(1, sg).tile_k + 24
+
+
+@pytest.mark.parametrize("out_dtype,result", [(None, np.float16), (np.float32, np.float32)],
+                         ids=["f16", "f32"])
+@pytest.mark.parametrize("M", [1, 2, 5, 8])
+def test_exact(pairs, live_device_info, M, out_dtype, result):
+    require(pairs, "float16", result)
+    N, K = 37, tail_k(live_device_info)  # N: not whole workgroups of columns
+    a = small_ints((M, K), np.float16)
+    w = small_ints((N, K), np.float16)
+    d, t = gemv_matmul(a, w.T, out_dtype=out_dtype)
+    assert t.rows == M and N % t.tile.tile_n
+    assert d.dtype == np.dtype(result) and d.shape == (M, N)
+    np.testing.assert_array_equal(d, reference(a, w.T, result).astype(result))
+
+
+@pytest.mark.parametrize("K", [8, 24, 64])
+def test_short_k(pairs, K):
+    """K shorter than one step: only the remainder loop runs."""
+    require(pairs, "float16", np.float32)
+    a, w = small_ints((3, K), np.float16), small_ints((19, K), np.float16)
+    d, _ = gemv_matmul(a, w.T, out_dtype=np.float32)
+    np.testing.assert_array_equal(d, reference(a, w.T, np.float32))
+
+
+@pytest.mark.parametrize("out_dtype", [None, np.float32], ids=["f16", "f32"])
+@pytest.mark.parametrize("M", [1, 5])
+def test_alpha_beta_c(pairs, live_device_info, M, out_dtype):
+    result = np.float16 if out_dtype is None else np.float32
+    require(pairs, "float16", result)
+    N, K = 45, tail_k(live_device_info)
+    a = RNG.standard_normal((M, K)).astype(np.float16)
+    w = RNG.standard_normal((N, K)).astype(np.float16)
+    c = RNG.standard_normal((M, N)).astype(result)
+    alpha, beta = 0.71875, -1.375
+    d, t = gemv_matmul(a, w.T, c=c, alpha=alpha, beta=beta, out_dtype=out_dtype)
+    assert t.has_c
+    ref = alpha * reference(a, w.T, np.float64) + beta * c.astype(np.float64)
+    tol = abs(alpha) * float_tolerance(a, w.T, np.float32, result) + \
+        2.0 ** -11 * np.abs(ref) + 1e-30
+    err = np.abs(d.astype(np.float64) - ref)
+    assert np.all(err <= tol), np.max(err / tol)
+
+
+def test_batch_and_broadcast_weight(pairs):
+    require(pairs, "float16", np.float16)
+    a = small_ints((3, 2, 160), np.float16)
+    w = small_ints((3, 21, 160), np.float16)  # one weight per batch entry
+    d, _ = gemv_matmul(a, w.transpose(0, 2, 1))
+    np.testing.assert_array_equal(
+        d, reference(a, w.transpose(0, 2, 1), np.float16).astype(np.float16))
+    w1 = small_ints((21, 160), np.float16)  # one weight for every batch entry
+    c = small_ints((3, 2, 21), np.float16)
+    d, t = gemv_matmul(a, w1.T, c=c, beta=1.0)
+    assert t.has_c
+    np.testing.assert_array_equal(
+        d, (reference(a, w1.T, np.float64) + c).astype(np.float16))
+
+
+def test_more_rows_than_one_block(pairs):
+    """Forced past GEMV_MAX_M rows: further row blocks (WorkgroupId.y) cover the rest."""
+    require(pairs, "float16", np.float16)
+    a, w = small_ints((19, 96), np.float16), small_ints((30, 96), np.float16)
+    d, t = gemv_matmul(a, w.T)
+    assert t.tile.tile_m == GEMV_MAX_M
+    np.testing.assert_array_equal(d, reference(a, w.T, np.float16).astype(np.float16))
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("bias,residual", [(True, True), (True, False), (False, True),
+                                           (False, False)])
+def test_fused_epilogue(pairs, live_device_info, act, bias, residual):
+    if act is None and not bias and not residual:
+        pytest.skip("nothing fused: test_exact's ground")
+    require(pairs, "float16", np.float16)
+    M, N, K = 3, 29, tail_k(live_device_info)
+    a, w = RNG.standard_normal((M, K)).astype(np.float16), \
+        (RNG.standard_normal((N, K)) / 8).astype(np.float16)
+    bv = RNG.standard_normal(N).astype(np.float16) if bias else None
+    rv = RNG.standard_normal((M, N)).astype(np.float16) if residual else None
+    d, t = gemv_matmul(a, w.T, bias=bv, activation=act, residual=rv)
+    assert t.ops is not None
+    ref, tol, _ = oracle(a, w.T, bv, act, rv)
+    check(d, ref, tol, np.float16)
+
+
+def test_float32_result_with_c_and_ops(pairs):
+    require(pairs, "float16", np.float32)
+    M, N, K = 6, 40, 136
+    a, w = RNG.standard_normal((M, K)).astype(np.float16), \
+        RNG.standard_normal((N, K)).astype(np.float16)
+    c = RNG.standard_normal((M, N)).astype(np.float32)
+    bv = RNG.standard_normal(N).astype(np.float32)
+    rv = RNG.standard_normal((M, N)).astype(np.float32)
+    d, _ = gemv_matmul(a, w.T, c=c, alpha=0.5, beta=-2.0, dtype=np.float32, bias=bv,
+                       activation="silu", residual=rv)
+    ref, tol, _ = oracle(a, w.T, bv, "silu", rv, c=c, alpha=0.5, beta=-2.0)
+    check(d, ref, tol, np.float32)
+
+
+def test_linear(pairs):
+    require(pairs, "float16", np.float16)
+    x, w, bv = RNG.standard_normal((2, 4, 48)).astype(np.float16), \
+        RNG.standard_normal((36, 48)).astype(np.float16), \
+        RNG.standard_normal(36).astype(np.float16)
+    y = coopmat.linear(x, w, bv, "gelu_tanh", family="gemv")
+    assert isinstance(coopmat.linalg.last_kernel_traits(), GemvTraits)
+    ref, tol, _ = oracle(x, w.T, bv, "gelu_tanh")
+    check(y, ref, tol, np.float16)
+
+
+def _run_explicit(t: GemvTraits, pair: TypePair, a: np.ndarray, b: np.ndarray,
+                  out_dtype) -> np.ndarray:
+    """Run explicit traits through PreparedGemm (as a GPU sweep does)."""
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+
+    g = PreparedGemm(runtime(), pair, a[None], b[None], None, 1, 1.0, 0.0, traits=t)
+    try:
+        out = np.empty((1, a.shape[0], b.shape[1]), out_dtype)
+        g.execute()
+        g.read(out)
+    finally:
+        g.release()
+    assert g.traits == t
+    return out[0]
+
+
+def test_bfloat16(live_device_info):
+    """bfloat16 operands are widened with integer operations (no bfloat16 feature needed
+    for float32 results): explicit traits run where matmul offers no bfloat16."""
+    a = small_ints((4, 200), BFLOAT16)
+    w = small_ints((33, 200), BFLOAT16)
+    t = gemv_traits(CT.BFLOAT16, CT.FLOAT32, live_device_info.limits, False, 4)
+    out = _run_explicit(t, TypePair(CT.BFLOAT16, CT.FLOAT32), a, w.T, np.float32)
+    np.testing.assert_array_equal(out, reference(a, w.T, np.float32))
+    if "bfloat16->float32" in coopmat.supported_dtypes():
+        d, t = gemv_matmul(a, w.T)
+        assert t.a_type == CT.BFLOAT16
+        np.testing.assert_array_equal(d, reference(a, w.T, np.float32))
+
+
+@pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (3, 3, 3)])
+def test_swept_tiles(pairs, live_device_info, cols, splits, unroll):
+    """Explicit traits with other tiles (as a GPU sweep times them)."""
+    require(pairs, "float16", np.float32)
+    sg = khr_subgroup_size(live_device_info.limits)
+    tile = gemv_tile(rows=8, cols=cols, splits=splits, unroll=unroll, subgroup_size=sg)
+    t = gemv_traits(CT.FLOAT16, CT.FLOAT32, live_device_info.limits, False, 7, tile=tile)
+    M, N, K = 7, 3 * t.tile.tile_n + 5, t.tile.tile_k + 8 * sg + 16
+    a = small_ints((M, K), np.float16)
+    w = small_ints((N, K), np.float16)
+    out = _run_explicit(t, F16_F32, a, w.T, np.float32)
+    np.testing.assert_array_equal(out, reference(a, w.T, np.float32))
+
+
+def test_preconditions_are_errors(pairs):
+    require(pairs, "float16", np.float16)
+    a = small_ints((2, 64), np.float16)
+    with pytest.raises(ValueError, match="gemv kernel family cannot run.*not column-major"):
+        coopmat.matmul(a, small_ints((64, 16), np.float16), family="gemv")
+    with pytest.raises(ValueError, match="K=20 is not a multiple of 8"):
+        coopmat.matmul(small_ints((2, 20), np.float16), small_ints((16, 20), np.float16).T,
+                       family="gemv")
+    if "int8->int32" in pairs:
+        with pytest.raises(ValueError, match="gemv kernel family cannot run"):
+            coopmat.matmul(np.ones((2, 64), np.int8), np.ones((16, 64), np.int8).T,
+                           family="gemv")
