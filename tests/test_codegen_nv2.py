@@ -336,10 +336,10 @@ def test_cli_validate_all_includes_nv2(capsys: pytest.CaptureFixture[str]) -> No
     assert sum(ln.startswith("PASS nv2-") for ln in lines) == 48
     assert cli.main(["--list", "--properties", str(H200)]) == 0
     names = capsys.readouterr().out.splitlines()
-    # khr variants, then nv2 ones (and the rows family's, listed after them)
+    # khr variants, then nv2 ones (and the rows and gemv families', listed after them)
     assert sum(n.startswith("khr-") for n in names) == (11 + 3) * 24
     assert sum(n.startswith("nv2-") for n in names) == 48
-    assert all(n.split("-")[0] in ("khr", "nv2", "rows") for n in names)
+    assert all(n.split("-")[0] in ("khr", "nv2", "rows", "gemv") for n in names)
 
 
 @needs_spirv_tools
