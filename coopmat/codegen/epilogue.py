@@ -27,11 +27,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen import abi
+from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import GLSLstd450, Op
 from coopmat.codegen.traits import Activation, EpilogueOps
 
-__all__ = ["Activation", "ElementOps", "Epilogue", "EpilogueOps", "Types"]
+__all__ = ["Activation", "ElementOps", "Epilogue", "EpilogueOps", "Types", "buffer_element_ops",
+           "epilogue_buffers"]
 
 
 ElementLoader = Callable[[int, int], int]
@@ -123,6 +125,39 @@ class ElementOps:
             r = self.convert(self.load_residual(row, col), self.stored_el, w)
             x = s.f.op(add, w, x, r)
         return self.convert(x, w, result_el)
+
+
+def epilogue_buffers(s: ShaderContext, ops: EpilogueOps | None, stored_el: int,
+                     stored_bytes: int) -> tuple[Buffer | None, Buffer | None]:
+    """The bias and residual bindings (abi.BINDING_BIAS, abi.BINDING_RESIDUAL) of the
+    fused operations `ops` asks for, elements of D's stored type; None for each it does
+    not. Only bias is restrict: a caller may pass D's own memory as the residual."""
+    bias = s.storage_buffer(abi.BINDING_BIAS, stored_el, stored_bytes, True, "bias",
+                            restrict=True) if ops and ops.bias else None
+    residual = s.storage_buffer(abi.BINDING_RESIDUAL, stored_el, stored_bytes, True,
+                                "residual") if ops and ops.residual else None
+    return bias, residual
+
+
+def buffer_element_ops(s: ShaderContext, ops: EpilogueOps | None, *, float_result: bool,
+                       stored_el: int, bias: Buffer | None, residual: Buffer | None,
+                       base_d: int, ldd: int, work_el: int | None = None) -> ElementOps | None:
+    """ElementOps reading bias[col] and the residual addressed exactly like D (base_d +
+    row * ldd + col) from the buffers of epilogue_buffers; None without fused operations."""
+    if ops is None:
+        return None
+
+    def load_bias(row: int, col: int) -> int:
+        assert bias is not None
+        return s.buffer_load(bias, col)
+
+    def load_residual(row: int, col: int) -> int:
+        assert residual is not None
+        return s.buffer_load(residual, s.add(base_d, s.add(s.mul(row, ldd), col)))
+
+    return ElementOps(s, ops, float_result=float_result, stored_el=stored_el,
+                      load_bias=load_bias if bias else None,
+                      load_residual=load_residual if residual else None, work_el=work_el)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,12 @@ column-major (both contiguous along K; GemvTraits.check_tile).
 from __future__ import annotations
 
 from coopmat.codegen import abi
-from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
+from coopmat.codegen.epilogue import (
+    Epilogue,
+    Types,
+    buffer_element_ops,
+    epilogue_buffers,
+)
 from coopmat.codegen.plan import element_bytes
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import (
@@ -91,11 +96,7 @@ class GemvEmitter:
         ob = element_bytes(t.stored_type)
         self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
         self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
-        ops = t.ops
-        self.bias = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
-                                     restrict=True) if ops and ops.bias else None
-        self.residual = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
-                                         "residual") if ops and ops.residual else None
+        self.bias, self.residual = epilogue_buffers(s, t.ops, self.o_el, ob)
         s.push_constants(abi.PUSH_FIELDS, [s.u32] * 11 + [self.f32, self.f32, s.u32])
 
     # -- runtime values -------------------------------------------------------------------
@@ -131,26 +132,9 @@ class GemvEmitter:
             self.b_col.append(s.shr(s.add(base_b, s.mul(col, P["ldb"])), shift))
         self.epilogue = Epilogue(s, float_result=True, acc_el=self.f32, acc_is_f32=True,
                                  alpha=P["alpha"], beta=P["beta"])
-        self.element_ops = self._element_ops()
-
-    def _element_ops(self) -> ElementOps | None:
-        s, ops, P = self.s, self.t.ops, self.P
-        if ops is None:
-            return None
-        bias, residual = self.bias, self.residual
-
-        def load_bias(row: int, col: int) -> int:
-            assert bias is not None
-            return s.buffer_load(bias, col)
-
-        def load_residual(row: int, col: int) -> int:
-            assert residual is not None  # addressed exactly like D
-            return s.buffer_load(residual,
-                                 s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)))
-
-        return ElementOps(s, ops, float_result=True, stored_el=self.o_el,
-                          load_bias=load_bias if bias else None,
-                          load_residual=load_residual if residual else None)
+        self.element_ops = buffer_element_ops(
+            s, t.ops, float_result=True, stored_el=self.o_el, bias=self.bias,
+            residual=self.residual, base_d=self.base_d, ldd=P["ldd"])
 
     # -- arithmetic ------------------------------------------------------------------------
     def _widen(self, unit: int) -> tuple[int, int]:

@@ -47,7 +47,12 @@ unit in that global load, so registers and shared memory hold plain operand valu
 from __future__ import annotations
 
 from coopmat.codegen import abi
-from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
+from coopmat.codegen.epilogue import (
+    Epilogue,
+    Types,
+    buffer_element_ops,
+    epilogue_buffers,
+)
 from coopmat.codegen.plan import KernelPlan, StagePlan, element_bytes
 from coopmat.codegen.quant import QuantReader
 from coopmat.codegen.shader import Buffer, ShaderContext, SharedArray
@@ -158,11 +163,7 @@ class TiledGemmEmitter:
         ob = element_bytes(t.stored_type)
         self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
         self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
-        fused = t.ops
-        self.bias = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
-                                     restrict=True) if fused and fused.bias else None
-        self.residual = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
-                                         "residual") if fused and fused.residual else None
+        self.bias, self.residual = epilogue_buffers(s, t.ops, self.o_el, ob)
         self.scratch = (s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
                         if p.scratch_elems else None)
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
@@ -196,7 +197,9 @@ class TiledGemmEmitter:
         self.epilogue = Epilogue(s, float_result=self.float_result, acc_el=self.r_el,
                                  acc_is_f32=t.result_type == ComponentType.FLOAT32,
                                  alpha=P["alpha"], beta=P["beta"])
-        self.element_ops = self._element_ops()
+        self.element_ops = buffer_element_ops(
+            s, t.ops, float_result=self.float_result, stored_el=self.o_el, bias=self.bias,
+            residual=self.residual, base_d=self.base_d, ldd=P["ldd"], work_el=self.r_el)
         # A: lines are rows (row-major, K inner) or K columns (column-major, M inner).
         A, B = self.A, self.B
         A.base, A.ld = s.mul(batch, P["batch_stride_a"]), P["lda"]
@@ -211,26 +214,6 @@ class TiledGemmEmitter:
         if t.b_quant is not None:
             self.quant = QuantReader(s, quant_format(t.b_quant), B.buf, self.b_el, B.unit,
                                      t.b_quant_unit, B.ld)
-
-    def _element_ops(self) -> ElementOps | None:
-        s, ops, P = self.s, self.t.ops, self.P
-        if ops is None:
-            return None
-        bias, residual = self.bias, self.residual
-
-        def load_bias(row: int, col: int) -> int:
-            assert bias is not None
-            return s.buffer_load(bias, col)
-
-        def load_residual(row: int, col: int) -> int:
-            assert residual is not None  # addressed exactly like D
-            return s.buffer_load(residual,
-                                 s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)))
-
-        return ElementOps(s, ops, float_result=self.float_result, stored_el=self.o_el,
-                          load_bias=load_bias if bias else None,
-                          load_residual=load_residual if residual else None,
-                          work_el=self.r_el)
 
     # -- global -> registers -> shared --------------------------------------------------
     def _unit_coords(self, op: _Operand, r: int) -> tuple[int, int]:

@@ -64,7 +64,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from coopmat.codegen import abi
-from coopmat.codegen.epilogue import ElementOps, Epilogue, Types
+from coopmat.codegen.epilogue import ElementOps, Epilogue, Types, epilogue_buffers
 from coopmat.codegen.plan import element_bytes
 from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
@@ -226,12 +226,9 @@ class Nv2GemmEmitter:
             self.bufs[name] = s.storage_buffer(binding, elem, element_bytes(ct), readonly,
                                                name, restrict=name in ("A", "B"))
         ob = element_bytes(t.stored_type)
-        if t.ops is not None and t.ops.bias:
-            self.bufs["bias"] = s.storage_buffer(abi.BINDING_BIAS, self.o_el, ob, True, "bias",
-                                                 restrict=True)
-        if t.ops is not None and t.ops.residual:
-            self.bufs["residual"] = s.storage_buffer(abi.BINDING_RESIDUAL, self.o_el, ob, True,
-                                                     "residual")
+        bias, residual = epilogue_buffers(s, t.ops, self.o_el, ob)
+        self.bufs.update({name: buf for name, buf in (("bias", bias), ("residual", residual))
+                          if buf is not None})
         s.push_constants(abi.PUSH_FIELDS, [s.u32] * 11 + [alpha_t, alpha_t, s.u32])
 
     # -- layouts ------------------------------------------------------------------------
