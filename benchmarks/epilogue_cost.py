@@ -2,13 +2,12 @@
 gelu (tanh form) and silu, kernel time from GPU timestamps, with the driver's register
 count and local memory (COOPMAT_PIPELINE_STATS=1) and the kernel's SPIR-V size.
 
-    COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--loop]
+    COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--form=NAME]
         [--tiles=128x128x32x2x4x3,...]   (tile_m x tile_n x tile_k x sg_m x sg_n x buf)
 
---loop: the per-element copy of each block as a SPIR-V loop (khr_tiled.ELEMENT_LOOP)
-instead of unrolled; --form=NAME: silu's body replaced by another formula (FORMS, for
-finding which instruction costs); with either, use a fresh COOPMAT_CACHE_DIR, as neither
-is in the kernel cache's key.
+--form=NAME: silu's body replaced by another formula (FORMS, for finding which
+instruction costs); use a fresh COOPMAT_CACHE_DIR with it, as it is not in the kernel
+cache's key.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.codegen import build_gemm, khr_tiled
+from coopmat.codegen import build_gemm
 from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.spv import GLSLstd450, Op
 from coopmat.codegen.traits import Activation, EpilogueOps, Tile
@@ -57,7 +56,6 @@ FORMS = ("exp", "exp2", "div", "rsq", "poly")
 
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    khr_tiled.ELEMENT_LOOP = "--loop" in sys.argv
     form = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--form=")), None)
     if form:
         original = ElementOps._activation

@@ -78,9 +78,6 @@ from coopmat.codegen.types import (
 from coopmat.device.enums import ComponentType
 from coopmat.quant_formats import quant_format
 
-# The fused epilogue's per-element copy of a block as a loop (True) or unrolled.
-ELEMENT_LOOP = False
-
 
 class _Operand:
     """Per-operand (A or B) state while emitting."""
@@ -475,15 +472,13 @@ class TiledGemmEmitter:
                          value)
         s.coop_store_buffer(self.D, d_index, value, row, P["ldd"])
 
-    def _store_checked(self, acc: int, i0: int, j0: int, *, checked: bool = True,
-                       barrier: Scope = Scope.Workgroup) -> None:
+    def _store_checked(self, acc: int, i0: int, j0: int, *, checked: bool = True) -> None:
         """Through this subgroup's scratch: store the block, then copy element-wise (with
         the fused operations where the kernel has them).
 
         Runs in workgroup-uniform control flow, so it can use workgroup barriers (a
-        subgroup barrier would do, but lavapipe treats those as workgroup barriers too, so
-        they are only safe where the whole workgroup takes the same path anyway: the
-        fused epilogue, which every workgroup runs, passes Scope.Subgroup; see _epilogue).
+        subgroup barrier would do, but lavapipe treats those as workgroup barriers too,
+        and the reference interpreter runs workgroup barriers only; see _epilogue).
         `checked`: skip elements outside M x N (False only where no tile straddles an
         edge).
         """
@@ -494,7 +489,7 @@ class TiledGemmEmitter:
         base = s.mul(self.sgid, s.c(n_el))
         s.coop_store_shared(scratch, base, acc, CooperativeMatrixLayout.RowMajor,
                             s.c(t.n))
-        s.barrier(barrier)
+        s.barrier(Scope.Workgroup)
         types = Types(self.r_el, self.o_el)
         eops = self.element_ops
 
@@ -522,21 +517,9 @@ class TiledGemmEmitter:
             else:
                 copy()
 
-        count = n_el // t.subgroup_size
-        if ELEMENT_LOOP and eops is not None and count > 1:
-            # A loop, not count unrolled copies: with an activation's code in each, the
-            # unrolled form multiplies the kernel's size.
-            f = s.f
-            e_var = f.local(s.u32, s.c(0))
-            f.while_(lambda: s.lt(f.op(Op.Load, s.u32, e_var), s.c(count)),
-                     lambda: element(s.add(self.lane, s.mul(f.op(Op.Load, s.u32, e_var),
-                                                            s.c(t.subgroup_size)))),
-                     lambda: f.emit(Op.Store, e_var,
-                                    s.add(f.op(Op.Load, s.u32, e_var), s.c(1))))
-        else:
-            for e in range(count):
-                element(s.add(self.lane, s.c(e * t.subgroup_size)))
-        s.barrier(barrier)  # the scratch is free for the next block
+        for e in range(n_el // t.subgroup_size):
+            element(s.add(self.lane, s.c(e * t.subgroup_size)))
+        s.barrier(Scope.Workgroup)  # the scratch is free for the next block
 
     def _blocks(self) -> list[tuple[int, int, int]]:
         """(accumulator, row, column) of each of this subgroup's blocks of D."""
