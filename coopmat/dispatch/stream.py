@@ -201,15 +201,17 @@ class Stream:
         v = vk()
         lib, ffi, dev = v.lib, v.ffi, self.device.handle
         value = ffi.new("uint64_t[1]")
+        # Poll: back to back until t_spin, then with sleeps until t_poll; then block.
         t_spin = time.perf_counter() + (SPIN_SECONDS if spin else 0.0)
-        while time.perf_counter() < t_spin:
+        t_poll = t_spin + POLL_SECONDS
+        while True:
             if self.poll(value) >= target or self._error is not None:
                 return
-        t_poll = time.perf_counter() + POLL_SECONDS
-        while time.perf_counter() < t_poll:
-            if self.poll(value) >= target or self._error is not None:
-                return
-            time.sleep(POLL_SLEEP_S)
+            now = time.perf_counter()
+            if now >= t_poll:
+                break
+            if now >= t_spin:
+                time.sleep(POLL_SLEEP_S)
         value[0] = target
         info = ffi.new("VkSemaphoreWaitInfo *", {
             "sType": v.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, "semaphoreCount": 1,
