@@ -8,28 +8,54 @@ where COOPMAT_PIPELINE_STATS=1.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,8,16,64]
         [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE] [--families rows,gemv]
+
+With --quant q8_0,q4_0 it sweeps a quantized weight instead (GGUF blocks, x @ w.T; needs
+the gguf package): per format, shape and M, every gemv tile of the quantized sweep (at
+most GEMV_MAX_M rows), the khr quantized kernel the policy runs, and torch's peer
+(coopmat.bench_infer: int8 values times their block scale dequantized on the GPU, then
+multiplied), as quantized bytes read per second (the blocks: 34/32 or 18/32 bytes a
+weight; torch's peer reads int8 values and float16 scales, so its figure is the time of
+the same product over the format's bytes).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
-from coopmat.codegen.traits import GemvTraits, RowsTraits
-from coopmat.dispatch.gemm import PreparedGemm
-from coopmat.dispatch.runtime import runtime
+from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits
+from coopmat.dispatch.gemm import (
+    DeviceOperand,
+    PreparedGemm,
+    Staged,
+    device_plan,
+    gemm_dispatch,
+)
+from coopmat.dispatch.runtime import Runtime, runtime
 from coopmat.policy import Options, resolve
 
 REPEAT = 15
 SERIAL = 50  # dispatches per timed submission (torch: 100 launches per timing)
+
+
+def median_s(run: Callable[[], float | None]) -> float:
+    """The median GPU seconds of REPEAT runs after 3 warm-up ones."""
+    for _ in range(3):
+        run()
+    return statistics.median(run() or float("nan") for _ in range(REPEAT))
+
+
 
 
 def kernel_s(g: PreparedGemm) -> tuple[float, float]:
@@ -96,17 +122,102 @@ def split_k_estimates(rt: object, info: object, x: np.ndarray, wt: np.ndarray,
     return out
 
 
+def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
+                formats: list[str], top: int) -> list[dict[str, Any]]:
+    """The quantized sweep (--quant): per format, shape (K, N) and M, the gemv tiles,
+    the policy's khr kernel and torch's peer; returns the records."""
+    from coopmat.array import asarray, empty
+    from coopmat.bench_infer import cuda_torch, torch_dequant_matmul_ms
+    from coopmat.quantized import quantize
+
+    info = rt.device.info
+    torch = cuda_torch()
+    rng = np.random.default_rng(0)
+    records = []
+    for fmt in formats:
+        for K, N in shapes:
+            w = rng.standard_normal((N, K), dtype=np.float32) / np.sqrt(K)
+            q = quantize(w, fmt, device=rt.device)
+            deq = q.dequantize().astype(np.float64)
+            b = DeviceOperand(q.buffer, 0, Staged(Layout.COLUMN_MAJOR, K, 0, q.nbytes,
+                                                  quant=fmt))
+            tb = q.nbytes / 1e12
+            for M in ms:
+                x = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
+                ref = x.astype(np.float64) @ deq.T
+                pair = resolve(info, x.dtype, x.dtype)
+                xa, d = asarray(x, device=rt.device), empty((M, N), np.float16,
+                                                             device=rt.device)
+                a = DeviceOperand(xa.buffer, xa.offset_bytes,
+                                  Staged(Layout.ROW_MAJOR, K, 0, x.nbytes))
+                d_op = DeviceOperand(d.buffer, d.offset_bytes,
+                                     Staged(Layout.ROW_MAJOR, N, 0, d.nbytes))
+                cands: list[tuple[str, GemmTraits | None]] = [("khr", None)]
+                if M <= GEMV_MAX_M:
+                    gemv = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
+                                       Options(family="gemv")).traits
+                    assert isinstance(gemv, GemvTraits)
+                    cands += [("gemv", dataclasses.replace(gemv, tile=t)) for t in gemv_sweep(
+                        M, gemv.subgroup_size, info.limits.max_compute_work_group_invocations,
+                        b_quant=fmt)]
+                found = []
+                for label, traits in cands:
+                    try:  # "khr": the policy's khr kernel, as x @ q.T on arrays runs it
+                        plan = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
+                                           Options(family="khr"), traits=traits)
+                        dispatch = gemm_dispatch(plan, (a.buffer, a.offset),
+                                                 (b.buffer, b.offset), None, d_op)
+                    except Exception as exc:  # a tile the device refuses
+                        print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
+                        continue
+                    t1 = median_s(functools.partial(rt.executor.run, [], [dispatch], []))
+                    runs = rt.executor.run_serial([dispatch] * SERIAL, 3)
+                    t = sorted(r for r, _ in runs if r is not None)[1] / SERIAL
+                    err = float(np.abs(d.numpy().astype(np.float64) - ref).max())
+                    stats = rt.pipelines.statistics(plan.pipeline)
+                    regs = next((v for k, v in stats.items() if "egister" in k), None)
+                    found.append((t, t1, label, plan.traits.describe(), regs, err))
+                found.sort()
+                tt = torch_dequant_matmul_ms(torch, x, N, K) / 1e3 if torch else None
+                head = f"{fmt} {M}x{K} @ ({N}x{K})^T"
+                print(f"== {head}: torch dequantize + matmul {tt * 1e6:.1f} us "
+                      f"({tb / tt:.2f} TB/s of {fmt})" if tt else f"== {head}")
+                for t, t1, label, name, regs, err in found[:top] + [
+                        f for f in found[top:] if f[2] == "khr"]:
+                    print(f"   {t * 1e6:8.1f} us {tb / t:5.2f} TB/s (alone {t1 * 1e6:6.1f} us)"
+                          f"  regs {regs}  err {err:.2e}  {label:6} {name}")
+                records.append({"case": head, "format": fmt, "weight_bytes": q.nbytes,
+                                "torch_s": tt, "candidates": [
+                                    {"s": t, "alone_s": t1, "family": lab, "kernel": n,
+                                     "registers": r, "max_err": e}
+                                    for t, t1, lab, n, r, e in found]})
+                sys.stdout.flush()
+    return records
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,8,16,64")
     ap.add_argument("--shapes", default="4096x4096,4096x14336")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--layouts", default="KxN,NxK^T")
+    ap.add_argument("--quant", default="", help="formats (q8_0,q4_0): sweep a quantized "
+                    "weight instead (x @ w.T)")
     ap.add_argument("--json", default="")
     ap.add_argument("--families", default="rows,gemv",
                     help="swept families besides the policy's and khr's kernels")
     args = ap.parse_args()
     rt = runtime()
+    if args.quant:
+        t_start = time.perf_counter()
+        shapes = [(int(k), int(n)) for k, n in (s.split("x") for s in args.shapes.split(","))]
+        records = quant_sweep(rt, shapes, [int(m) for m in args.ms.split(",")],
+                              args.quant.split(","), args.top)
+        print(f"sweep took {time.perf_counter() - t_start:.0f} s")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(records, f, indent=1)
+        return
     info = rt.device.info
     smem = info.limits.max_compute_shared_memory_size
     rng = np.random.default_rng(0)

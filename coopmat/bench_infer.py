@@ -34,7 +34,8 @@ def _kernel_ms(g: PreparedGemm, repeat: int = REPEAT) -> float:
                                    for _ in range(repeat))
 
 
-def _torch() -> Any:
+def cuda_torch() -> Any:
+    """torch where it has CUDA, else None."""
     try:
         import torch
         return torch if torch.cuda.is_available() else None
@@ -42,7 +43,8 @@ def _torch() -> Any:
         return None
 
 
-def _torch_ms(torch: Any, fn: Any, repeat: int = 50) -> float:
+def torch_ms(torch: Any, fn: Any, repeat: int = 50) -> float:
+    """Milliseconds per call of `fn` (torch work), `repeat` calls between CUDA events."""
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,7 +58,7 @@ def _torch_ms(torch: Any, fn: Any, repeat: int = 50) -> float:
 
 def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, int]]) -> None:
     rt = runtime()
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(0)
     for K, N in shapes:
         w = (rng.standard_normal((K, N), dtype=np.float32) / np.sqrt(K)).astype(np.float16)
@@ -81,7 +83,7 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
                     # the same layout as coopmat's B: w, or the N x K weight transposed
                     bt = torch.from_numpy(w).cuda() if layout == "KxN" else \
                         torch.from_numpy(wt).cuda().T
-                    t = _torch_ms(torch, lambda xt=xt, bt=bt: xt @ bt)
+                    t = torch_ms(torch, lambda xt=xt, bt=bt: xt @ bt)
                     row["torch_us"] = 1e3 * t
                     row["torch_TBps"] = K * N * 2 / (t * 1e-3) / 1e12
                 _emit(rows, row)
@@ -90,7 +92,7 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
 def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
     from coopmat.array import asarray
     from coopmat.quantized import quantize
-    torch = _torch()
+    torch = cuda_torch()
     rng = np.random.default_rng(1)
     w = rng.standard_normal((N, K), dtype=np.float32)
     wf = asarray(w.astype(np.float16))
@@ -105,13 +107,19 @@ def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None
             row[f"{fmt}_us"] = 1e3 * t
             row[f"{fmt}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
             row[f"{fmt}_kernel"] = last_kernel_traits().describe()
-        if torch is not None:  # dequantize (int8 values x block scale) then multiply
-            qs = torch.randint(-127, 128, (N, K // 32, 32), dtype=torch.int8, device="cuda")
-            d = torch.rand((N, K // 32, 1), dtype=torch.float16, device="cuda")
-            xt = torch.from_numpy(x.numpy()).cuda()
-            row["torch_dequant_matmul_us"] = 1e3 * _torch_ms(
-                torch, lambda xt=xt, qs=qs, d=d: xt @ (qs.half() * d).reshape(N, K).T)
+        if torch is not None:
+            row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(torch, x.numpy(),
+                                                                           N, K)
         _emit(rows, row)
+
+
+def torch_dequant_matmul_ms(torch: Any, x: np.ndarray, N: int, K: int) -> float:
+    """torch's peer of x @ w.T for a quantized N x K weight, in ms per call: int8 values
+    times their block's float16 scale, dequantized on the GPU, then multiplied."""
+    qs = torch.randint(-127, 128, (N, K // 32, 32), dtype=torch.int8, device="cuda")
+    d = torch.rand((N, K // 32, 1), dtype=torch.float16, device="cuda")
+    xt = torch.from_numpy(x).cuda()
+    return torch_ms(torch, lambda: xt @ (qs.half() * d).reshape(N, K).T)
 
 
 def _array_kernel_ms(fn: Any, repeat: int = 50) -> float:

@@ -3,8 +3,9 @@
 x (numpy or coopmat.Array, float16, or bfloat16 where the device offers it) is ... x K;
 its leading axes are flattened into the GEMM's M rows, as numpy broadcasts a 2-D B over
 them. The product runs on the weight's device through the same policy and dispatch as
-other device products (policy.choose picks the khr kernel with a quantized B): numpy x
-gives a numpy result, an Array x an Array queued without waiting.
+other device products (policy.choose picks the khr kernel with a quantized B, or the gemv
+kernel where forced, family="gemv"): numpy x gives a numpy result, an Array x an Array
+queued without waiting.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
     rt = w.runtime
     if c is not None and beta != 0:
         raise TypeError("matmul: c and beta are not supported with a quantized B")
-    if family not in (None, "khr"):
-        raise ValueError(f"matmul: a quantized B runs on the khr kernel family only, not "
-                         f"{family!r}")
+    if family not in (None, "khr", "gemv"):
+        raise ValueError(f"matmul: a quantized B runs on the khr or gemv kernel families "
+                         f"only, not {family!r}")
     if device is not None and runtime(device) is not rt:
         raise DeviceMismatchError(f"device={device!r} is not the device the quantized weight "
                                   f"lives on ({rt.device.info.index}: {rt.device.info.name})")

@@ -113,6 +113,53 @@ CHILD = textwrap.dedent('''
         check(np.float16, np.float32, 37, 29, 53, "nn", Tile(32, 32, 16, 2, 2, buffering),
               "general")
 
+    # A quantized B on the gemv kernel: blocks 2 bytes short of their pooled buffer's
+    # end, the last one 4-byte aligned, so that the kernel's widest read (the words that
+    # cover that block end 2 bytes past it) ends exactly at the buffer's end.
+    def quant_check(fmt, M, N, K):
+        import coopmat
+        from coopmat.dispatch.gemm import DeviceOperand, Staged, enqueue_gemm
+        from coopmat.policy import Options
+        from coopmat.quant_formats import quant_format
+
+        f = quant_format(fmt)
+        nb = N * K // 32
+        q = rng.integers(-8, 8, (nb, 32)) if f.nibbles else rng.integers(-127, 128, (nb, 32))
+        blocks = np.zeros((nb, f.block_bytes), np.uint8)
+        blocks[:, :2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)  # d = 1
+        if f.nibbles:  # low nibbles weights 0..15, high 16..31, stored as n + 8
+            n = (q + 8).astype(np.uint8)
+            blocks[:, 2:] = n[:, :16] | (n[:, 16:] << 4)
+        else:
+            blocks[:, 2:] = q.astype(np.int8).view(np.uint8)
+        assert (nb - 1) * f.block_bytes % 4 == 0
+        buf = rt.pool.acquire(rt.pool.kinds()[0], blocks.nbytes + 2)
+        assert buf.size == blocks.nbytes + 2, buf.size
+        rt.transfers.upload(blocks.reshape(-1), buf)
+        x = rng.integers(-3, 4, (M, K)).astype(np.float16)
+        xa, d = coopmat.asarray(x), coopmat.empty((M, N), np.float32)
+        pair = TypePair(of_dtype(np.float16).component, of_dtype(np.float32).component)
+        before = len(instance.validation_errors)
+        _, plan = enqueue_gemm(
+            rt, pair, DeviceOperand(xa.buffer, 0, Staged(Layout.ROW_MAJOR, K, 0, x.nbytes)),
+            DeviceOperand(buf, 0, Staged(Layout.COLUMN_MAJOR, K, 0, blocks.nbytes,
+                                         quant=fmt)),
+            None, DeviceOperand(d.buffer, 0, Staged(Layout.ROW_MAJOR, N, 0, M * N * 4)),
+            (1, M, N, K), 1, 0, Options(family="gemv"))
+        out = d.numpy()
+        vk.vkDeviceWaitIdle(rt.device.handle)
+        rt.pool.release(buf)
+        want = x.astype(np.float64) @ q.reshape(N, K).astype(np.float64).T
+        report["cases"].append({
+            "case": f"{fmt} {M}x{N}x{K} {plan.traits.describe()}",
+            "equal": bool(np.array_equal(out, want)),
+            "errors": instance.validation_errors[before:]})
+
+    # 3855 and 455 blocks (odd: the last starts 4-byte aligned) + 2 bytes fill pooled
+    # buffers of 128 KiB and 8 KiB; K: a whole step of 8 blocks and a remainder.
+    quant_check("q8_0", 3, 257, 15 * 32)
+    quant_check("q4_0", 2, 35, 13 * 32)
+
     print("REPORT" + json.dumps(report), flush=True)
     # GPU-AV's teardown at interpreter exit aborts ("Resource deadlock avoided") on
     # lavapipe; the report is out, so leave without it.
@@ -144,5 +191,6 @@ def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path):
     bad = [c for c in report["cases"] if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]
     assert report["control_errors"] > 0, "GPU-AV did not flag the out-of-bounds control"
-    assert len(report["cases"]) == 26
+    assert len(report["cases"]) == 28
+    assert sum(" gemv-" in c["case"] for c in report["cases"]) == 2
     assert sum("packs=1" in c["case"] for c in report["cases"]) == 4

@@ -325,11 +325,13 @@ def test_disk_cache_can_be_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_cli_validate_all(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--validate-all", "--properties", str(LAVAPIPE)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # 120 khr variants, 40 of the rows family, 8 of the gemv family (codegen/variants.py)
-    assert lines[-1] == "168 passed, 0 failed"
-    assert len(lines) == 169
+    # 120 khr variants, 40 of the rows family, 16 of the gemv family, 8 of them with a
+    # quantized B (codegen/variants.py)
+    assert lines[-1] == "176 passed, 0 failed"
+    assert len(lines) == 177
     assert sum(line.startswith("PASS rows-") for line in lines) == 40
-    assert sum(line.startswith("PASS gemv-") for line in lines) == 8
+    assert sum(line.startswith("PASS gemv-") for line in lines) == 16
+    assert sum(line.startswith("PASS gemv-") and "-bq" in line for line in lines) == 8
 
 
 @needs_spirv_tools

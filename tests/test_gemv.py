@@ -18,8 +18,17 @@ import pytest
 
 import coopmat
 import coopmat.linalg
-from coopmat.codegen import GemmParams, GemvTraits, Layout, build_gemm, cache, gemv_traits
+from coopmat.codegen import (
+    GemmParams,
+    GemvTraits,
+    Layout,
+    abi,
+    build_gemm,
+    cache,
+    gemv_traits,
+)
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile, gemv_sweep
+from coopmat.codegen.quant import QUANT_PAD_BYTES
 from coopmat.codegen.tools import find_tool, validate
 from coopmat.codegen.traits import Activation, EpilogueOps, gemv_tile
 from coopmat.codegen.variants import gemv_variants, khr_subgroup_size
@@ -27,6 +36,7 @@ from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose
 from coopmat.policy import kernel as policy_kernel
+from coopmat.quantized import PAD_BYTES
 from tests.test_epilogue import check, oracle
 from tests.test_matmul import BFLOAT16, float_tolerance, reference, require, small_ints
 
@@ -101,6 +111,80 @@ def test_kernel_refuses_broken_parameters() -> None:
                      (dataclasses.replace(ok, batch_stride_a=4), "batch stride 4")):
         with pytest.raises(ValueError, match=f"gemv kernel cannot run.*{why}"):
             k.push_constants(bad)
+
+
+# -- codegen: a quantized B (gemv_quant.py) ----------------------------------------------
+
+def test_quantized_traits_name_and_tile() -> None:
+    t = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 3, out_type=CT.FLOAT16,
+                    b_quant="q8_0")
+    # A whole block (32 elements of K) per lane and load; the default takes one at a time.
+    assert (t.rows, t.cols, t.splits, t.unroll) == (3, 2, 4, 1)
+    assert t.tile == gemv_tile(rows=3, cols=2, splits=4, unroll=1, subgroup_size=32,
+                               b_quant="q8_0")
+    assert t.tile.tile_k == 32 * 32 * 1
+    assert t.describe() == \
+        "gemv-f16f16-f32-3x2x1-sg32-rc-noc-general-t3x8x1024s4x1b1-bq8_0-outf16"
+    assert dataclasses.replace(t, b_quant=None, tile=default_gemv_tile(3, 32)).describe() == \
+        "gemv-f16f16-f32-3x2x2-sg32-rc-noc-general-t3x8x512s4x1b2-outf16"
+    k = build_gemm(t)
+    assert k.workgroups(3, 4100, 1) == (513, 1, 1) and abi.bindings(t) == (0, 1, 2)
+    # bfloat16 A needs no float16 arithmetic of its own, but the blocks' scales do.
+    bf = gemv_traits(CT.BFLOAT16, CT.FLOAT32, H200.limits, False, 1, b_quant="q4_0")
+    assert "shaderFloat16" in build_gemm(bf).features
+    assert "shaderFloat16" not in build_gemm(dataclasses.replace(
+        bf, b_quant=None, tile=default_gemv_tile(1, 32))).features
+    with pytest.raises(ValueError, match="tile_k must be 32 x subgroup size"):
+        dataclasses.replace(t, tile=default_gemv_tile(3, 32)).check_tile()
+    with pytest.raises(ValueError, match="unknown quantized format"):
+        dataclasses.replace(t, b_quant="q5_1").check_tile()
+    assert [x.tile_k for x in gemv_sweep(1, 32, b_quant="q4_0")[:2]] == [1024, 1024]
+    assert all(x.tile_k == 32 * 32 * x.buffering for x in gemv_sweep(8, 32, b_quant="q8_0"))
+
+
+@needs_spirv_val
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("info", [H200, LAVAPIPE], ids=["h200", "lavapipe"])
+def test_spirv_val_quantized_sweep_tiles(info, fmt) -> None:
+    sg = khr_subgroup_size(info.limits)
+    ops = EpilogueOps(bias=True, activation=Activation.GELU_TANH, residual=True)
+    for M in (1, GEMV_MAX_M):
+        for tile in gemv_sweep(M, sg, info.limits.max_compute_work_group_invocations,
+                               b_quant=fmt):
+            t = gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, False, M, tile=tile,
+                            out_type=CT.FLOAT16, ops=ops, b_quant=fmt)
+            result = validate(build_gemm(t).spirv)
+            assert result.ok, (t.describe(), result.message)
+    for op, res in ((CT.BFLOAT16, CT.FLOAT32), (CT.FLOAT16, CT.FLOAT16)):
+        t = gemv_traits(op, res, info.limits, False, 5, b_quant=fmt,
+                        ops=EpilogueOps(activation=Activation.SILU))
+        result = validate(build_gemm(t).spirv)
+        assert result.ok, (t.describe(), result.message)
+
+
+def test_quantized_variants_are_listed() -> None:
+    """gemv_variants (and so --validate-all) holds the quantized kernels too: per format,
+    without C, one row and GEMV_MAX_M rows, every result type of the float ones."""
+    names = [t.describe() for t in gemv_variants(H200)]
+    assert len(names) == len(set(names))
+    for fmt in ("q8_0", "q4_0"):
+        quant = [n for n in names if n.endswith(f"-b{fmt}") or f"-b{fmt}-" in n]
+        # float16 (float16 and float32 results) and bfloat16 configs, M 1 and 8.
+        assert len(quant) == 6 and not any("-c-general" in n for n in quant), quant
+
+
+def test_quantized_kernel_refuses_broken_parameters() -> None:
+    t = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 1, b_quant="q4_0")
+    k = build_gemm(t)
+    ok = GemmParams(M=1, N=100, K=64, lda=64, ldb=64, ldc=100, ldd=100)
+    k.push_constants(ok)
+    for bad in (dataclasses.replace(ok, K=40, lda=40, ldb=40),
+                dataclasses.replace(ok, ldb=72), dataclasses.replace(ok, batch_stride_b=6400)):
+        with pytest.raises(ValueError, match="gemv kernel cannot run.*whole 32-weight blocks"):
+            k.push_constants(bad)
+    # The kernel reads at most 2 bytes past the last block: within the pad a quantized
+    # weight's buffer keeps (and the margin the policy asks for).
+    assert abi.overread_bytes_b(t, 64, 2) == QUANT_PAD_BYTES <= PAD_BYTES
 
 
 # -- policy -----------------------------------------------------------------------------

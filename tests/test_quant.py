@@ -287,3 +287,174 @@ def test_linear_with_fused_epilogue(rt, fmt, activation, array_x):
         want = act(z) + residual.astype(np.float64)
     assert traits_used().b_quant == fmt and traits_used().ops is not None
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-3 * np.abs(want).max())
+
+
+# -- the gemv family (forced: family="gemv"; gemv_quant.py) --------------------------------
+# lavapipe's subgroup is 8 lanes, so the default quantized tile's step is 8 blocks (256
+# elements of K): K = 32 and 96 run the remainder loop only, 4096 whole steps only, 4192
+# both. N = 37 is not whole workgroups of columns (8 a workgroup).
+GEMV_K = [32, 96, 4096, 4192]
+
+
+def gemv_traits_used(fmt: str, M: int):
+    from coopmat.codegen import GemvTraits
+    t = traits_used()
+    assert isinstance(t, GemvTraits) and t.b_quant == fmt and t.rows == min(M, 8), t
+    return t
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("K", GEMV_K)
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_gemv_exact(rt, fmt, M, K):
+    """Weights that quantize with d = 1 times small integers: exact in float32, so every
+    byte, nibble, block and column must be where the kernel reads it."""
+    N = 37
+    w = exact_weight(fmt, N, K)
+    deq = oracle(fmt, w)
+    assert np.array_equal(deq, w), "precondition: the blocks have d = 1"
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    ref = x.astype(np.float64) @ deq.T
+    y = coopmat.matmul(x, q.T, dtype=np.float32, family="gemv")
+    gemv_traits_used(fmt, M)
+    assert y.dtype == np.float32 and y.shape == (M, N)
+    np.testing.assert_array_equal(y, ref)
+    y16 = coopmat.matmul(x, q.T, family="gemv")  # float16, rounded once
+    gemv_traits_used(fmt, M)
+    np.testing.assert_array_equal(y16, ref.astype(np.float16))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("out", [np.float16, np.float32])
+def test_gemv_random_weights_within_bound(rt, fmt, out):
+    """General weights (scales of every size) and x, against gguf's dequantization in
+    float64: float32 sums of exact products, one multiply by each block's scale."""
+    M, K, N = 5, 4192, 45
+    w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
+    x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
+    q = coopmat.quantize(w, fmt)
+    y = coopmat.matmul(x, q.T, dtype=out, family="gemv")
+    gemv_traits_used(fmt, M)
+    deq = oracle(fmt, w)
+    ref = x.astype(np.float64) @ deq.T
+    mag = np.abs(x.astype(np.float64)) @ np.abs(deq).T
+    tol = (K * U[np.dtype(np.float32)] + U[np.dtype(out)]) * mag + 1e-30
+    assert np.all(np.abs(y.astype(np.float64) - ref) <= tol)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("out", [np.float16, np.float32])
+@pytest.mark.parametrize("fused", ["bias+gelu_tanh", "residual"])
+def test_gemv_fused_epilogue(rt, fmt, out, fused):
+    """act(x @ w.T + bias) + residual in the gemv kernel, as test_epilogue checks the
+    float kernels (its oracle: float64, the accumulator's K-term bound)."""
+    from tests.test_epilogue import check
+    from tests.test_epilogue import oracle as epilogue_oracle
+
+    M, K, N = 3, 4192, 29
+    w = (RNG.standard_normal((N, K)) / 8).astype(np.float32)
+    x = RNG.standard_normal((M, K)).astype(np.float16)
+    q = coopmat.quantize(w, fmt)
+    deq = oracle(fmt, w)
+    if fused == "residual":
+        r = RNG.standard_normal((M, N)).astype(out)
+        y = coopmat.matmul(x, q.T, dtype=out, residual=r, family="gemv")
+        ref, tol, _ = epilogue_oracle(x, deq.T, residual=r)
+    else:
+        bias = RNG.standard_normal(N).astype(out)
+        y = coopmat.linear(x, q, bias, "gelu_tanh", dtype=out, family="gemv")
+        ref, tol, _ = epilogue_oracle(x, deq.T, bias, "gelu_tanh")
+    assert gemv_traits_used(fmt, M).ops is not None
+    check(y, ref, tol, np.dtype(out))
+
+
+def test_gemv_array_x_and_environment(rt, monkeypatch):
+    """COOPMAT_FAMILY=gemv forces the family too; device arrays queue as for khr; x's
+    leading axes are rows."""
+    monkeypatch.setenv("COOPMAT_FAMILY", "gemv")
+    w = exact_weight("q4_0", 21, 160)
+    deq = oracle("q4_0", w)
+    q = coopmat.quantize(w, "q4_0")
+    x = small_x((2, 3, 160))
+    y = coopmat.asarray(x) @ q.T
+    assert isinstance(y, coopmat.Array) and y.shape == (2, 3, 21)
+    np.testing.assert_array_equal(y.numpy(), (x.astype(np.float64) @ deq.T).astype(np.float16))
+    gemv_traits_used("q4_0", 6)
+    x1 = small_x((160,))
+    np.testing.assert_array_equal(coopmat.matmul(x1, q.T, dtype=np.float32),
+                                  x1.astype(np.float64) @ deq.T)
+    gemv_traits_used("q4_0", 1)
+
+
+def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
+    """Explicit gemv traits on a quantized weight (as benchmarks/decode_sweep.py times
+    them), through the device-array dispatch path."""
+    from coopmat.codegen import Layout
+    from coopmat.dispatch.gemm import DeviceOperand, Staged, enqueue_gemm
+    from coopmat.policy import Options
+
+    M, K = x.shape
+    N = q.shape[0]
+    xa = coopmat.asarray(x)
+    d = coopmat.empty((M, N), out_dtype)
+    a_op = DeviceOperand(xa.buffer, xa.offset_bytes, Staged(Layout.ROW_MAJOR, K, 0, x.nbytes))
+    b_op = DeviceOperand(q.buffer, 0, Staged(Layout.COLUMN_MAJOR, K, 0, q.nbytes,
+                                             quant=q.format))
+    d_op = DeviceOperand(d.buffer, d.offset_bytes,
+                         Staged(Layout.ROW_MAJOR, N, 0, M * N * np.dtype(out_dtype).itemsize))
+    _, plan = enqueue_gemm(rt, pair, a_op, b_op, None, d_op, (1, M, N, K), 1.0, 0,
+                           Options(), traits=traits)
+    assert plan.traits == traits
+    return d.numpy()
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)])
+def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll):
+    """Tiles of the sweep (gemv_tiles.gemv_sweep) other than the default: U blocks per
+    lane and step, C columns per subgroup, S subgroups; two whole steps and a remainder."""
+    from coopmat.codegen.gemv_tiles import gemv_sweep
+    from coopmat.codegen.variants import gemv_traits, khr_subgroup_size
+    from coopmat.device.enums import ComponentType as CT
+    from coopmat.policy.types import TypePair
+
+    info = rt.device.info
+    sg = khr_subgroup_size(info.limits)
+    M = 7
+    tile = next(t for t in gemv_sweep(M, sg, info.limits.max_compute_work_group_invocations,
+                                      b_quant=fmt)
+                if (t.tile_n // t.subgroups_m, t.subgroups_m, t.buffering)
+                == (cols, splits, unroll))
+    traits = gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, False, M, tile=tile,
+                         b_quant=fmt)
+    N, K = 3 * tile.tile_n + 5, 2 * tile.tile_k + 96
+    w = exact_weight(fmt, N, K)
+    x = small_x((M, K))
+    y = run_gemv(rt, traits, TypePair(CT.FLOAT16, CT.FLOAT32), x, coopmat.quantize(w, fmt),
+                 np.float32)
+    np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_gemv_bfloat16(rt, fmt):
+    """bfloat16 x: A widened with integer operations, the weights decoded in the same
+    (even, odd) order; explicit traits where matmul offers no bfloat16 (lavapipe)."""
+    import ml_dtypes
+
+    from coopmat.codegen.variants import gemv_traits
+    from coopmat.device.enums import ComponentType as CT
+    from coopmat.policy.types import TypePair
+
+    M, N, K = 4, 37, 4192
+    w = exact_weight(fmt, N, K)
+    x = small_x((M, K)).astype(ml_dtypes.bfloat16)
+    q = coopmat.quantize(w, fmt)
+    ref = x.astype(np.float64) @ oracle(fmt, w).T
+    traits = gemv_traits(CT.BFLOAT16, CT.FLOAT32, rt.device.info.limits, False, M,
+                         b_quant=fmt)
+    y = run_gemv(rt, traits, TypePair(CT.BFLOAT16, CT.FLOAT32), x, q, np.float32)
+    np.testing.assert_array_equal(y, ref)
+    if "bfloat16->float32" in coopmat.supported_dtypes():
+        np.testing.assert_array_equal(coopmat.matmul(x, q.T, family="gemv"), ref)
+        gemv_traits_used(fmt, M)

@@ -1,6 +1,7 @@
-"""Kernel choice for a quantized B on recorded devices (no GPU needed): always khr, whole
-blocks per K step, the same variants as a float16 B, and the margins the exact variant
-needs."""
+"""Kernel choice for a quantized B on recorded devices (no GPU needed): khr by default,
+whole blocks per K step, the same variants as a float16 B, and the margins the exact
+variant needs; the gemv family where forced (or, once GEMV_QUANT_DEFAULT is on, for
+decode shapes on a GPU)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from dataclasses import replace
 import pytest
 from conftest import DATA
 
-from coopmat.codegen import KhrTraits, Layout
-from coopmat.codegen.quant import overread_bytes
+from coopmat.codegen import GemvTraits, KhrTraits, Layout
+from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile
+from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
+from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.device.record import load_records
 from coopmat.policy import Options, choose
+from coopmat.policy import kernel as policy_kernel
 from coopmat.policy.kernel import OperandLayout, Problem
 from coopmat.policy.types import resolve
 from coopmat.quant_formats import FORMATS
@@ -53,3 +57,74 @@ def test_describe_names_the_format(h200):
     t = choose(h200, _problem(h200, 512, 4096, 4096, "q4_0")).traits
     assert t.describe().endswith("-bq4_0u8-outf16")
     assert "bq" not in replace(t, b_quant=None).describe()
+
+
+# -- the gemv family (gemv_quant.py) --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lavapipe():
+    return load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gemv_forced(h200, fmt):
+    ops = EpilogueOps(bias=True, activation=Activation.GELU_TANH)
+    for options in (Options(family="gemv"), Options.from_env({"COOPMAT_FAMILY": "gemv"})):
+        choice = choose(h200, replace(_problem(h200, 3, 4096, 4096, fmt), ops=ops), options)
+        t = choice.traits
+        assert isinstance(t, GemvTraits) and t.b_quant == fmt and choice.why == "forced"
+        assert t.rows == 3 and t.ops == ops and t.out_type is not None
+        assert t.tile == default_gemv_tile(3, 32, fmt)
+        assert choice.margins == (0, QUANT_PAD_BYTES)
+    # Past GEMV_MAX_M rows, forced: further row blocks, as for a float B.
+    assert choose(h200, _problem(h200, 40, 4096, 4096, fmt),
+                  Options(family="gemv")).traits.tile.tile_m == GEMV_MAX_M
+    # khr forced, or nothing forced: the khr kernel, as before.
+    for options in (Options(family="khr"), Options()):
+        assert isinstance(choose(h200, _problem(h200, 3, 4096, 4096, fmt), options).traits,
+                          KhrTraits)
+
+
+def test_other_families_refused(h200):
+    for family in ("nv2", "rows"):
+        with pytest.raises(ValueError, match=f"khr or gemv kernel families only, not "
+                                             f"'{family}'"):
+            choose(h200, _problem(h200, 1, 4096, 4096, "q4_0"), Options(family=family))
+
+
+def test_gemv_preconditions(h200):
+    """A quantized B that gemv cannot read is an error when forced (the khr kernel states
+    the same preconditions)."""
+    p = _problem(h200, 1, 64, 4096, "q8_0")
+    p = replace(p, a=OperandLayout(Layout.COLUMN_MAJOR, 1))
+    with pytest.raises(ValueError, match="gemv kernel family cannot run.*A is not row-major"):
+        choose(h200, p, Options(family="gemv"))
+    p = replace(_problem(h200, 1, 64, 4096, "q8_0"), a=OperandLayout(Layout.ROW_MAJOR, 4100))
+    with pytest.raises(ValueError, match="gemv kernel family cannot run.*A's leading dim"):
+        choose(h200, p, Options(family="gemv"))
+
+
+def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch):
+    def rule(info, p):
+        params = choose(info, p).params
+        return policy_kernel.gemv_quant_by_default(info, p, p.a.layout, p.b.layout, params)
+
+    for fmt in FORMATS:
+        assert rule(h200, _problem(h200, 1, 4096, 4096, fmt))
+        assert rule(h200, _problem(h200, GEMV_MAX_M, 14336, 4096, fmt))
+        assert not rule(h200, _problem(h200, GEMV_MAX_M + 1, 4096, 4096, fmt))
+        assert not rule(lavapipe, _problem(lavapipe, 1, 4096, 4096, fmt))  # a CPU driver
+    assert not rule(h200, _problem(h200, 1, 4096, 4096, None))  # a float B: gemv_by_default
+    # Off by default: khr; on, gemv for decode shapes on a GPU and khr otherwise.
+    assert not policy_kernel.GEMV_QUANT_DEFAULT
+    assert isinstance(choose(h200, _problem(h200, 1, 4096, 4096, "q8_0")).traits, KhrTraits)
+    monkeypatch.setattr(policy_kernel, "GEMV_QUANT_DEFAULT", True)
+    c = choose(h200, _problem(h200, 1, 4096, 4096, "q8_0"))
+    assert isinstance(c.traits, GemvTraits) and c.why == "default"
+    assert isinstance(choose(h200, _problem(h200, 16, 4096, 4096, "q8_0")).traits, KhrTraits)
+    assert isinstance(choose(lavapipe, _problem(lavapipe, 1, 4096, 4096, "q8_0")).traits,
+                      KhrTraits)
+    assert isinstance(choose(h200, _problem(h200, 1, 4096, 4096, "q8_0"),
+                             Options(family="khr")).traits, KhrTraits)
+    # A float B is not the quantized rule's: GEMV_DEFAULT still decides it.
+    assert choose(h200, _problem(h200, 1, 4096, 4096, None)).traits.family == "khr"

@@ -10,7 +10,8 @@ family: KhrTraits, Nv2Traits, RowsTraits and GemvTraits.
 Modules: builder/spv (SPIR-V writing), shader (shader-level helpers), plan (tile
 arithmetic), khr_tiled (the KHR subgroup-scope kernel), rows and rows_tiles (the few-rows
 kernel that streams B, and its tiles), gemv and gemv_tiles (few rows against a column-major
-B without cooperative matrices, and its tiles), nv2_workgroup (the
+B without cooperative matrices, and its tiles), quant and gemv_quant (a quantized B: GGUF
+blocks read by the khr and gemv kernels), nv2_workgroup (the
 VK_NV_cooperative_matrix2 workgroup-scope kernel), family (kernel families),
 abi (bindings and push constants), kernel (Kernel), tiles and nv2_tiles (default tiles),
 variants (what a device's capabilities imply), epilogue (D = alpha acc + beta C),

@@ -155,12 +155,27 @@ def gemv_violation(traits: GemvTraits, p: GemmParams) -> str | None:
     """Why `p` cannot run on the gemv kernel `traits`, or None where it can: A and B are
     read 16 bytes (8 elements) at a time along K, so K, lda, ldb and the batch strides of
     A and B must be multiples of 8 (A row-major and B column-major: the traits' own
-    precondition, GemvTraits.check_tile). The traits ask nothing more of `p`."""
-    return gemv_violation_params(p)
+    precondition, GemvTraits.check_tile); a quantized B is one weight of whole blocks
+    (quant_violation). The traits ask nothing more of `p`."""
+    return gemv_violation_params(p, traits.b_quant)
 
 
-def gemv_violation_params(p: GemmParams) -> str | None:
-    """gemv_violation's checks, which depend on the parameters only."""
+def quant_violation(p: GemmParams) -> str | None:
+    """Why `p` cannot have a quantized B, or None: B is one N x K weight of whole
+    32-weight blocks (row n of the weight is B's column n; no batch of weights)."""
+    if p.K % 32 or p.ldb != p.K or p.batch_stride_b:
+        return ("a quantized B is one N x K weight of whole 32-weight blocks (K % 32 == 0, "
+                "ldb == K, no batch stride)")
+    return None
+
+
+def gemv_violation_params(p: GemmParams, b_quant: str | None = None) -> str | None:
+    """gemv_violation's checks, which depend on the parameters (and whether B is
+    quantized: b_quant) only."""
+    if b_quant is not None:
+        why = quant_violation(p)
+        if why is not None:
+            return why
     v = GEMV_VECTOR
     if p.K % v:
         return f"K={p.K} is not a multiple of {v} (the gemv kernel reads 16 bytes of K at once)"
@@ -173,18 +188,27 @@ def gemv_violation_params(p: GemmParams) -> str | None:
     return None
 
 
+def b_quant(traits: GemmTraits) -> str | None:
+    """The format of a quantized B (khr and gemv kernels), or None for a plain B."""
+    return traits.b_quant if isinstance(traits, (KhrTraits, GemvTraits)) else None
+
+
 def overread_bytes_b(traits: GemmTraits, ldb: int, itemsize: int) -> int:
     """Bytes past B's data its kernel may read: overread_elems in bytes, or for a
-    quantized B the blocks its look-ahead reaches past the last row plus the pad of the
-    funnel-shifted word loads (codegen/quant.py)."""
-    if not isinstance(traits, KhrTraits) or traits.b_quant is None:
+    quantized B the pad of the funnel-shifted word loads (codegen/quant.py), plus, for
+    the khr exact variant, the blocks its look-ahead reaches past the last row. The gemv
+    kernel reads no block past the last (gemv_quant.py)."""
+    fmt_name = b_quant(traits)
+    if fmt_name is None:
         return overread_elems(traits, ldb) * itemsize
     from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
     from coopmat.quant_formats import quant_format
 
+    if not isinstance(traits, KhrTraits):
+        return QUANT_PAD_BYTES
     t = traits.tile
     steps = 0 if not traits.exact or t.buffering == 1 else 2 if t.buffering == 3 else 1
-    fmt = quant_format(traits.b_quant)
+    fmt = quant_format(fmt_name)
     return overread_bytes(fmt, t.tile_k, steps) if steps else QUANT_PAD_BYTES
 
 
@@ -204,10 +228,10 @@ def check_params(traits: GemmTraits, p: GemmParams) -> None:
                          f"{shape_values(p)}")
     if min(p.M, p.N, p.K) < 1:
         raise ValueError("M, N and K must be at least 1")
-    if isinstance(traits, KhrTraits) and traits.b_quant is not None:
-        if p.K % 32 or p.ldb != p.K or p.batch_stride_b:
-            raise ValueError("a quantized B is one N x K weight of whole 32-weight blocks "
-                             "(K % 32 == 0, ldb == K, no batch stride)")
+    if b_quant(traits) is not None:
+        why = quant_violation(p)
+        if why is not None:
+            raise ValueError(why)
         if p.N * p.K // 32 * 34 > U32_MAX:
             raise ValueError("the kernels index with 32 bits; the quantized B is too large")
     a_lines = p.M if traits.a_layout == Layout.ROW_MAJOR else p.K

@@ -133,7 +133,8 @@ class RowsFamily:
 
 class GemvFamily:
     """Few rows against a column-major B without cooperative matrices: 16-byte loads along
-    K, float32 sums reduced across the subgroup (gemv.py)."""
+    K (whole GGUF blocks of a quantized B), float32 sums reduced across the subgroup
+    (gemv.py, gemv_quant.py)."""
 
     name = "gemv"
 

@@ -34,9 +34,15 @@ A and B go through the same mapping, so a unit's dot product pairs the right ele
 Preconditions (abi.gemv_violation; the policy checks them): K, lda, ldb and the batch
 strides of A and B multiples of 8 elements (16-byte loads); A row-major and B
 column-major (both contiguous along K; GemvTraits.check_tile).
+
+A quantized B (GemvTraits.b_quant: GGUF q8_0 / q4_0 blocks) is gemv_quant.py's: this
+kernel with a whole block of a column, instead of 16 bytes, per lane and load.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
 
 from coopmat.codegen import abi
 from coopmat.codegen.epilogue import (
@@ -46,7 +52,7 @@ from coopmat.codegen.epilogue import (
     epilogue_buffers,
 )
 from coopmat.codegen.plan import element_bytes
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
@@ -56,18 +62,24 @@ from coopmat.codegen.spv import (
     Op,
     Scope,
 )
-from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits
+from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits, gemv_lane_elems
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension
 from coopmat.device.enums import ComponentType
 
 _UNIT_BYTES = 16  # one load: GEMV_VECTOR 16-bit elements as four 32-bit words
 
+Loaded = TypeVar("Loaded")  # what one load step gives the K loop's accumulation
+
 
 class GemvEmitter:
+    """The gemv kernel for a float B; gemv_quant.QuantGemvEmitter replaces the parts
+    that read B (`_b_buffer`, `_b_setup`, `_b_column`, `_k_loop`) for a quantized one."""
+
     def __init__(self, t: GemvTraits) -> None:
         t.check_tile()
         self.t = t
         self.s = ShaderContext()
+        self.lane_elems = gemv_lane_elems(t.b_quant)  # elements of K per lane and load
 
     # -- declarations -------------------------------------------------------------------
     def _declare(self) -> None:
@@ -91,13 +103,26 @@ class GemvEmitter:
         self.zero_unit = mb.const_null(self.uvec4)
         self.A = s.storage_buffer(abi.BINDING_A, self.uvec4, _UNIT_BYTES, True, "A",
                                   restrict=True)
-        self.B = s.storage_buffer(abi.BINDING_B, self.uvec4, _UNIT_BYTES, True, "B",
-                                  restrict=True)
+        self.B = self._b_buffer()
         ob = element_bytes(t.stored_type)
         self.D = s.storage_buffer(abi.BINDING_D, self.o_el, ob, False, "D")
         self.C = s.storage_buffer(abi.BINDING_C, self.o_el, ob, True, "C") if t.has_c else None
         self.bias, self.residual = epilogue_buffers(s, t.ops, self.o_el, ob)
         s.push_constants(abi.PUSH_FIELDS, [s.u32] * 11 + [self.f32, self.f32, s.u32])
+
+    def _b_buffer(self) -> Buffer:
+        return self.s.storage_buffer(abi.BINDING_B, self.uvec4, _UNIT_BYTES, True, "B",
+                                     restrict=True)
+
+    def _b_setup(self, batch: int) -> None:
+        """What B's columns are addressed from (before any column is)."""
+        self.base_b = self.s.mul(batch, self.P["batch_stride_b"])
+
+    def _b_column(self, col: int) -> int:
+        """Where column `col` of B starts, in 16-byte units."""
+        s = self.s
+        return s.shr(s.add(self.base_b, s.mul(col, self.P["ldb"])),
+                     s.c(GEMV_VECTOR.bit_length() - 1))
 
     # -- runtime values -------------------------------------------------------------------
     def _setup(self) -> None:
@@ -113,13 +138,15 @@ class GemvEmitter:
         self.base_c = s.mul(batch, P["batch_stride_c"])
         self.base_d = s.mul(batch, P["batch_stride_d"])
         shift = s.c(GEMV_VECTOR.bit_length() - 1)
-        self.k_units = s.shr(P["K"], shift)  # K % 8 == 0 (a precondition)
+        # K in lane loads: K % 8 == 0 (a precondition), a quantized B's K % 32 == 0.
+        self.k_units = s.shr(P["K"], s.c(self.lane_elems.bit_length() - 1))
         last_row = s.f.op(Op.ISub, s.u32, P["M"], s.c(1))
         last_col = s.f.op(Op.ISub, s.u32, P["N"], s.c(1))
         base_a = s.mul(batch, P["batch_stride_a"])
-        base_b = s.mul(batch, P["batch_stride_b"])
-        # Where each row of A and column of B starts, in 16-byte units (clamped inside the
-        # matrix: the sums of rows and columns past it are computed but never stored).
+        self._b_setup(batch)
+        # Where each row of A (in 16-byte units) and column of B (`_b_column`) starts,
+        # clamped inside the matrix: the sums of rows and columns past it are computed but
+        # never stored.
         self.a_row = []
         for r in range(t.rows):
             row = s.add(self.m0, s.c(r))
@@ -129,7 +156,7 @@ class GemvEmitter:
         for j in range(t.cols):
             col = s.add(self.col0, s.c(j))
             col = s.select(s.u32, s.lt(col, P["N"]), col, last_col)
-            self.b_col.append(s.shr(s.add(base_b, s.mul(col, P["ldb"])), shift))
+            self.b_col.append(self._b_column(col))
         self.epilogue = Epilogue(s, float_result=True, acc_el=self.f32, acc_is_f32=True,
                                  alpha=P["alpha"], beta=P["beta"])
         self.element_ops = buffer_element_ops(
@@ -152,10 +179,17 @@ class GemvEmitter:
             out.append(f.op(Op.FConvert, self.vec4, halves))
         return out[0], out[1]
 
-    def _accumulate(self, accs: list[list[int]], a_units: list[int],
-                    b_units: list[int]) -> None:
+    def _widened(self, half: int) -> tuple[int, ...]:
+        """Which of a unit's 8 elements `_widen`'s vec4 number `half` holds, in order."""
+        if self.bf16:
+            return tuple(range(half, GEMV_VECTOR, 2))  # the even or odd halves of words
+        return tuple(range(4 * half, 4 * half + 4))
+
+    def _accumulate(self, accs: list[list[int]],
+                    units: tuple[list[int], list[int]]) -> None:
         """accs[r][j] += the products of one unit of A's row r and B's column j."""
         f, v = self.s.f, self.vec4
+        a_units, b_units = units
         a = [self._widen(x) for x in a_units]
         b = [self._widen(x) for x in b_units]
         for r in range(self.t.rows):
@@ -188,6 +222,14 @@ class GemvEmitter:
 
     # -- the K loop ---------------------------------------------------------------------------
     def _k_loop(self) -> None:
+        self._walk_k(self._units, self._accumulate)
+
+    def _walk_k(self, load: Callable[[int, int | None], Loaded],
+                accumulate: Callable[[list[list[int]], Loaded], None]) -> None:
+        """The K loop over lane loads ("units": 16 bytes of a float B, a block of a
+        quantized one): `load(unit, valid)` emits the loads of one unit for every row and
+        column (zeros where `valid`, a bool id, is false), `accumulate(accs, loaded)` its
+        products into the sums."""
         s, f, t = self.s, self.s.f, self.t
         sg = t.subgroup_size
         step = sg * t.unroll  # units of K per step of the subgroup
@@ -196,10 +238,10 @@ class GemvEmitter:
 
         def body() -> None:
             k0 = s.add(s.mul(f.op(Op.Load, s.u32, it_var), s.c(step)), self.lane)
-            loads = [self._units(s.add(k0, s.c(u * sg))) for u in range(t.unroll)]
+            loads = [load(s.add(k0, s.c(u * sg)), None) for u in range(t.unroll)]
             accs = self._load_accs()
-            for a, b in loads:
-                self._accumulate(accs, a, b)
+            for loaded in loads:
+                accumulate(accs, loaded)
             self._store_accs(accs)
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, it_var), full), body,
@@ -211,9 +253,9 @@ class GemvEmitter:
 
         def tail() -> None:
             unit = s.add(f.op(Op.Load, s.u32, k_var), self.lane)
-            a, b = self._units(unit, s.lt(unit, self.k_units))
+            loaded = load(unit, s.lt(unit, self.k_units))
             accs = self._load_accs()
-            self._accumulate(accs, a, b)
+            accumulate(accs, loaded)
             self._store_accs(accs)
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.k_units), tail,
@@ -281,11 +323,16 @@ class GemvEmitter:
 def required_capabilities(t: GemvTraits) -> set[Capability]:
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.GroupNonUniform,
             Capability.GroupNonUniformArithmetic}
-    if t.a_type == ComponentType.FLOAT16:  # halves converted in registers
+    # float16 A and B converted in registers; a quantized B's float16 scales.
+    if t.a_type == ComponentType.FLOAT16 or t.b_quant is not None:
         caps.add(Capability.Float16)
     caps.update(type_capabilities(t.stored_type, in_storage_buffer=True))
     return caps
 
 
 def emit_gemv(t: GemvTraits) -> bytes:
+    if t.b_quant is not None:
+        from coopmat.codegen.gemv_quant import QuantGemvEmitter
+
+        return QuantGemvEmitter(t).build()
     return GemvEmitter(t).build()

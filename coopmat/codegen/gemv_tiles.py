@@ -6,6 +6,11 @@ columns: N = 4096 makes 512 workgroups of 128 invocations, about four per multip
 of an H200), U = 2 (each lane keeps U x C = 4 16-byte loads of B in flight; with 8 rows
 the lane also holds 8 x 2 float32 vec4 sums and U x 8 units of A, so larger U and C trade
 registers, hence occupancy, for loads in flight: the sweep decides).
+
+With a quantized B (b_quant) a load is a whole block of 32 weights (34 bytes for q8_0, 18
+for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1: its
+C = 2 blocks in flight per lane are about the float default's 64 bytes of B (q8_0). The
+sweep is the same 27 tiles, with tile_k in blocks.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from coopmat.codegen.traits import GEMV_MAX_ROWS, Tile, gemv_tile
 
 GEMV_MAX_M = GEMV_MAX_ROWS  # the policy's gemv rule reaches for it up to this many rows
 DEFAULT_COLS, DEFAULT_SPLITS, DEFAULT_UNROLL = 2, 4, 2
+DEFAULT_QUANT_UNROLL = 1  # blocks per column and lane per step with a quantized B
 
 
 def gemv_rows_for(M: int) -> int:
@@ -21,16 +27,19 @@ def gemv_rows_for(M: int) -> int:
     return max(1, min(M, GEMV_MAX_ROWS))
 
 
-def default_gemv_tile(M: int, subgroup_size: int) -> Tile:
+def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None) -> Tile:
+    """The default tile for M rows (b_quant: for a quantized B of that format)."""
+    unroll = DEFAULT_UNROLL if b_quant is None else DEFAULT_QUANT_UNROLL
     return gemv_tile(rows=gemv_rows_for(M), cols=DEFAULT_COLS, splits=DEFAULT_SPLITS,
-                     unroll=DEFAULT_UNROLL, subgroup_size=subgroup_size)
+                     unroll=unroll, subgroup_size=subgroup_size, b_quant=b_quant)
 
 
-def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024) -> list[Tile]:
-    """Tiles worth timing on a GPU for M rows: C in {1, 2, 4}, S in {2, 4, 8}, U in
-    {1, 2, 4} (27 tiles; fewer where S subgroups exceed the workgroup limit), default
-    first."""
-    default = default_gemv_tile(M, subgroup_size)
+def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024,
+               b_quant: str | None = None) -> list[Tile]:
+    """Tiles worth timing on a GPU for M rows (b_quant: with a quantized B of that
+    format): C in {1, 2, 4}, S in {2, 4, 8}, U in {1, 2, 4} (27 tiles; fewer where S
+    subgroups exceed the workgroup limit), default first."""
+    default = default_gemv_tile(M, subgroup_size, b_quant)
     out = [default]
     for cols in (1, 2, 4):
         for splits in (2, 4, 8):
@@ -38,7 +47,7 @@ def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024) -> list[
                 if splits * subgroup_size > max_invocations:
                     continue
                 t = gemv_tile(rows=gemv_rows_for(M), cols=cols, splits=splits, unroll=unroll,
-                              subgroup_size=subgroup_size)
+                              subgroup_size=subgroup_size, b_quant=b_quant)
                 if t not in out:
                     out.append(t)
     return out

@@ -68,6 +68,7 @@ class Op(enum.IntEnum):
     FDiv = 136
     UDiv = 134
     UMod = 137
+    VectorTimesScalar = 142
     MatrixTimesScalar = 143
     LogicalOr = 166
     LogicalAnd = 167
@@ -79,8 +80,10 @@ class Op(enum.IntEnum):
     ULessThanEqual = 178
     FOrdLessThan = 184
     ShiftRightLogical = 194
+    ShiftRightArithmetic = 195
     ShiftLeftLogical = 196
     BitwiseOr = 197
+    BitwiseXor = 198
     BitwiseAnd = 199
     BitFieldSExtract = 202
     BitFieldUExtract = 203

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 from coopmat.device.enums import ComponentType
 from coopmat.dtypes import element, known
+from coopmat.quant_formats import BLOCK_ELEMS, quant_format
 
 
 class Layout(enum.Enum):
@@ -351,6 +352,12 @@ GEMV_MAX_ROWS = 8  # rows of D one gemv workgroup holds (M*C float32 sums per la
 GEMV_VECTOR = 8  # 16-bit elements of A and B per 16-byte load along K
 
 
+def gemv_lane_elems(b_quant: str | None) -> int:
+    """Elements of K a gemv lane takes per column and load: a 16-byte unit of a float B
+    (GEMV_VECTOR), a whole block of a quantized one (BLOCK_ELEMS)."""
+    return GEMV_VECTOR if b_quant is None else BLOCK_ELEMS
+
+
 @dataclass(frozen=True, kw_only=True)
 class GemvTraits(GemmTraits):
     """Traits of the gemv family (no cooperative matrices; gemv.py): a few rows of D
@@ -367,9 +374,16 @@ class GemvTraits(GemmTraits):
 
     A and B are float16 or bfloat16 (the same type), read as 32-bit words; the sums are
     float32 whatever result_type, which (with out_type) only sets what D and C hold.
+
+    b_quant (a coopmat/quant_formats.py name, e.g. "q8_0"): B is the N x K weight's GGUF
+    blocks (gemv_quant.py), b_type the type of A it multiplies; each lane then takes a
+    whole block (32 elements of K) of each of its columns per load, so tile_k = 32 *
+    subgroup_size * U. None: a plain B.
     """
 
     family: ClassVar[str] = "gemv"
+
+    b_quant: str | None = None
 
     @property
     def rows(self) -> int:
@@ -398,9 +412,12 @@ class GemvTraits(GemmTraits):
             raise ValueError(f"gemv tile {t.describe()}: at most {GEMV_MAX_ROWS} rows")
         if t.tile_n % t.subgroups_m:
             raise ValueError(f"gemv tile {t.describe()}: tile_n must be splits x cols")
-        if t.tile_k != GEMV_VECTOR * self.subgroup_size * t.buffering:
-            raise ValueError(f"gemv tile {t.describe()}: tile_k must be 8 x subgroup size "
-                             f"x unroll = {GEMV_VECTOR * self.subgroup_size * t.buffering}")
+        lane = gemv_lane_elems(self.b_quant)
+        if t.tile_k != lane * self.subgroup_size * t.buffering:
+            raise ValueError(f"gemv tile {t.describe()}: tile_k must be {lane} x subgroup "
+                             f"size x unroll = {lane * self.subgroup_size * t.buffering}")
+        if self.b_quant is not None:
+            quant_format(self.b_quant)  # ValueError for an unknown format
         if self.a_type != self.b_type or \
                 self.a_type not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
             raise ValueError("the gemv kernel reads float16 or bfloat16 A and B (one type)")
@@ -413,13 +430,17 @@ class GemvTraits(GemmTraits):
                              "(both contiguous along K)")
 
     def describe(self) -> str:
-        return self._name((self.rows, self.cols, self.unroll), "general")
+        extra = f"-b{self.b_quant}" if self.b_quant is not None else ""
+        return self._name((self.rows, self.cols, self.unroll), "general", extra)
 
 
-def gemv_tile(*, rows: int, cols: int, splits: int, unroll: int, subgroup_size: int) -> Tile:
+def gemv_tile(*, rows: int, cols: int, splits: int, unroll: int, subgroup_size: int,
+              b_quant: str | None = None) -> Tile:
     """The Tile of a gemv kernel (see GemvTraits): `rows` rows of D, `splits` subgroups
-    of `cols` columns each, `unroll` 16-byte loads per column and lane per step."""
-    return Tile(rows, splits * cols, GEMV_VECTOR * subgroup_size * unroll, splits, 1, unroll)
+    of `cols` columns each, `unroll` loads per column and lane per step (16 bytes of a
+    float B, a block of a quantized one: b_quant)."""
+    return Tile(rows, splits * cols, gemv_lane_elems(b_quant) * subgroup_size * unroll,
+                splits, 1, unroll)
 
 
 def rows_tile(m: int, n: int, *, row_frags: int, nf: int, splits: int, unroll: int,

@@ -219,37 +219,43 @@ GEMV_OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLimits,
                 has_c: bool, M: int, *, tile: Tile | None = None,
                 out_type: ComponentType | None = None,
-                ops: EpilogueOps | None = None) -> GemvTraits:
-    """gemv traits (row-major A, column-major B) for M rows on a device: `tile` (its
-    tile_m replaced by the rows M needs), else the default tile (gemv_tiles.py); at the
-    subgroup size khr kernels use (the smallest the device lets a pipeline require)."""
+                ops: EpilogueOps | None = None, b_quant: str | None = None) -> GemvTraits:
+    """gemv traits (row-major A, column-major B; b_quant: B as GGUF blocks of that
+    format) for M rows on a device: `tile` (its tile_m replaced by the rows M needs), else
+    the default tile (gemv_tiles.py); at the subgroup size khr kernels use (the smallest
+    the device lets a pipeline require)."""
     from coopmat.codegen.gemv_tiles import default_gemv_tile, gemv_rows_for
 
     sg = khr_subgroup_size(limits)
-    tile = default_gemv_tile(M, sg) if tile is None else replace(tile, tile_m=gemv_rows_for(M))
+    tile = default_gemv_tile(M, sg, b_quant) if tile is None else \
+        replace(tile, tile_m=gemv_rows_for(M))
     return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
                       a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,
-                      tile=tile, subgroup_size=sg, out_type=out_type, ops=ops)
+                      tile=tile, subgroup_size=sg, out_type=out_type, ops=ops,
+                      b_quant=b_quant)
 
 
 def gemv_variants(info: PhysicalDeviceInfo) -> list[GemvTraits]:
     """Per float16/bfloat16 config accumulating in float32 (gemv needs no matrix of its
     own; the configs say which products matmul offers): with and without C, for one row
-    and for GEMV_MAX_M rows, default tiles; float16 operands also with float16 results."""
+    and for GEMV_MAX_M rows, default tiles; float16 operands also with float16 results.
+    Then the same without C (a quantized B takes none) for each quantized format."""
     from coopmat.codegen.gemv_tiles import GEMV_MAX_M
+    from coopmat.quant_formats import FORMATS
 
     out: list[GemvTraits] = []
-    for cfg in info.cooperative_matrix_properties:
-        if not buildable(cfg) or cfg.a_type not in GEMV_OPERANDS or \
-                cfg.result_type != ComponentType.FLOAT32:
-            continue
-        for out_type in out_types(cfg.a_type, cfg.result_type):
-            for has_c in (False, True):
-                for M in (1, GEMV_MAX_M):
-                    t = gemv_traits(cfg.a_type, cfg.result_type, info.limits, has_c, M,
-                                    out_type=out_type)
-                    if t not in out:
-                        out.append(t)
+    for b_quant in (None, *FORMATS):
+        for cfg in info.cooperative_matrix_properties:
+            if not buildable(cfg) or cfg.a_type not in GEMV_OPERANDS or \
+                    cfg.result_type != ComponentType.FLOAT32:
+                continue
+            for out_type in out_types(cfg.a_type, cfg.result_type):
+                for has_c in (False, True) if b_quant is None else (False,):
+                    for M in (1, GEMV_MAX_M):
+                        t = gemv_traits(cfg.a_type, cfg.result_type, info.limits, has_c, M,
+                                        out_type=out_type, b_quant=b_quant)
+                        if t not in out:
+                            out.append(t)
     return out
 
 

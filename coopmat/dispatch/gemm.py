@@ -422,24 +422,55 @@ class DeviceOperand:
         return self.buffer.size - self.offset
 
 
+def device_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
+                c: DeviceOperand | None, shape: tuple[int, int, int, int],
+                alpha: float | int, beta: float | int, options: Options,
+                ops: EpilogueOps | None = None, traits: GemmTraits | None = None) -> Plan:
+    """The plan of a product of operands already on the device: the policy's kernel (or
+    `traits`), without the margins a and b have no room for."""
+    plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
+                   traits, options, ops=ops)
+    fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
+                                                                   strict=True))
+    if not fits:
+        plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha,
+                       beta, traits, options, margins_ok=False, ops=ops)
+    return plan
+
+
+def gemm_dispatch(plan: Plan, a: tuple[Buffer, int], b: tuple[Buffer, int],
+                  c: DeviceOperand | None, d: DeviceOperand,
+                  bias: DeviceOperand | None = None,
+                  residual: DeviceOperand | None = None) -> Dispatch:
+    """The plan's GEMM dispatch on device buffers: a and b as (buffer, byte offset), as
+    the kernel reads them (after any repack)."""
+    bindings = {0: a[0], 1: b[0], 2: d.buffer}
+    offsets = [(0, a[1]), (1, b[1]), (2, d.offset)]
+    if c is not None:
+        bindings[3] = c.buffer
+        offsets.append((3, c.offset))
+    for binding, op in ((abi.BINDING_BIAS, bias), (abi.BINDING_RESIDUAL, residual)):
+        if op is not None:
+            bindings[binding] = op.buffer
+            offsets.append((binding, op.offset))
+    return Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups,
+                    tuple(o for o in offsets if o[1]))
+
+
 def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
                  c: DeviceOperand | None, d: DeviceOperand, shape: tuple[int, int, int, int],
                  alpha: float | int, beta: float | int, options: Options,
                  uploads: Sequence[Copy] = (),
                  waits: Sequence[tuple[Stream, int]] = (), *,
                  bias: DeviceOperand | None = None, residual: DeviceOperand | None = None,
-                 ops: EpilogueOps | None = None) -> tuple[int, Plan]:
+                 ops: EpilogueOps | None = None,
+                 traits: GemmTraits | None = None) -> tuple[int, Plan]:
     """Queue d = alpha * a @ b (+ beta * c) on buffers already on the device (after the
     staging copies `uploads`, in the same submission, and other queues' work `waits`),
     without waiting; returns the stream's ticket and the plan that ran. With `ops`, the
-    fused epilogue reads `bias` (N elements) and `residual` (laid out exactly like d)."""
-    plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
-                   None, options, ops=ops)
-    fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
-                                                                   strict=True))
-    if not fits:
-        plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha,
-                       beta, None, options, margins_ok=False, ops=ops)
+    fused epilogue reads `bias` (N elements) and `residual` (laid out exactly like d).
+    `traits`: this kernel rather than the policy's (as a sweep times them)."""
+    plan = device_plan(rt, pair, a, b, c, shape, alpha, beta, options, ops, traits)
     device_kind = rt.pool.kinds()[0]
     temps: list[Buffer] = []
     dispatches: list[Dispatch] = []
@@ -453,17 +484,8 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
                                        step.push_constants, step.groups,
                                        ((0, off),) if off else ()))
             operands[step.operand] = (packed, 0)
-        bindings = {0: operands[0][0], 1: operands[1][0], 2: d.buffer}
-        offsets = [(0, operands[0][1]), (1, operands[1][1]), (2, d.offset)]
-        if c is not None:
-            bindings[3] = c.buffer
-            offsets.append((3, c.offset))
-        for binding, op in ((abi.BINDING_BIAS, bias), (abi.BINDING_RESIDUAL, residual)):
-            if op is not None:
-                bindings[binding] = op.buffer
-                offsets.append((binding, op.offset))
-        dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants, plan.groups,
-                                   tuple(o for o in offsets if o[1])))
+        dispatches.append(gemm_dispatch(plan, operands[0], operands[1], c, d, bias,
+                                        residual))
         ticket = rt.executor.submit(uploads, dispatches, waits=waits)
     finally:
         for buf in temps:

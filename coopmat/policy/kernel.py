@@ -12,6 +12,11 @@ The rules, each with its measurement in docs/kernels.md:
   is on (off until measured on a GPU: at most GEMV_MAX_M rows, a column-major B, a GPU,
   gemv_violation None); else the tuned choice for the device, dtype pair and shape class
   (rows and gemv run where their preconditions hold, else khr), else khr;
+- quantized B (Problem.b_quant; docs/quantized.md): khr or gemv only, forced by Options
+  (other families are an error); else gemv where `gemv_quant_by_default` says so and
+  GEMV_QUANT_DEFAULT is on (off until measured on a GPU: the same rule as gemv_by_default),
+  else khr; never a tuned tile (the tables time float B); khr with its default tile for
+  the shape class, tile_k whole blocks, gemv with its default quantized tile;
 - gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
 - rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
@@ -80,6 +85,9 @@ K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
 # default for decode shapes (`gemv_by_default`): off until measured on a GPU. Forced
 # (Options.family) or tuned, it runs whatever this says.
 GEMV_DEFAULT = False
+# The same for a quantized B (`gemv_quant_by_default`; gemv_quant.py reads the blocks):
+# off until measured on a GPU. Forced, it runs whatever this says.
+GEMV_QUANT_DEFAULT = False
 
 # Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
@@ -113,7 +121,8 @@ class Problem:
     beta: float | int = 0
     ops: EpilogueOps | None = None
     # B as GGUF blocks of this format (coopmat/quant_formats.py): one column-major N x K
-    # weight, dequantized by the khr kernel while staging. None: a plain B.
+    # weight, dequantized by the khr kernel while staging or read by the gemv kernel.
+    # None: a plain B.
     b_quant: str | None = None
 
 
@@ -282,8 +291,6 @@ def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
             not pair.stored.is_float:
         return (f"it computes float16 and bfloat16 products with float results, not "
                 f"{pair.describe_result()}")
-    if problem.b_quant is not None:
-        return f"B is quantized ({problem.b_quant})"
     if b_layout != Layout.COLUMN_MAJOR:
         return ("B is not column-major (it reads B's columns along K: a weight stored N x K, "
                 "used as x @ w.T)")
@@ -292,16 +299,26 @@ def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     if info.limits.subgroup_arithmetic is False:
         return (f"device {info.index} ({info.name}) lacks subgroup arithmetic in compute "
                 f"shaders")
-    return abi.gemv_violation_params(params)
+    return abi.gemv_violation_params(params, problem.b_quant)
 
 
 def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                     b_layout: Layout, params: GemmParams) -> bool:
     """The rule that would pick gemv unforced and untuned: at most GEMV_MAX_M rows against
     a column-major B on a GPU (not a CPU driver), where its preconditions hold. The
-    policy applies it only while GEMV_DEFAULT is on."""
+    policy applies it only while GEMV_DEFAULT is on, to a float B (a quantized one:
+    gemv_quant_by_default)."""
     return (problem.M <= GEMV_MAX_M and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
             and gemv_violation(info, problem, a_layout, b_layout, params) is None)
+
+
+def gemv_quant_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
+                          b_layout: Layout, params: GemmParams) -> bool:
+    """The rule that would pick gemv for a quantized B unforced: gemv_by_default's (at
+    most GEMV_MAX_M rows, a GPU, gemv's preconditions). The policy applies it only while
+    GEMV_QUANT_DEFAULT is on."""
+    return problem.b_quant is not None and \
+        gemv_by_default(info, problem, a_layout, b_layout, params)
 
 
 def gemv_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
@@ -316,7 +333,8 @@ def gemv_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     pair = problem.pair
     for t in (tile, None) if tile is not None else (None,):
         gemv = gemv_traits(pair.operand, pair.result, info.limits, problem.has_c, problem.M,
-                           tile=t, out_type=pair.out, ops=problem.ops)
+                           tile=t, out_type=pair.out, ops=problem.ops,
+                           b_quant=problem.b_quant)
         try:
             gemv.check_tile()
         except ValueError as exc:
@@ -335,7 +353,7 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     """(traits, why) for the problem as the kernel reads it (after any repack)."""
     pair = problem.pair
     if problem.b_quant is not None:
-        return _quant_traits(info, problem, a_layout, b_layout, params, options), "default"
+        return _quant_traits(info, problem, a_layout, b_layout, params, options)
     fam, tile = choose_family(info, pair, options, tuned, problem.M, problem.N)
     why = "forced" if options.family else "tuned" if tile is not None else "default"
     if not options.family and fam != "gemv" and GEMV_DEFAULT and \
@@ -399,14 +417,27 @@ def quant_tile(tile: Tile) -> Tile:
 
 
 def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
-                  b_layout: Layout, params: GemmParams, options: Options) -> KhrTraits:
-    """A quantized B runs on the khr family (its staging path dequantizes), on the default
-    tile for the shape class with whole blocks per K step. Tuned tiles are float B's and
-    are not used."""
+                  b_layout: Layout, params: GemmParams,
+                  options: Options) -> tuple[GemmTraits, str]:
+    """(traits, why) for a quantized B: the gemv family where forced, or where
+    gemv_quant_by_default says so while GEMV_QUANT_DEFAULT is on (its default quantized
+    tile); else the khr family (its staging path dequantizes), on the default tile for
+    the shape class with whole blocks per K step. Tuned tiles are float B's and are not
+    used."""
     pair = problem.pair
-    if options.family not in (None, "khr"):
-        raise ValueError(f"a quantized B ({problem.b_quant}) runs on the khr kernel family "
-                         f"only, not {options.family!r}")
+    why = "forced" if options.family else "default"
+    if options.family not in (None, "khr", "gemv"):
+        raise ValueError(f"a quantized B ({problem.b_quant}) runs on the khr or gemv kernel "
+                         f"families only, not {options.family!r}")
+    forced = options.family == "gemv"
+    if forced or (options.family is None and GEMV_QUANT_DEFAULT and
+                  gemv_quant_by_default(info, problem, a_layout, b_layout, params)):
+        gemv, why_not = gemv_choice(info, problem, a_layout, b_layout, params)
+        if gemv is not None:
+            return gemv, why
+        if forced:
+            raise ValueError(f"the gemv kernel family cannot run this {problem.M}x"
+                             f"{problem.N}x{problem.K} product: {why_not}")
     cfg = config_for(info, pair)
     if cfg is None:
         raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
@@ -414,7 +445,7 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     tile = quant_tile(_default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info)))
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), b_quant=problem.b_quant, ops=problem.ops)
-    return fastest_variant(khr, params, problem.batch, options)
+    return fastest_variant(khr, params, problem.batch, options), why
 
 
 def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
