@@ -61,8 +61,10 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_traits_name_and_tile_mapping() -> None:
     t = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 5, out_type=CT.FLOAT16)
-    assert (t.rows, t.cols, t.splits, t.unroll) == (5, 2, 4, 2)
-    assert t.tile == gemv_tile(rows=5, cols=2, splits=4, unroll=2, subgroup_size=32)
+    assert (t.rows, t.cols, t.splits, t.unroll) == (5, 2, 4, 1)  # U = 4 up to 4 rows
+    assert gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 4).unroll == 4
+    t = dataclasses.replace(t, tile=gemv_tile(rows=5, cols=2, splits=4, unroll=2,
+                                              subgroup_size=32))
     assert t.tile.tile_k == 8 * 32 * 2 and t.invocations == 128
     assert t.describe() == "gemv-f16f16-f32-5x2x2-sg32-rc-noc-general-t5x8x512s4x1b2-outf16"
     k = build_gemm(t)
@@ -126,7 +128,7 @@ def test_quantized_traits_name_and_tile() -> None:
     assert t.describe() == \
         "gemv-f16f16-f32-3x2x1-sg32-rc-noc-general-t3x8x1024s4x1b1-bq8_0-outf16"
     assert dataclasses.replace(t, b_quant=None, tile=default_gemv_tile(3, 32)).describe() == \
-        "gemv-f16f16-f32-3x2x2-sg32-rc-noc-general-t3x8x512s4x1b2-outf16"
+        "gemv-f16f16-f32-3x2x4-sg32-rc-noc-general-t3x8x1024s4x1b4-outf16"
     k = build_gemm(t)
     assert k.workgroups(3, 4100, 1) == (513, 1, 1) and abi.bindings(t) == (0, 1, 2)
     # bfloat16 A needs no float16 arithmetic of its own, but the blocks' scales do.
@@ -214,14 +216,15 @@ def test_forced_family() -> None:
     assert Options.from_env({"COOPMAT_FAMILY": "gemv"}).family == "gemv"
 
 
-def test_default_rule_is_off_but_would_pick_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_rule_picks_gemv_for_few_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     def rule(info, p):
         return policy_kernel.gemv_by_default(info, p, p.a.layout, p.b.layout,
                                              choose(info, p).params)
 
-    assert rule(H200, _problem(1)) and rule(H200, _problem(GEMV_MAX_M))
+    most = policy_kernel.GEMV_DEFAULT_MAX_M
+    assert rule(H200, _problem(1)) and rule(H200, _problem(most))
     assert rule(H200, _problem(2, pair=TypePair(CT.BFLOAT16, CT.FLOAT32)))
-    assert not rule(H200, _problem(GEMV_MAX_M + 1))
+    assert not rule(H200, _problem(most + 1))
     assert not rule(H200, _problem(1, b_layout=Layout.ROW_MAJOR))
     assert not rule(H200, _problem(1, K=4100))
     assert not rule(H200, _problem(1, pair=TypePair(CT.SINT8, CT.SINT32)))
@@ -229,12 +232,17 @@ def test_default_rule_is_off_but_would_pick_gemv(monkeypatch: pytest.MonkeyPatch
     no_arith = dataclasses.replace(H200, limits=dataclasses.replace(
         H200.limits, subgroup_arithmetic=False))
     assert not rule(no_arith, _problem(1))
-    # Off by default: khr runs; on, gemv for decode shapes and khr otherwise.
-    assert not policy_kernel.GEMV_DEFAULT
+    # On by default: gemv for decode shapes up to GEMV_DEFAULT_MAX_M rows, khr otherwise;
+    # off, khr.
+    assert policy_kernel.GEMV_DEFAULT
+    assert choose(H200, _problem(1)).traits.family == "gemv"
+    most = policy_kernel.GEMV_DEFAULT_MAX_M
+    assert choose(H200, _problem(most)).traits.family == "gemv"
+    assert choose(H200, _problem(most + 1)).traits.family == "khr"
+    assert choose(H200, _problem(16)).traits.family == "khr"
+    monkeypatch.setattr(policy_kernel, "GEMV_DEFAULT", False)
     assert choose(H200, _problem(1)).traits.family == "khr"
     monkeypatch.setattr(policy_kernel, "GEMV_DEFAULT", True)
-    assert choose(H200, _problem(1)).traits.family == "gemv"
-    assert choose(H200, _problem(16)).traits.family == "khr"
     assert choose(H200, _problem(1, b_layout=Layout.ROW_MAJOR)).traits.family == "khr"
     assert choose(H200, _problem(1), Options(family="khr")).traits.family == "khr"
 

@@ -79,10 +79,9 @@ def test_gemv_forced(h200, fmt):
     # Past GEMV_MAX_M rows, forced: further row blocks, as for a float B.
     assert choose(h200, _problem(h200, 40, 4096, 4096, fmt),
                   Options(family="gemv")).traits.tile.tile_m == GEMV_MAX_M
-    # khr forced, or nothing forced: the khr kernel, as before.
-    for options in (Options(family="khr"), Options()):
-        assert isinstance(choose(h200, _problem(h200, 3, 4096, 4096, fmt), options).traits,
-                          KhrTraits)
+    # khr forced: the khr kernel.
+    assert isinstance(choose(h200, _problem(h200, 3, 4096, 4096, fmt),
+                             Options(family="khr")).traits, KhrTraits)
 
 
 def test_other_families_refused(h200):
@@ -115,10 +114,14 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
         assert not rule(h200, _problem(h200, GEMV_MAX_M + 1, 4096, 4096, fmt))
         assert not rule(lavapipe, _problem(lavapipe, 1, 4096, 4096, fmt))  # a CPU driver
     assert not rule(h200, _problem(h200, 1, 4096, 4096, None))  # a float B: gemv_by_default
-    # Off by default: khr; on, gemv for decode shapes on a GPU and khr otherwise.
-    assert not policy_kernel.GEMV_QUANT_DEFAULT
+    # On by default: gemv for decode shapes on a GPU (up to GEMV_MAX_M rows) and khr
+    # otherwise; off, khr.
+    assert policy_kernel.GEMV_QUANT_DEFAULT
+    monkeypatch.setattr(policy_kernel, "GEMV_QUANT_DEFAULT", False)
     assert isinstance(choose(h200, _problem(h200, 1, 4096, 4096, "q8_0")).traits, KhrTraits)
     monkeypatch.setattr(policy_kernel, "GEMV_QUANT_DEFAULT", True)
+    assert isinstance(choose(h200, _problem(h200, GEMV_MAX_M, 4096, 4096, "q8_0")).traits,
+                      GemvTraits)
     c = choose(h200, _problem(h200, 1, 4096, 4096, "q8_0"))
     assert isinstance(c.traits, GemvTraits) and c.why == "default"
     assert isinstance(choose(h200, _problem(h200, 16, 4096, 4096, "q8_0")).traits, KhrTraits)
@@ -126,5 +129,6 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
                       KhrTraits)
     assert isinstance(choose(h200, _problem(h200, 1, 4096, 4096, "q8_0"),
                              Options(family="khr")).traits, KhrTraits)
-    # A float B is not the quantized rule's: GEMV_DEFAULT still decides it.
+    # A float B is not the quantized rule's: GEMV_DEFAULT decides it.
+    monkeypatch.setattr(policy_kernel, "GEMV_DEFAULT", False)
     assert choose(h200, _problem(h200, 1, 4096, 4096, None)).traits.family == "khr"

@@ -1,11 +1,13 @@
 """Tiles of the gemv kernel (gemv.py): the default and the sweep candidates.
 
-A gemv tile is (rows, cols C, splits S, unroll U), see GemvTraits. The default, before any
-measurement on a GPU: C = 2 columns per subgroup, S = 4 subgroups per workgroup (8
-columns: N = 4096 makes 512 workgroups of 128 invocations, about four per multiprocessor
-of an H200), U = 2 (each lane keeps U x C = 4 16-byte loads of B in flight; with 8 rows
-the lane also holds 8 x 2 float32 vec4 sums and U x 8 units of A, so larger U and C trade
-registers, hence occupancy, for loads in flight: the sweep decides).
+A gemv tile is (rows, cols C, splits S, unroll U), see GemvTraits. The default: C = 2
+columns per subgroup, S = 4 subgroups per workgroup (8 columns: N = 4096 makes 512
+workgroups of 128 invocations, about four per multiprocessor of an H200), U = 4 for up to
+4 rows (each lane keeps U x C = 8 16-byte loads of B in flight) and U = 1 beyond (with 8
+rows the lane also holds 8 x 2 float32 vec4 sums and U x 8 units of A: registers, hence
+occupancy, cost more than loads in flight gain). On the H200 (benchmarks/decode_sweep.py,
+2026-11-22) that default came within 1.4% of the best of the 27 swept tiles at 1, 2 and
+4 rows except 2 x 14336 x 4096 (6%), and U = 1 is the best at 8 rows.
 
 With a quantized B (b_quant) a load is a whole block of 32 weights (34 bytes for q8_0, 18
 for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1: its
@@ -18,7 +20,9 @@ from __future__ import annotations
 from coopmat.codegen.traits import GEMV_MAX_ROWS, Tile, gemv_tile
 
 GEMV_MAX_M = GEMV_MAX_ROWS  # the policy's gemv rule reaches for it up to this many rows
-DEFAULT_COLS, DEFAULT_SPLITS, DEFAULT_UNROLL = 2, 4, 2
+DEFAULT_COLS, DEFAULT_SPLITS = 2, 4
+DEFAULT_UNROLL = 4  # up to UNROLL_MAX_ROWS rows; U = 1 beyond
+UNROLL_MAX_ROWS = 4
 DEFAULT_QUANT_UNROLL = 1  # blocks per column and lane per step with a quantized B
 
 
@@ -29,8 +33,10 @@ def gemv_rows_for(M: int) -> int:
 
 def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None) -> Tile:
     """The default tile for M rows (b_quant: for a quantized B of that format)."""
-    unroll = DEFAULT_UNROLL if b_quant is None else DEFAULT_QUANT_UNROLL
-    return gemv_tile(rows=gemv_rows_for(M), cols=DEFAULT_COLS, splits=DEFAULT_SPLITS,
+    rows = gemv_rows_for(M)
+    unroll = DEFAULT_QUANT_UNROLL if b_quant is not None else \
+        DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
+    return gemv_tile(rows=rows, cols=DEFAULT_COLS, splits=DEFAULT_SPLITS,
                      unroll=unroll, subgroup_size=subgroup_size, b_quant=b_quant)
 
 

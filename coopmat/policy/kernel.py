@@ -8,15 +8,15 @@ object and reads no environment variable, so it is tested against recorded devic
 without a GPU; the dispatcher (coopmat.dispatch.gemm) carries the choice out.
 
 The rules, each with its measurement in docs/kernels.md:
-- family: forced by Options; else gemv where `gemv_by_default` says so and GEMV_DEFAULT
-  is on (off until measured on a GPU: at most GEMV_MAX_M rows, a column-major B, a GPU,
-  gemv_violation None); else the tuned choice for the device, dtype pair and shape class
-  (rows and gemv run where their preconditions hold, else khr), else khr;
+- family: forced by Options; else gemv where `gemv_by_default` says so (GEMV_DEFAULT: at
+  most GEMV_DEFAULT_MAX_M rows, a column-major B, a GPU, gemv_violation None); else the
+  tuned choice for the device, dtype pair and shape class (rows and gemv run where their
+  preconditions hold, else khr), else khr;
 - quantized B (Problem.b_quant; docs/quantized.md): khr or gemv only, forced by Options
-  (other families are an error); else gemv where `gemv_quant_by_default` says so and
-  GEMV_QUANT_DEFAULT is on (off until measured on a GPU: the same rule as gemv_by_default),
-  else khr; never a tuned tile (the tables time float B); khr with its default tile for
-  the shape class, tile_k whole blocks, gemv with its default quantized tile;
+  (other families are an error); else gemv where `gemv_quant_by_default` says so
+  (GEMV_QUANT_DEFAULT: at most GEMV_MAX_M rows, a GPU), else khr; never a tuned tile
+  (the tables time float B); khr with its default tile for the shape class, tile_k whole
+  blocks, gemv with its default quantized tile;
 - gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
 - rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
@@ -82,12 +82,17 @@ PACK_MIN_M = SMALL_M + 1
 K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
 
 # The gemv family (no cooperative matrices; few rows against a column-major B) as the
-# default for decode shapes (`gemv_by_default`): off until measured on a GPU. Forced
-# (Options.family) or tuned, it runs whatever this says.
-GEMV_DEFAULT = False
+# default for decode shapes (`gemv_by_default`). Measured on the H200 (docs/kernels.md,
+# timed back to back): against a float16 weight it beats the khr kernel at 1, 2 and 4 rows
+# (4096^2: 7.3-11.1 us against 23.4) but not at 8 (14336 x 4096: 64 against 46.5 us):
+# its float32 FMAs, 8 per weight and row, become the bound. Hence at most
+# GEMV_DEFAULT_MAX_M rows. Forced (Options.family) or tuned, it runs whatever this says.
+GEMV_DEFAULT = True
+GEMV_DEFAULT_MAX_M = 4
 # The same for a quantized B (`gemv_quant_by_default`; gemv_quant.py reads the blocks):
-# off until measured on a GPU. Forced, it runs whatever this says.
-GEMV_QUANT_DEFAULT = False
+# against GGUF blocks it beats the khr kernel at every M up to GEMV_MAX_M (q8_0 at 1 x
+# 14336 x 4096: 23.3 against 105 us), so up to GEMV_MAX_M rows.
+GEMV_QUANT_DEFAULT = True
 
 # Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
@@ -304,18 +309,19 @@ def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
 
 def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                     b_layout: Layout, params: GemmParams) -> bool:
-    """The rule that would pick gemv unforced and untuned: at most GEMV_MAX_M rows against
-    a column-major B on a GPU (not a CPU driver), where its preconditions hold. The
-    policy applies it only while GEMV_DEFAULT is on, to a float B (a quantized one:
-    gemv_quant_by_default)."""
-    return (problem.M <= GEMV_MAX_M and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
+    """The rule that picks gemv unforced and untuned: at most GEMV_DEFAULT_MAX_M rows
+    (GEMV_MAX_M with a quantized B) against a column-major B on a GPU (not a CPU driver),
+    where its preconditions hold. The policy applies it while GEMV_DEFAULT is on, to a
+    float B (a quantized one: gemv_quant_by_default)."""
+    most = GEMV_MAX_M if problem.b_quant is not None else GEMV_DEFAULT_MAX_M
+    return (problem.M <= most and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
             and gemv_violation(info, problem, a_layout, b_layout, params) is None)
 
 
 def gemv_quant_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                           b_layout: Layout, params: GemmParams) -> bool:
-    """The rule that would pick gemv for a quantized B unforced: gemv_by_default's (at
-    most GEMV_MAX_M rows, a GPU, gemv's preconditions). The policy applies it only while
+    """The rule that picks gemv for a quantized B unforced: gemv_by_default's (at most
+    GEMV_MAX_M rows, a GPU, gemv's preconditions). The policy applies it while
     GEMV_QUANT_DEFAULT is on."""
     return problem.b_quant is not None and \
         gemv_by_default(info, problem, a_layout, b_layout, params)
