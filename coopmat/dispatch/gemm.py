@@ -126,6 +126,7 @@ class PreparedGemm:
             # commands and their barriers, most of a tiny matmul's device time.
             operand_kind, d_kind = upload_kind, download_kind
         self._acquired: list[Buffer] = []
+        self._written: list[tuple[Buffer, Staged]] = []  # where each input was staged
         try:
             inputs = [(a, sa), (b, sb)] + ([(c, sc)] if c is not None and sc else [])
             # The fused epilogue's operands (bias as 1 x 1 x N), bound after C.
@@ -147,6 +148,7 @@ class PreparedGemm:
                     continue
                 host = dev_buf if operand_kind is upload_kind else self._take(upload_kind, s.nbytes)
                 _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
+                self._written.append((host, s))
                 if host is not dev_buf:
                     self.uploads.append(Copy(host, dev_buf, s.nbytes))
                 device_bufs.append(dev_buf)
@@ -177,6 +179,15 @@ class PreparedGemm:
             bindings[binding] = buf
         self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
                                         plan.groups))
+
+    def load(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Stage new A and B (the shapes, strides and dtypes this GEMM was prepared with)
+        into its buffers, for execute() to run again: a repeated small call then skips
+        the plan, the pool and the command recording (its recording is cached by buffer)."""
+        if self.bulk:
+            raise ValueError("load() is for problems staged through mapped memory")
+        for x, (host, s) in zip((a, b), self._written, strict=False):
+            _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
 
     def _take(self, kind: Kind, nbytes: int) -> Buffer:
         buf = self.rt.pool.acquire(kind, nbytes)

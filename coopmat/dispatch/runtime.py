@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from coopmat import device as device_layer
 from coopmat.device.logical import Device
@@ -27,6 +28,8 @@ class Runtime:
     # only family; both the compute stream otherwise.
     up: Stream
     down: Stream
+    # Called first by destroy(): layers above that hold buffers give them back.
+    on_destroy: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def copy_engines(self) -> bool:
@@ -51,6 +54,8 @@ class Runtime:
     def destroy(self) -> None:
         """Tear down in reverse order of creation (work finished first); the device last."""
         self.stream.wait()
+        for hook in self.on_destroy:
+            hook()
         self.transfers.destroy()
         for copy in {id(s): s for s in (self.up, self.down) if s is not self.stream}.values():
             copy.destroy()
