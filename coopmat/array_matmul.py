@@ -64,20 +64,25 @@ RECIPES = 256
 def _signature(x: Any) -> tuple[Any, ...] | None:
     if isinstance(x, Array):
         return (id(x.runtime), x.shape, x.element_strides, x.dtype, x.offset_bytes == 0)
+    if type(x) is np.ndarray:  # copied over for the call as a new C-contiguous Array
+        return ("host", x.shape, x.dtype)
     return None
 
 
 def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
-    """The cached way through for Array @ Array with no c or out."""
+    """The cached way through for products of an Array (and an Array or a numpy array)
+    with no c or out."""
     with _lock:
         r = _recipes.get(key)
     if r is None:
         return None
+    uploads: list[Copy] = []
+    a, b = _on(r.rt, a, uploads), _on(r.rt, b, uploads)
     result = empty(r.shape, r.result_dtype, device=r.rt.device)
     d = DeviceOperand(result.buffer, 0, r.d)
     _, plan = enqueue_gemm(r.rt, r.pair, DeviceOperand(a.buffer, a.offset_bytes, r.a),
                            DeviceOperand(b.buffer, b.offset_bytes, r.b), None, d, r.gemm,
-                           r.alpha, r.beta, r.options)
+                           r.alpha, r.beta, r.options, uploads)
     _last.result = GemmResult(None, plan.traits)
     return result
 
@@ -189,7 +194,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
     key = None
     if c is None and out is None and device is None and ops is None:
         sa, sb = _signature(a), _signature(b)
-        if sa is not None and sb is not None:
+        if sa is not None and sb is not None and (sa[0] != "host" or sb[0] != "host"):
             key = (sa, sb, alpha, beta, dtype, accumulator, family, Options.from_env())
             done = _fast(a, b, key)
             if done is not None:

@@ -104,3 +104,19 @@ def test_other_arguments_go_the_long_way(prepared: list[int]) -> None:
     assert prepared[0] > n
     with pytest.raises(ValueError, match="mismatch in its core dimension"):
         coopmat.matmul(a, a[:4])
+
+
+@pytest.mark.parametrize("x_shape", [(16, 64), (64,)])
+def test_numpy_operand_with_a_device_array_repeats(live_device_info, x_shape) -> None:
+    """The device-array path keeps a recipe per signature; a numpy operand's signature is
+    its shape and dtype (it is copied over for each call), so every call still multiplies
+    its own values."""
+    w = coopmat.asarray(ints((64, 48)))
+    w_host = w.numpy()
+    for _ in range(4):
+        x = ints(x_shape)
+        d = coopmat.matmul(x, w)
+        assert isinstance(d, coopmat.Array) and d.shape == x_shape[:-1] + (48,)
+        np.testing.assert_array_equal(d.numpy(), exact(x, w_host))
+        y = ints((48, 64))
+        np.testing.assert_array_equal((w @ y).numpy(), exact(w_host, y))
