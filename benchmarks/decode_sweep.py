@@ -1,12 +1,13 @@
 """Decode-shaped GEMM (few rows against a float16 weight): every rows-family tile of the
 sweep (codegen/rows_tiles.py), for the x @ w.T layout (NxK^T) and at most GEMV_MAX_M rows
 every gemv-family tile of its sweep (codegen/gemv_tiles.py), the khr kernel the policy
-would run, and torch, as weight bytes read per second from GPU timestamps (torch: CUDA
-events, per call). Prints the best tiles per shape, with the driver's register count
+would run, and torch, as weight bytes read per second from GPU timestamps over SERIAL
+dispatches back to back (torch: CUDA events over 100 launches), and the time of one
+dispatch alone. Prints the best tiles per shape, with the driver's register count
 where COOPMAT_PIPELINE_STATS=1.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,8,16,64]
-        [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE]
+        [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE] [--families rows,gemv]
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
 
 REPEAT = 15
+SERIAL = 50  # dispatches per timed submission (torch: 100 launches per timing)
 
 
-def kernel_s(g: PreparedGemm) -> float:
+def kernel_s(g: PreparedGemm) -> tuple[float, float]:
+    """(GPU seconds per dispatch of SERIAL dispatches back to back, as torch is timed;
+    GPU seconds of one dispatch alone in its submission)."""
     g.execute()
     for _ in range(3):
         g.execute(transfers=False)
-    return statistics.median(g.execute(transfers=False) or float("nan") for _ in range(REPEAT))
+    single = statistics.median(g.execute(transfers=False) or float("nan")
+                               for _ in range(REPEAT))
+    return g.serial_seconds(SERIAL) or float("nan"), single
 
 
 def torch_s(x: np.ndarray, b_host: np.ndarray, transposed: bool) -> float | None:
@@ -59,6 +65,37 @@ def torch_s(x: np.ndarray, b_host: np.ndarray, transposed: bool) -> float | None
     return float(s.elapsed_time(e)) / 100 / 1e3
 
 
+def split_k_estimates(rt: object, info: object, x: np.ndarray, wt: np.ndarray,
+                      gb: float) -> list[tuple[float, float, str, str, object, float]]:
+    """What a split-K khr kernel would cost, before building one: the batched GEMM of
+    S slices of K (x[:, slice] @ w.T[slice, :], float32 partials; the same weight bytes
+    as the product) timed like the others. The partials' sum is not part of it (a second
+    small dispatch would add it), so max_err compares that sum, done on the host."""
+    M, K = x.shape
+    out = []
+    for S in (2, 4, 8):
+        if K % (S * 128):
+            continue
+        Ks = K // S
+        a3 = np.ascontiguousarray(x.reshape(M, S, Ks).transpose(1, 0, 2))
+        b3 = wt.reshape(wt.shape[0], S, Ks).transpose(1, 2, 0)  # (S, Ks, N) column-major
+        pair = resolve(info, x.dtype, wt.dtype, np.float32)  # type: ignore[arg-type]
+        g = PreparedGemm(rt, pair, a3, b3, None, S, 1, 0,  # type: ignore[arg-type]
+                         options=Options(family="khr"))
+        try:
+            t, t1 = kernel_s(g)
+            part = np.empty((S, M, wt.shape[0]), np.float32)
+            g.read(part)
+            stats = rt.pipelines.statistics(g.plan.pipeline)  # type: ignore[attr-defined]
+        finally:
+            g.release()
+        ref = x.astype(np.float64) @ wt.T.astype(np.float64)
+        err = float(np.abs(part.sum(0, dtype=np.float64) - ref).max())
+        regs = next((v for k, v in stats.items() if "egister" in k), None)
+        out.append((t, t1, f"splitk{S}", g.traits.describe(), regs, err))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,8,16,64")
@@ -66,6 +103,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--layouts", default="KxN,NxK^T")
     ap.add_argument("--json", default="")
+    ap.add_argument("--families", default="rows,gemv",
+                    help="swept families besides the policy's and khr's kernels")
     args = ap.parse_args()
     rt = runtime()
     info = rt.device.info
@@ -91,9 +130,11 @@ def main() -> None:
                 base_g.release()
                 assert isinstance(base, RowsTraits)
                 cands: list[tuple[str, object]] = [("policy", None), ("khr", None)]
-                cands += [("rows", dataclasses.replace(base, tile=t))
-                          for t in rows_sweep(base, smem)]
-                if layout != "KxN" and M <= GEMV_MAX_M:  # gemv reads a column-major B
+                families = args.families.split(",")
+                if "rows" in families:
+                    cands += [("rows", dataclasses.replace(base, tile=t))
+                              for t in rows_sweep(base, smem)]
+                if "gemv" in families and layout != "KxN" and M <= GEMV_MAX_M:  # gemv reads a column-major B
                     gemv_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
                                           options=Options(family="gemv"))
                     gemv = gemv_g.traits
@@ -110,7 +151,7 @@ def main() -> None:
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue
                     try:
-                        t = kernel_s(g)
+                        t, t1 = kernel_s(g)
                         out = np.empty((1, M, N), g.result_dtype)
                         g.read(out)
                         stats = rt.pipelines.statistics(g.plan.pipeline)
@@ -118,19 +159,21 @@ def main() -> None:
                         g.release()
                     err = float(np.abs(out[0].astype(np.float64) - ref).max())
                     regs = next((v for k, v in stats.items() if "egister" in k), None)
-                    found.append((t, label, g.traits.describe(), regs, err))
+                    found.append((t, t1, label, g.traits.describe(), regs, err))
+                if "splitk" in families and layout != "KxN":
+                    found += split_k_estimates(rt, info, x, wt, gb)
                 found.sort()
                 tt = torch_s(x, w if layout == "KxN" else wt, layout != "KxN")
                 head = f"{M}x{K} @ {K}x{N} ({layout})"
                 print(f"== {head}: torch {tt and tt * 1e6:.1f} us "
                       f"({tt and gb / tt:.2f} TB/s)" if tt else f"== {head}")
-                for t, label, name, regs, err in found[:args.top] + [
-                        f for f in found if f[1] in ("policy", "khr")]:
-                    print(f"   {t * 1e6:8.1f} us {gb / t:5.2f} TB/s  regs {regs}  "
-                          f"err {err:.2e}  {label:6} {name}")
+                for t, t1, label, name, regs, err in found[:args.top] + [
+                        f for f in found if f[2] in ("policy", "khr")]:
+                    print(f"   {t * 1e6:8.1f} us {gb / t:5.2f} TB/s (alone {t1 * 1e6:6.1f} us)"
+                          f"  regs {regs}  err {err:.2e}  {label:6} {name}")
                 records.append({"case": head, "torch_s": tt, "candidates": [
-                    {"s": t, "family": lab, "kernel": n, "registers": r, "max_err": e}
-                    for t, lab, n, r, e in found]})
+                    {"s": t, "alone_s": t1, "family": lab, "kernel": n, "registers": r,
+                     "max_err": e} for t, t1, lab, n, r, e in found]})
                 sys.stdout.flush()
     print(f"sweep took {time.perf_counter() - t_start:.0f} s")
     if args.json:

@@ -2,7 +2,7 @@
 (16 x 4096 numpy @ a resident 4096^2 Array, back to numpy), median wall time per call
 and the Python profile of many calls (functions by own time).
 
-    python benchmarks/profile_small.py [--calls 500] [--top 25]
+    python benchmarks/profile_small.py [--calls 500] [--top 25] [--breakdown]
 """
 
 from __future__ import annotations
@@ -39,11 +39,36 @@ def profile(label: str, fn: Callable[[], object], calls: int, top: int) -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(top)
 
 
+def breakdown(calls: int) -> None:
+    """Median wall time of the pieces of a 64^3 call, each run alone: preparing it (plan
+    lookup, buffers, staging writes), running it (one submission and its wait), reading D,
+    and an empty submission's round trip (a recorded barrier, submit, wait)."""
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.policy import resolve
+    rt = runtime()
+    s = np.ones((1, 64, 64), np.float16)
+    pair = resolve(rt.device.info, s.dtype, s.dtype)
+    out = np.empty((1, 64, 64), np.float16)
+    g = PreparedGemm(rt, pair, s, s, None, 1, 1, 0)
+    print("== 64^3 pieces, median us:")
+    print(f"   prepare + release  {median_us(lambda: PreparedGemm(rt, pair, s, s, None, 1, 1, 0).release(), calls):7.1f}")
+    print(f"   execute            {median_us(g.execute, calls):7.1f}")
+    print(f"   read               {median_us(lambda: g.read(out), calls):7.1f}")
+    print(f"   empty submission   {median_us(lambda: rt.executor.run([], [], []), calls):7.1f}")
+    kernel = [g.execute() or 0.0 for _ in range(calls)]
+    print(f"   kernel (timestamps) {sorted(kernel)[calls // 2] * 1e6:6.1f}")
+    g.release()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--breakdown", action="store_true", help="time the pieces of a call")
     args = ap.parse_args()
+    if args.breakdown:
+        breakdown(args.calls)
     rng = np.random.default_rng(0)
     s = rng.standard_normal((64, 64), dtype=np.float32).astype(np.float16)
     profile("64^3 f16 numpy -> numpy", lambda: coopmat.matmul(s, s), args.calls, args.top)

@@ -554,6 +554,42 @@ def test_independent_dispatches_each_write_their_own_d(pairs):
         g.release()
 
 
+def test_serial_dispatches_run_in_order(pairs):
+    """run_serial's barriers order the dispatches: D = A @ B + C with C bound to D itself,
+    run 5 times back to back after one plain run, must give 6 x A @ B exactly (int8 ->
+    int32), and serial_seconds reports a time per dispatch where there are timestamps."""
+    require(pairs, "int8", np.int32)
+    from dataclasses import replace
+
+    from coopmat.codegen import abi
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.policy import resolve
+    rt = runtime()
+    pair = resolve(rt.device.info, np.int8, np.int8)
+    M, N, K = 64, 48, 96
+    a, b = operands("int8", M, N, K)
+    zero = np.zeros((1, M, N), np.int32)
+    g = PreparedGemm(rt, pair, a[None], b[None], zero, 1, 1, 1)
+    try:
+        g.execute()
+        gemm = g.dispatches[-1]
+        d = gemm.buffers[abi.BINDING_D]
+        accumulate = replace(gemm, buffers={**gemm.buffers, abi.BINDING_C: d})
+        runs = rt.executor.run_serial([accumulate] * 5, 1)
+        assert len(runs) == 1
+        got = np.empty((1, M, N), np.int32)
+        if g.downloads:
+            rt.executor.run([], [], g.downloads)
+        g.read(got)
+        np.testing.assert_array_equal(got[0], 6 * reference(a, b, np.int32))
+        if rt.executor.timestamps:
+            per = g.serial_seconds(3, submits=1)
+            assert per is not None and per > 0
+    finally:
+        g.release()
+
+
 def test_kernel_time_reported(pairs):
     require(pairs, "int8", np.int32)
     a, b = operands("int8", 32, 32, 32)

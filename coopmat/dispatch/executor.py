@@ -174,6 +174,17 @@ class Executor:
         The caller guarantees they are independent: none writes a buffer another one
         reads or writes. Returns per submission (GPU seconds from the timestamps or None,
         wall seconds of submit and wait)."""
+        return self._run_recorded(dispatches, submits, barriers=False)
+
+    def run_serial(self, dispatches: Sequence[Dispatch],
+                   submits: int) -> list[tuple[float | None, float]]:
+        """As run_independent, but with a compute barrier between the dispatches: they run
+        one after another, as kernels on one CUDA stream do (how peers time a short kernel:
+        many launches back to back, no host round trip between them)."""
+        return self._run_recorded(dispatches, submits, barriers=True)
+
+    def _run_recorded(self, dispatches: Sequence[Dispatch], submits: int,
+                      barriers: bool) -> list[tuple[float | None, float]]:
         v = vk()
         dev = self.device.handle
         if any(len(d.buffers) > MAX_BINDINGS for d in dispatches):
@@ -186,7 +197,7 @@ class Executor:
         with self.lock:
             rec = None
             try:
-                rec = self._record([], dispatches, [], pool, barriers=False)
+                rec = self._record([], dispatches, [], pool, barriers=barriers)
                 for _ in range(submits):
                     t0 = time.perf_counter()
                     self.stream.wait(self.stream.submit(rec.cmd, "timed GEMMs"))

@@ -199,6 +199,16 @@ class PreparedGemm:
                                                 abi.BINDING_D: self._take(kind, self.d_bytes)})
                          for _ in range(count - 1)]
 
+    def serial_seconds(self, count: int, submits: int = 3) -> float | None:
+        """GPU seconds per dispatch of the GEMM run `count` times back to back in one
+        submission, a barrier between each (the median of `submits` submissions; None
+        without timestamps). Short kernels timed one per submission also carry the
+        queue's start-up; peers time many launches in a row, and so does this."""
+        gemm = self.dispatches[-1]
+        runs = self.rt.executor.run_serial([gemm] * count, submits)
+        times = sorted(t for t, _ in runs if t is not None)
+        return times[len(times) // 2] / count if times else None
+
     def read(self, out: np.ndarray) -> None:
         count = math.prod(self.shape)
         if self.bulk:
