@@ -134,7 +134,8 @@ def main() -> None:
                 if "rows" in families:
                     cands += [("rows", dataclasses.replace(base, tile=t))
                               for t in rows_sweep(base, smem)]
-                if "gemv" in families and layout != "KxN" and M <= GEMV_MAX_M:  # gemv reads a column-major B
+                # gemv reads a column-major B
+                if "gemv" in families and layout != "KxN" and M <= GEMV_MAX_M:
                     gemv_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
                                           options=Options(family="gemv"))
                     gemv = gemv_g.traits
