@@ -11,7 +11,12 @@ result's rounding, an allowance for the device's exp).
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -351,3 +356,73 @@ def test_serial_seconds_times_both_dispatches(live_device_info) -> None:
         np.testing.assert_array_equal(got[0], (a.astype(np.float64) @ w.T).astype(F16))
     finally:
         g.release()
+
+
+GPU_AV_CHILD = textwrap.dedent('''
+    import json
+    import numpy as np
+    from coopmat.codegen import Tile
+    from coopmat.device import instance
+    from coopmat.device.vkffi import vk as _vk
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.policy import Options, resolve
+
+    rt = runtime()
+    rng = np.random.default_rng(5)
+    cases = []
+    # Power-of-two byte sizes fill pooled buffers exactly: a read past an operand's end
+    # (the exact variant's look-ahead past the last slice) is a read past its buffer.
+    for S in (2, 4):
+        for M, N, K, out in ((64, 64, 256, np.float16), (5, 40, 128, np.float32)):
+            for ta, tb in ((False, False), (False, True), (True, False)):
+                a = rng.integers(-3, 4, (K, M) if ta else (M, K)).astype(np.float16)
+                b = rng.integers(-3, 4, (N, K) if tb else (K, N)).astype(np.float16)
+                a, b = (a.T if ta else a), (b.T if tb else b)
+                c = rng.integers(-3, 4, (1, M, N)).astype(out)
+                pair = resolve(rt.device.info, np.float16, np.float16, out)
+                before = len(instance.validation_errors)
+                g = PreparedGemm(rt, pair, a[None], b[None], c, 1, 1, 1,
+                                 options=Options(split_k=S))
+                try:
+                    g.execute()
+                    got = np.empty((1, M, N), out)
+                    g.read(got)
+                finally:
+                    g.release()
+                _vk().vkDeviceWaitIdle(rt.device.handle)
+                want = (a.astype(np.float64) @ b + c[0]).astype(out)
+                cases.append({"case": f"S={S} {M}x{N}x{K} ta={ta} tb={tb} "
+                                      f"{g.traits.describe()} split={g.choice.split_k}",
+                              "equal": bool(np.array_equal(got[0], want)),
+                              "errors": instance.validation_errors[before:]})
+    print("REPORT" + json.dumps(cases), flush=True)
+    import os
+    os._exit(0)  # GPU-AV's teardown aborts on lavapipe (test_buffer_bounds.py)
+''')
+
+
+@pytest.mark.live
+def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
+    """Both dispatches under GPU-assisted validation (as test_buffer_bounds.py runs the
+    khr variants): the slices' overlapping batch strides, the exact variant's look-ahead
+    and the reduction touch nothing outside their buffers."""
+    from coopmat.device.instance import VALIDATION_LAYER
+    from coopmat.device.vkffi import vk
+
+    if VALIDATION_LAYER not in {p.layerName for p in vk().vkEnumerateInstanceLayerProperties()}:
+        pytest.skip(f"{VALIDATION_LAYER} is not installed")
+    env = dict(os.environ, COOPMAT_VALIDATION="1", COOPMAT_SPECIALIZE="0",
+               COOPMAT_CACHE_DIR=str(tmp_path),
+               VK_KHRONOS_VALIDATION_VALIDATE_GPU_BASED="GPU_BASED_GPU_ASSISTED",
+               VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT="false")
+    env.pop(SPLIT_K_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", GPU_AV_CHILD], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    cases = json.loads(lines[-1][len("REPORT"):])
+    assert len(cases) == 12 and all("split=" in c["case"] and "split=1" not in c["case"]
+                                    for c in cases)
+    bad = [c for c in cases if c["errors"] or not c["equal"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
