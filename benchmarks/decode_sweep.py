@@ -3,11 +3,14 @@ sweep (codegen/rows_tiles.py), for the x @ w.T layout (NxK^T) and at most GEMV_M
 every gemv-family tile of its sweep (codegen/gemv_tiles.py), the khr kernel the policy
 would run, and torch, as weight bytes read per second from GPU timestamps over SERIAL
 dispatches back to back (torch: CUDA events over 100 launches), and the time of one
-dispatch alone. Prints the best tiles per shape, with the driver's register count
-where COOPMAT_PIPELINE_STATS=1.
+dispatch alone. `--families` picks the swept ones: rows, gemv, and splitk (the khr
+kernel forced to a split-K of S = 2, 4, 8 slices: labels splitk2 etc., both dispatches
+timed). Prints the best tiles per shape, with the driver's register count where
+COOPMAT_PIPELINE_STATS=1.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,8,16,64]
-        [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE] [--families rows,gemv]
+        [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE]
+        [--families rows,gemv,splitk]
 
 With --quant q8_0,q4_0 it sweeps a quantized weight instead (GGUF blocks, x @ w.T; needs
 the gguf package): per format, shape and M, every gemv tile of the quantized sweep (at
@@ -91,32 +94,25 @@ def torch_s(x: np.ndarray, b_host: np.ndarray, transposed: bool) -> float | None
     return float(s.elapsed_time(e)) / 100 / 1e3
 
 
-def split_k_estimates(rt: object, info: object, x: np.ndarray, wt: np.ndarray,
-                      gb: float) -> list[tuple[float, float, str, str, object, float]]:
-    """What a split-K khr kernel would cost, before building one: the batched GEMM of
-    S slices of K (x[:, slice] @ w.T[slice, :], float32 partials; the same weight bytes
-    as the product) timed like the others. The partials' sum is not part of it (a second
-    small dispatch would add it), so max_err compares that sum, done on the host."""
-    M, K = x.shape
+def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
+                       ref: np.ndarray) -> list[tuple[float, float, str, str, object, float]]:
+    """The khr kernel split over S = 2, 4, 8 slices of K (forced: Options(split_k=S)), each
+    timed like the others: kernel_s times both of its dispatches (the slice GEMM into
+    float32 partials and the reduction into D). Shapes S does not split are skipped."""
     out = []
     for S in (2, 4, 8):
-        if K % (S * 128):
-            continue
-        Ks = K // S
-        a3 = np.ascontiguousarray(x.reshape(M, S, Ks).transpose(1, 0, 2))
-        b3 = wt.reshape(wt.shape[0], S, Ks).transpose(1, 2, 0)  # (S, Ks, N) column-major
-        pair = resolve(info, x.dtype, wt.dtype, np.float32)  # type: ignore[arg-type]
-        g = PreparedGemm(rt, pair, a3, b3, None, S, 1, 0,  # type: ignore[arg-type]
-                         options=Options(family="khr"))
+        g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
+                         options=Options(family="khr", split_k=S))
         try:
+            if g.choice.split_k != S:  # the policy ran it unsplit: nothing to time
+                continue
             t, t1 = kernel_s(g)
-            part = np.empty((S, M, wt.shape[0]), np.float32)
-            g.read(part)
-            stats = rt.pipelines.statistics(g.plan.pipeline)  # type: ignore[attr-defined]
+            got = np.empty((1,) + ref.shape, g.result_dtype)
+            g.read(got)
+            stats = rt.pipelines.statistics(g.plan.pipeline)
         finally:
             g.release()
-        ref = x.astype(np.float64) @ wt.T.astype(np.float64)
-        err = float(np.abs(part.sum(0, dtype=np.float64) - ref).max())
+        err = float(np.abs(got[0].astype(np.float64) - ref).max())
         regs = next((v for k, v in stats.items() if "egister" in k), None)
         out.append((t, t1, f"splitk{S}", g.traits.describe(), regs, err))
     return out
@@ -272,8 +268,8 @@ def main() -> None:
                     err = float(np.abs(out[0].astype(np.float64) - ref).max())
                     regs = next((v for k, v in stats.items() if "egister" in k), None)
                     found.append((t, t1, label, g.traits.describe(), regs, err))
-                if "splitk" in families and layout != "KxN":
-                    found += split_k_estimates(rt, info, x, wt, gb)
+                if "splitk" in families:
+                    found += split_k_candidates(rt, pair, x, b, ref)
                 found.sort()
                 tt = torch_s(x, w if layout == "KxN" else wt, layout != "KxN")
                 head = f"{M}x{K} @ {K}x{N} ({layout})"

@@ -83,7 +83,7 @@ def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
     _, plan = enqueue_gemm(r.rt, r.pair, DeviceOperand(a.buffer, a.offset_bytes, r.a),
                            DeviceOperand(b.buffer, b.offset_bytes, r.b), None, d, r.gemm,
                            r.alpha, r.beta, r.options, uploads)
-    _last.result = GemmResult(None, plan.traits)
+    _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
     return result
 
 
@@ -281,7 +281,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
                                 batch * M * N * result_dtype.itemsize))
     _, plan = enqueue_gemm(rt, pair, a_op, b_op, c_op, d_op, (batch, M, N, K), alpha, beta,
                            options, uploads, bias=bias_op, residual=res_op, ops=ops)
-    _last.result = GemmResult(None, plan.traits)
+    _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
     if key is not None:
         with _lock:
             _recipes[key] = _Recipe(rt, pair, result_dtype, shape, (batch, M, N, K),

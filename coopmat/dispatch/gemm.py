@@ -21,6 +21,7 @@ import numpy as np
 from coopmat import codegen
 from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
 from coopmat.codegen.pack import pack_kernel
+from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
@@ -83,7 +84,8 @@ def _write(x: np.ndarray, s: Staged, dst: np.ndarray) -> None:
 @dataclass(frozen=True)
 class GemmResult:
     kernel_seconds: float | None
-    traits: GemmTraits
+    traits: GemmTraits  # a split-K's: the slice GEMM's
+    split_k: int = 1  # S > 1: the GEMM ran as S slices of K and a reduction
 
 
 class PreparedGemm:
@@ -167,6 +169,10 @@ class PreparedGemm:
                                                 {0: operand_bufs[step.operand], 1: packed},
                                                 step.push_constants, step.groups))
                 operand_bufs[step.operand] = packed
+            # A split-K GEMM writes its float32 partials to a workspace in device memory;
+            # the reduction reads them and writes D.
+            workspace = self._take(device_kind, plan.reduce.workspace_bytes) \
+                if plan.reduce is not None else None
         except BaseException:
             self.release()
             raise
@@ -177,8 +183,12 @@ class PreparedGemm:
                                                              - len(extra_bindings):],
                                 strict=True):
             bindings[binding] = buf
-        self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
-                                        plan.groups))
+        if plan.reduce is None:
+            self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
+                                            plan.groups))
+        else:
+            assert workspace is not None
+            self.dispatches += split_k_dispatches(plan, plan.reduce, bindings, workspace)
 
     def load(self, a: np.ndarray, b: np.ndarray) -> None:
         """Stage new A and B (the shapes, strides and dtypes this GEMM was prepared with)
@@ -204,6 +214,9 @@ class PreparedGemm:
         own), so they may run together: for timing dispatches back to back, as
         vk_cooperative_matrix_perf does. Repacks are left out: execute() has already
         written the operands they produce."""
+        if self.plan.reduce is not None:
+            raise ValueError("a split-K GEMM is two dependent dispatches, which cannot run "
+                             "as independent copies; time it with serial_seconds")
         gemm = self.dispatches[-1]
         kind = gemm.buffers[abi.BINDING_D].kind
         return [gemm] + [replace(gemm, buffers={**gemm.buffers,
@@ -211,12 +224,14 @@ class PreparedGemm:
                          for _ in range(count - 1)]
 
     def serial_seconds(self, count: int, submits: int = 3) -> float | None:
-        """GPU seconds per dispatch of the GEMM run `count` times back to back in one
-        submission, a barrier between each (the median of `submits` submissions; None
-        without timestamps). Short kernels timed one per submission also carry the
-        queue's start-up; peers time many launches in a row, and so does this."""
-        gemm = self.dispatches[-1]
-        runs = self.rt.executor.run_serial([gemm] * count, submits)
+        """GPU seconds per run of the GEMM (its dispatch, or a split-K's GEMM and
+        reduction) run `count` times back to back in one submission, a barrier between
+        each dispatch (the median of `submits` submissions; None without timestamps).
+        Short kernels timed one per submission also carry the queue's start-up; peers
+        time many launches in a row, and so does this. Repacks are left out, as in
+        independent_copies."""
+        work = self.dispatches[len(self.plan.packs):]
+        runs = self.rt.executor.run_serial(work * count, submits)
         times = sorted(t for t, _ in runs if t is not None)
         return times[len(times) // 2] / count if times else None
 
@@ -262,6 +277,46 @@ def _pack_step(rt: Runtime, pack: PackChoice, itemsize: int) -> PackStep:
 
 
 @dataclass(frozen=True)
+class ReduceStep:
+    """A split-K's second dispatch (codegen/reduce.py): sums the S float32 partials the
+    GEMM wrote to a workspace of `workspace_bytes` and applies the epilogue into D."""
+
+    pipeline: Pipeline
+    push_constants: bytes
+    groups: tuple[int, int, int]
+    workspace_bytes: int
+
+
+def _reduce_step(rt: Runtime, choice: KernelChoice, pair: TypePair, has_c: bool,
+                 ops: EpilogueOps | None, M: int, N: int, alpha: float | int,
+                 beta: float | int) -> ReduceStep:
+    S = choice.split_k
+    rk = reduce_kernel(ReduceTraits(pair.stored, has_c, ops if ops and ops.fused else None))
+    p = choice.params  # the slice GEMM's: partials row-major, N wide, M x N apart
+    push = rk.push_constants(M, N, S, p.ldd, p.batch_stride_d, N, N, float(alpha),
+                             float(beta) if has_c else 0.0)
+    return ReduceStep(rt.pipelines.get(rk), push, rk.workgroups(M, N), S * M * N * 4)
+
+
+def split_k_dispatches(plan: Plan, reduce: ReduceStep, bindings: dict[int, Buffer],
+                       workspace: Buffer,
+                       offsets: tuple[tuple[int, int], ...] = ()) -> list[Dispatch]:
+    """A split-K's two dispatches from the bindings the unsplit GEMM would have had (A,
+    B, D, and C, bias, residual where given; byte `offsets` per binding where not 0):
+    the GEMM reads A and B and writes the workspace, the reduction reads the workspace
+    (and C, bias, residual) and writes D."""
+    at = dict(offsets)
+    gemm = {b: bindings[b] for b in (abi.BINDING_A, abi.BINDING_B)}
+    gemm[abi.BINDING_D] = workspace
+    rest = {b: buf for b, buf in bindings.items() if b not in (abi.BINDING_A, abi.BINDING_B)}
+    rest[abi.BINDING_A] = workspace  # the partials' binding (reduce.BINDING_PARTIALS)
+    return [Dispatch(plan.pipeline, gemm, plan.push_constants, plan.groups,
+                     tuple((b, at[b]) for b in gemm if b != abi.BINDING_D and at.get(b))),
+            Dispatch(reduce.pipeline, rest, reduce.push_constants, reduce.groups,
+                     tuple((b, at[b]) for b in rest if b != abi.BINDING_A and at.get(b)))]
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything about a call that depends only on shapes, strides, types and scalars:
     computed once and reused (a small matmul's Python cost is mostly this)."""
@@ -275,6 +330,7 @@ class Plan:
     push_constants: bytes
     groups: tuple[int, int, int]
     packs: tuple[PackStep, ...] = ()
+    reduce: ReduceStep | None = None  # a split-K's reduction (choice.split_k > 1)
 
     @property
     def traits(self) -> GemmTraits:
@@ -366,19 +422,25 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     choice = choose(info, problem, options, tuning.choices(info) if options.tuning else {},
                     traits)
     if not margins_ok and isinstance(choice.traits, KhrTraits) and choice.traits.exact:
-        choice = choose(info, problem, options, {}, replace(choice.traits, exact=False))
+        choice = choose(info, problem, options, {}, replace(choice.traits, exact=False),
+                        split_k=choice.split_k)
     choice = replace(choice, traits=_admit(choice.traits, options))
     result_dtype = numpy_dtype(pair.stored)
     d_bytes = batch * M * N * result_dtype.itemsize
     itemsize = numpy_dtype(pair.operand).itemsize
     steps = tuple(_pack_step(rt, p, itemsize) for p in choice.packs)
+    reduce = _reduce_step(rt, choice, pair, sc is not None, ops, M, N, alpha, beta) \
+        if choice.split_k > 1 else None
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
                     d_bytes if ops is not None and ops.residual else 0,
-                    *(st.nbytes for st in steps)])
+                    *(st.nbytes for st in steps),
+                    reduce.workspace_bytes if reduce else 0])
     kernel = codegen.build_gemm(choice.traits)
+    # A split-K's GEMM is a batch of its S slices (batch is 1 then).
+    gemm_batch = choice.split_k if reduce else batch
     return Plan(choice, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
-                d_bytes, kernel.push_constants(choice.params), kernel.workgroups(M, N, batch),
-                steps)
+                d_bytes, kernel.push_constants(choice.params),
+                kernel.workgroups(M, N, gemm_batch), steps, reduce)
 
 
 def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
@@ -402,7 +464,7 @@ def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.nd
         g.read(out)
     finally:
         g.release()
-    return GemmResult(seconds, g.traits)
+    return GemmResult(seconds, g.traits, g.choice.split_k)
 
 
 def check_fits(rt: Runtime, sizes: list[int]) -> None:
@@ -495,8 +557,14 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
                                        step.push_constants, step.groups,
                                        ((0, off),) if off else ()))
             operands[step.operand] = (packed, 0)
-        dispatches.append(gemm_dispatch(plan, operands[0], operands[1], c, d, bias,
-                                        residual))
+        unsplit = gemm_dispatch(plan, operands[0], operands[1], c, d, bias, residual)
+        if plan.reduce is None:
+            dispatches.append(unsplit)
+        else:  # a split-K: the GEMM into a workspace, then the reduction into D
+            workspace = rt.pool.acquire(device_kind, plan.reduce.workspace_bytes)
+            temps.append(workspace)
+            dispatches += split_k_dispatches(plan, plan.reduce, unsplit.buffers, workspace,
+                                             unsplit.offsets)
         ticket = rt.executor.submit(uploads, dispatches, waits=waits)
     finally:
         for buf in temps:

@@ -22,7 +22,10 @@ from coopmat.policy.kernel import (
     fastest_variant,
     repacks,
     shape_class,
+    slice_problem,
     specializes,
+    split_k_for,
+    split_k_violation,
 )
 from coopmat.policy.options import Options
 from coopmat.policy.types import (
@@ -38,5 +41,6 @@ __all__ = [
     "MEDIUM_MN", "PACK_MIN_M", "SPECIALIZE_MIN_OPS", "KernelChoice", "OperandLayout",
     "Options", "PackChoice", "Problem", "Tuned", "TypePair", "choose", "choose_family",
     "config_for", "config_pairs", "fastest_variant", "repacks", "resolve", "result_pairs",
-    "shape_class", "specializes", "usable_configs",
+    "shape_class", "slice_problem", "specializes", "split_k_for", "split_k_violation",
+    "usable_configs",
 ]

@@ -24,12 +24,18 @@ The rules, each with its measurement in docs/kernels.md:
 - khr variant: exact (whole tiles, no bounds checks) > aligned (vector loads) > general,
   whichever the sizes and strides allow; sizes and strides compiled in for problems of
   SPECIALIZE_MIN_OPS or more (Options.specialize);
-- 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M.
+- 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M;
+- split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K into float32
+  partials, then a reduction kernel with the epilogue, codegen/reduce.py): forced by
+  Options.split_k where `split_k_violation` allows it (else unsplit); else, while
+  SPLIT_K_DEFAULT is on (off until measured on a GPU), `split_k_for`: a GPU, the khr
+  family, M <= SMALL_M, batch 1, an unsplit grid under SPLIT_K_TARGET_GROUPS workgroups.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import overload
@@ -59,6 +65,7 @@ from coopmat.codegen.variants import (
     nv2_tiles,
     rows_traits,
 )
+from coopmat.device.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
 from coopmat.errors import MissingFeatureError
@@ -93,6 +100,19 @@ GEMV_DEFAULT_MAX_M = 4
 # against GGUF blocks it beats the khr kernel at every M up to GEMV_MAX_M (q8_0 at 1 x
 # 14336 x 4096: 23.3 against 105 us), so up to GEMV_MAX_M rows.
 GEMV_QUANT_DEFAULT = True
+
+# Split-K for few-row products on the khr family (`split_k_for`): off until measured on
+# a GPU. Emulated as a batched GEMM over K slices on the H200 (decode_sweep.py, x @ w.T,
+# 4096 x 4096 float16 weight), it took 11.7 us (M = 8, S = 4) and 10.3 us (M = 16, S = 8)
+# against 23 us for the unsplit kernel's 64 workgroups. Forced (Options.split_k), it runs
+# whatever this says.
+SPLIT_K_DEFAULT = False
+# The rule's target: enough workgroups to keep a large GPU's memory system busy (the
+# H200 has 132 SMs; the unsplit few-row grid of a 4096-column weight is 64).
+SPLIT_K_TARGET_GROUPS = 256
+SPLIT_K_CHOICES = (2, 4, 8)
+# Slices shorter than this leave each workgroup too little of K to stream.
+SPLIT_K_MIN_SLICE = 512
 
 # Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
@@ -154,6 +174,10 @@ class KernelChoice:
     # repack): their buffers must be that much larger (codegen.overread_elems).
     margins: tuple[int, int] = (0, 0)
     why: str = ""  # "tuned", "default" or "forced", for listings and the bench
+    # S > 1: `traits` and `params` are the batched GEMM over S slices of K, writing float32
+    # partials (S x M x N, row-major) that the reduction kernel (codegen/reduce.py) sums
+    # and finishes with the problem's epilogue (alpha, beta and C, the fused operations).
+    split_k: int = 1
 
 
 def shape_class(pair: TypePair, M: int, N: int = 1 << 30) -> str:
@@ -454,10 +478,69 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     return fastest_variant(khr, params, problem.batch, options), why
 
 
+def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str | None:
+    """Why `problem` cannot run as a split-K of S slices, or None where it can: one
+    product (batch 1), float32 accumulation with a float result, a plain (not quantized)
+    B, K a multiple of S, and a reduction grid of M rows the device allows."""
+    p = problem
+    if p.batch != 1:
+        return f"it is a batch of {p.batch} products"
+    if p.pair.result != ComponentType.FLOAT32 or not p.pair.stored.is_float:
+        return (f"it splits float32 accumulation with float results only, not "
+                f"{p.pair.describe_result()}")
+    if p.b_quant is not None:
+        return f"B is quantized ({p.b_quant})"
+    if p.K % S:
+        return f"K={p.K} is not a multiple of {S} slices"
+    if p.M > info.limits.max_compute_work_group_count[1]:
+        return f"M={p.M} is more rows than the reduction's grid allows"
+    return None
+
+
+def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) -> int:
+    """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
+    family, M <= SMALL_M, batch 1, an unsplit grid of G < SPLIT_K_TARGET_GROUPS
+    workgroups: S = the power of two of SPLIT_K_CHOICES nearest ceil(target / G) (on a
+    log scale: powers of two are geometric; ties go to the smaller), where
+    K % (S * tile_k) == 0 (whole K steps per slice) and K / S >= SPLIT_K_MIN_SLICE; else 1.
+    `traits`: the unsplit kernel's."""
+    p = problem
+    if is_cpu(info) or not isinstance(traits, KhrTraits) or p.M > SMALL_M or p.batch != 1:
+        return 1
+    t = traits.tile
+    groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
+    if groups >= SPLIT_K_TARGET_GROUPS:
+        return 1
+    want = -(-SPLIT_K_TARGET_GROUPS // groups)
+    S = min(SPLIT_K_CHOICES, key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
+    if p.K % (S * t.tile_k) or p.K // S < SPLIT_K_MIN_SLICE:
+        return 1
+    return S if split_k_violation(info, p, S) is None else 1
+
+
+def slice_problem(problem: Problem, S: int) -> Problem:
+    """The batched product a split-K of S runs: slice s is A[:, s Ks:(s+1) Ks] @
+    B[s Ks:(s+1) Ks, :] (Ks = K / S), its batch strides stepping along K inside the one
+    A and B (Ks elements where K is contiguous, Ks lines where it is not), the result
+    float32 partials (alpha 1, no C, no fused operations). Requires split_k_violation
+    None."""
+    p = problem
+    Ks = p.K // S
+    a_step = Ks if p.a.layout is Layout.ROW_MAJOR else Ks * p.a.ld
+    b_step = Ks * p.b.ld if p.b.layout is Layout.ROW_MAJOR else Ks
+    return Problem(TypePair(p.pair.operand, ComponentType.FLOAT32), p.M, p.N, Ks,
+                   replace(p.a, batch_stride=a_step), replace(p.b, batch_stride=b_step),
+                   batch=S)
+
+
 def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
-           tuned: Tuned | None = None, traits: GemmTraits | None = None) -> KernelChoice:
+           tuned: Tuned | None = None, traits: GemmTraits | None = None, *,
+           split_k: int = 1) -> KernelChoice:
     """The kernel for `problem` on `info`. With `traits` (the tuner's candidates), those
-    traits run: only repacks, parameters and margins are derived."""
+    traits run: only repacks, parameters and margins are derived; with `split_k` S > 1
+    too, `traits` are the slice GEMM's of a split-K of S (the problem must allow it).
+    Without `traits`, a split-K where Options.split_k forces one (and the problem allows
+    it) or the rule chooses one (SPLIT_K_DEFAULT)."""
     options = options or Options()
     tuned = tuned or {}
     p = problem
@@ -466,6 +549,30 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     if p.ops is not None and p.ops.activation is not None and not p.pair.result.is_float:
         raise ValueError(f"the {p.ops.activation.value} activation needs a float result, "
                          f"not {p.pair.describe_result()}")
+    if traits is not None:
+        if split_k > 1:
+            why_not = split_k_violation(info, p, split_k)
+            if why_not is not None:
+                raise ValueError(f"no split-K of {split_k} for this product: {why_not}")
+            return replace(_choose(info, slice_problem(p, split_k), options, tuned, traits),
+                           split_k=split_k)
+        return _choose(info, p, options, tuned, traits)
+    choice = _choose(info, p, options, tuned, None)
+    if not isinstance(choice.traits, KhrTraits):  # split-K is the khr family's
+        return choice
+    if options.split_k is not None:
+        S = options.split_k
+    else:
+        S = split_k_for(info, p, choice.traits) if SPLIT_K_DEFAULT else 1
+    if S <= 1 or split_k_violation(info, p, S) is not None:
+        return choice
+    sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
+    return replace(sliced, split_k=S, why="forced" if options.split_k else choice.why)
+
+
+def _choose(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
+            traits: GemmTraits | None) -> KernelChoice:
+    """choose's single kernel (no split-K), for a normalized problem."""
     packs: list[PackChoice] = []
     a, b = p.a, p.b  # as the GEMM kernel reads them
     if repacks(info, p.pair, 0, a.layout, p.M, traits):  # column-major A: K lines of M
@@ -496,8 +603,9 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
 
 
 def _elems(p: Problem, x: OperandLayout, operand: int) -> int:
-    """Elements an operand's buffer holds (batch copies x lines x ld)."""
+    """Elements an operand's buffer holds (batch copies x lines x ld; less where the
+    batch entries overlap, as a split-K's slices of one matrix do)."""
     lines = {(0, Layout.ROW_MAJOR): p.M, (0, Layout.COLUMN_MAJOR): p.K,
              (1, Layout.ROW_MAJOR): p.K, (1, Layout.COLUMN_MAJOR): p.N}[(operand, x.layout)]
     copies = p.batch if x.batch_stride else 1
-    return copies * lines * x.ld
+    return min(copies * lines * x.ld, (copies - 1) * x.batch_stride + lines * x.ld)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 FAMILY_ENV = "COOPMAT_FAMILY"
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
 NO_TUNING_ENV = "COOPMAT_NO_TUNING"
+SPLIT_K_ENV = "COOPMAT_SPLIT_K"
 
 FAMILIES = ("khr", "nv2", "rows", "gemv")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
@@ -23,11 +24,22 @@ _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
 class Options:
     """family: force 'khr', 'nv2', 'rows' or 'gemv' (None: the policy's choice).
     specialize: 'auto' (large problems, within a per-process budget), 'always' or 'never'.
-    tuning: use tuned choices (the user's table, else the shipped one)."""
+    tuning: use tuned choices (the user's table, else the shipped one).
+    split_k: force a split-K of this many K slices (1: never split) where the problem
+    allows one (policy.kernel.split_k_violation; elsewhere it runs unsplit); None: the
+    policy's rule (policy.kernel.split_k_for, while SPLIT_K_DEFAULT is on)."""
 
     family: str | None = None
     specialize: str = "auto"
     tuning: bool = True
+    split_k: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.split_k is not None and (isinstance(self.split_k, bool) or
+                                         not isinstance(self.split_k, int) or
+                                         self.split_k < 1):
+            raise ValueError(f"split_k={self.split_k!r}: use a whole number of K slices "
+                             f">= 1 (1: never split), or None for the policy's choice")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
@@ -40,9 +52,18 @@ class Options:
         if spec not in _SPECIALIZE:
             raise ValueError(f"{SPECIALIZE_ENV}={spec!r}: use 1 (always), 0 (never) or "
                              f"leave it unset (large problems)")
+        split = env.get(SPLIT_K_ENV, "").strip()
+        if split in ("", "auto"):
+            split_k = None
+        elif split.isdigit() and int(split) >= 1:
+            split_k = int(split)
+        else:
+            raise ValueError(f"{SPLIT_K_ENV}={split!r}: use a whole number of K slices >= 1 "
+                             f"(1: never split), 'auto' or leave it unset (the policy's "
+                             f"choice)")
         return cls(family=None if family == "auto" else family,
                    specialize=_SPECIALIZE[spec],
-                   tuning=env.get(NO_TUNING_ENV, "").strip() != "1")
+                   tuning=env.get(NO_TUNING_ENV, "").strip() != "1", split_k=split_k)
 
     def with_family(self, family: str | None) -> Options:
         """These options with a per-call family (None or 'auto' keeps the current one)."""

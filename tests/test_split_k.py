@@ -1,0 +1,428 @@
+"""Split-K (issue #16): the khr GEMM over S slices of K into float32 partials, then the
+reduction kernel (codegen/reduce.py) with the epilogue.
+
+Policy tests run on recorded devices (no GPU). Live tests force the split
+(COOPMAT_SPLIT_K) on the device scripts/test runs on (lavapipe in CI) and compare with
+numpy in float64: operands drawn from small integers give exact float32 partials and
+sums, so those results must equal the float64 product rounded once to D's type; general
+data, C and the fused operations get test_epilogue's bound (the K-term dot product, the
+result's rounding, an allowance for the device's exp).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import coopmat
+import coopmat.linalg
+import coopmat.policy.kernel as policy_kernel
+from coopmat.codegen import KhrTraits, Layout
+from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
+from coopmat.codegen.tools import find_tool, validate
+from coopmat.codegen.traits import Activation, EpilogueOps
+from coopmat.device.enums import ComponentType as CT
+from coopmat.device.record import load_records
+from coopmat.policy import (
+    OperandLayout,
+    Options,
+    Problem,
+    choose,
+    resolve,
+    split_k_for,
+    split_k_violation,
+)
+from coopmat.policy.options import SPLIT_K_ENV
+
+DATA = Path(__file__).parent / "data"
+(H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
+(LAVAPIPE,) = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")
+RNG = np.random.default_rng(16)
+F16, F32 = np.float16, np.float32
+U = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.float32): 2.0 ** -24}
+
+
+def decode(info, M: int, N: int, K: int, **kw) -> Problem:
+    """x @ w.T: A row-major M x K, B column-major (a weight stored N x K)."""
+    pair = kw.pop("pair", None) or resolve(info, F16, F16)
+    return Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
+                   OperandLayout(Layout.COLUMN_MAJOR, K), **kw)
+
+
+def unsplit(info, problem: Problem) -> KhrTraits:
+    traits = choose(info, problem, Options(split_k=1)).traits
+    assert isinstance(traits, KhrTraits)
+    return traits
+
+
+# -- policy ------------------------------------------------------------------------------
+
+def test_rule_on_h200_decode_shapes() -> None:
+    """S = the power of two nearest ceil(256 / G) for an unsplit grid of G workgroups."""
+    for M, N, K in ((1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096),
+                    (8, 14336, 4096), (8, 4096, 14336)):
+        p = decode(H200, M, N, K)
+        t = unsplit(H200, p).tile
+        groups = -(-M // t.tile_m) * -(-N // t.tile_n)
+        want = -(-policy_kernel.SPLIT_K_TARGET_GROUPS // groups)
+        S = min((2, 4, 8), key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
+        ok = groups < 256 and K % (S * t.tile_k) == 0 and K // S >= 512
+        assert split_k_for(H200, p, unsplit(H200, p)) == (S if ok else 1), (M, N, K)
+    # The issue's shape: 8 rows against a 4096 x 4096 weight, 64 workgroups unsplit.
+    p = decode(H200, 8, 4096, 4096)
+    t = unsplit(H200, p).tile
+    assert -(-8 // t.tile_m) * (4096 // t.tile_n) == 64
+    assert split_k_for(H200, p, unsplit(H200, p)) == 4
+
+
+def test_rule_says_one_elsewhere() -> None:
+    p = decode(H200, 8, 4096, 4096)
+    khr = unsplit(H200, p)
+    assert split_k_for(LAVAPIPE, decode(LAVAPIPE, 8, 4096, 4096),
+                       unsplit(LAVAPIPE, decode(LAVAPIPE, 8, 4096, 4096))) == 1  # a CPU
+    assert split_k_for(H200, replace(p, M=65), khr) == 1  # more than SMALL_M rows
+    assert split_k_for(H200, replace(p, batch=2), khr) == 1
+    assert split_k_for(H200, replace(p, N=65536), khr) == 1  # enough workgroups already
+    assert split_k_for(H200, replace(p, K=1024), khr) == 1  # slices of 256 < 512
+    assert split_k_for(H200, replace(p, K=4096 + khr.tile.tile_k), khr) == 1  # not whole
+    i8 = resolve(H200, np.int8, np.int8)
+    assert split_k_for(H200, replace(p, pair=i8), khr) == 1  # an integer result
+
+
+def test_default_is_off_and_the_rule_applies_when_on(monkeypatch) -> None:
+    p = decode(H200, 8, 4096, 4096)
+    assert not policy_kernel.SPLIT_K_DEFAULT
+    assert choose(H200, p).split_k == 1
+    monkeypatch.setattr(policy_kernel, "SPLIT_K_DEFAULT", True)
+    choice = choose(H200, p)
+    assert choice.split_k == 4 and choice.why == "default"
+    params = choice.params
+    assert (params.K, params.batch_stride_a, params.batch_stride_b) == (1024, 1024, 1024)
+    assert (params.ldd, params.batch_stride_d, params.alpha, params.beta) == \
+        (4096, 8 * 4096, 1, 0)
+    t = choice.traits
+    assert isinstance(t, KhrTraits)
+    # float32 partials: no float16 rounding, no C, no fused operations in the GEMM
+    assert t.result_type == CT.FLOAT32 and t.out_type is None and not t.has_c and t.ops is None
+    assert choose(H200, p, Options(split_k=1)).split_k == 1  # forced off
+
+
+def test_forced_split_strides_follow_the_layouts() -> None:
+    pair = resolve(H200, F16, F16)
+    M, N, K = 16, 200, 512
+    # A column-major (lda = M), B row-major (ldb = N): slices step K lines.
+    p = Problem(pair, M, N, K, OperandLayout(Layout.COLUMN_MAJOR, M),
+                OperandLayout(Layout.ROW_MAJOR, N), has_c=True, alpha=2.0, beta=0.5,
+                ops=EpilogueOps(bias=True, activation=Activation.GELU_TANH, residual=True))
+    choice = choose(H200, p, Options(split_k=4))
+    assert choice.split_k == 4 and choice.why == "forced"
+    q = choice.params
+    assert (q.K, q.batch_stride_a, q.batch_stride_b) == (128, 128 * M, 128 * N)
+    assert (q.alpha, q.beta, choice.traits.has_c, choice.traits.ops) == (1, 0, False, None)
+
+
+def test_forced_split_falls_back_where_it_cannot_run() -> None:
+    """A forced S runs where split_k_violation allows it; elsewhere the product runs
+    unsplit (the choice says split_k == 1)."""
+    p = decode(H200, 8, 4096, 4096)
+    cases = {
+        "K=4098 is not a multiple": replace(p, K=4098, a=OperandLayout(Layout.ROW_MAJOR, 4098),
+                                            b=OperandLayout(Layout.COLUMN_MAJOR, 4098)),
+        "batch": replace(p, batch=2),
+        "float results only": replace(p, pair=resolve(H200, np.int8, np.int8)),
+        "float16 accumulation": replace(p, pair=resolve(H200, F16, F16, accumulator=F16)),
+        "quantized": replace(p, b_quant="q8_0"),
+    }
+    for why, q in cases.items():
+        if why != "float16 accumulation":
+            assert why.split()[-1] in (split_k_violation(H200, q, 4) or ""), why
+        assert choose(H200, q, Options(split_k=4)).split_k == 1, why
+    # Another family than khr (forced, or gemv/rows tuned) is never split.
+    assert choose(H200, p, Options(split_k=4, family="gemv")).split_k == 1
+
+
+def test_options_and_environment() -> None:
+    assert Options.from_env({}).split_k is None
+    assert Options.from_env({SPLIT_K_ENV: "auto"}).split_k is None
+    assert Options.from_env({SPLIT_K_ENV: " 4 "}).split_k == 4
+    assert Options.from_env({SPLIT_K_ENV: "1"}).split_k == 1
+    for bad in ("0", "-2", "two", "2.5"):
+        with pytest.raises(ValueError, match=SPLIT_K_ENV):
+            Options.from_env({SPLIT_K_ENV: bad})
+    for bad_value in (0, -1, True):
+        with pytest.raises(ValueError, match="split_k"):
+            Options(split_k=bad_value)
+
+
+@pytest.mark.skipif(find_tool("spirv-val") is None, reason="spirv-val not found")
+@pytest.mark.parametrize("stored", [CT.FLOAT16, CT.FLOAT32, CT.BFLOAT16], ids=str)
+def test_reduction_kernels_validate(stored: CT) -> None:
+    for has_c in (False, True):
+        for ops in (None, EpilogueOps(bias=True, activation=Activation.GELU_TANH),
+                    EpilogueOps(activation=Activation.SILU, residual=True)):
+            validate(reduce_kernel(ReduceTraits(stored, has_c, ops)).spirv)
+
+
+# -- live --------------------------------------------------------------------------------
+
+def small_ints(*shape: int) -> np.ndarray:
+    return RNG.integers(-3, 4, size=shape).astype(np.float16)
+
+
+def normal(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float16)
+
+
+def forced(monkeypatch, S: int) -> None:
+    monkeypatch.setenv(SPLIT_K_ENV, str(S))
+
+
+def ran_split() -> int:
+    return coopmat.linalg._last.result.split_k
+
+
+def gelu64(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def oracle(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, gelu=False, residual=None):
+    """(float64 act(alpha a @ b + beta c + bias) + residual, its tolerance before D's
+    rounding): test_epilogue's bound."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    pre = alpha * (a64 @ b64)
+    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64))
+    if c is not None:
+        pre = pre + beta * c.astype(np.float64)
+    if bias is not None:
+        pre = pre + bias.astype(np.float64)
+    x = gelu64(pre) if gelu else pre
+    if residual is not None:
+        x = x + residual.astype(np.float64)
+    return x, a.shape[-1] * 2.0 ** -24 * mag * 1.2 + 1e-6 * (1 + np.abs(pre))
+
+
+def check(d, ref, tol, out_dtype) -> None:
+    d = np.asarray(d)
+    assert d.dtype == out_dtype
+    err = np.abs(d.astype(np.float64) - ref)
+    bound = tol + U[np.dtype(out_dtype)] * np.abs(ref)
+    assert np.all(err <= bound), (float(err.max()), np.unravel_index(err.argmax(), err.shape))
+
+
+@pytest.mark.parametrize("S", [2, 4])
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("K", [128, 256])  # 2 and 4 x (S x tile_k) on lavapipe (tile_k 16)
+@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_exact_results(live_device_info, monkeypatch, S, M, K, out, b_col) -> None:
+    forced(monkeypatch, S)
+    N = 40  # not a multiple of any tile's N
+    a = small_ints(M, K)
+    b = np.ascontiguousarray(small_ints(N, K)).T if b_col else small_ints(K, N)
+    d = coopmat.matmul(a, b, dtype=out)
+    assert ran_split() == S
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_array_equal(d, ref.astype(out))  # exact sums, one rounding
+
+
+@pytest.mark.parametrize("S", [2, 4])
+@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
+def test_c_alpha_beta(live_device_info, monkeypatch, S, out) -> None:
+    forced(monkeypatch, S)
+    M, N, K = 5, 40, 256
+    a, w, c = normal(M, K), normal(N, K), normal(M, N).astype(out)
+    d = coopmat.matmul(a, w.T, c=c, alpha=0.5, beta=-2.0, dtype=out)
+    assert ran_split() == S
+    ref, tol = oracle(a, w.T, c=c, alpha=0.5, beta=-2.0)
+    check(d, ref, tol, out)
+
+
+@pytest.mark.parametrize("S", [2, 4])
+@pytest.mark.parametrize("M", [1, 16])
+def test_fused_bias_gelu_and_residual(live_device_info, monkeypatch, S, M) -> None:
+    forced(monkeypatch, S)
+    N, K = 40, 128
+    x, w, bias, res = normal(M, K), normal(N, K), normal(N), normal(M, N)
+    y = coopmat.linear(x, w, bias, "gelu_tanh")
+    assert ran_split() == S
+    ref, tol = oracle(x, w.T, bias=bias, gelu=True)
+    check(y, ref, tol, F16)
+    y = coopmat.linear(x, w, residual=res)
+    assert ran_split() == S
+    ref, tol = oracle(x, w.T, residual=res)
+    check(y, ref, tol, F16)
+    y = coopmat.matmul(x, w.T, c=res, beta=0.25, bias=bias, activation="gelu_tanh",
+                       residual=res)
+    ref, tol = oracle(x, w.T, c=res, beta=0.25, bias=bias, gelu=True, residual=res)
+    check(y, ref, tol, F16)
+
+
+@pytest.mark.parametrize("S", [2, 4])
+@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+def test_device_arrays(live_device_info, monkeypatch, S, b_col) -> None:
+    forced(monkeypatch, S)
+    M, N, K = 5, 40, 256
+    a, w, bias, res = normal(M, K), normal(N, K), normal(N), normal(M, N)
+    A = coopmat.asarray(a)
+    B = coopmat.asarray(np.ascontiguousarray(w)).T if b_col else coopmat.asarray(
+        np.ascontiguousarray(w.T))
+    D = A @ B
+    assert isinstance(D, coopmat.Array) and ran_split() == S
+    ref, tol = oracle(a, w.T)
+    check(D.numpy(), ref, tol, F16)
+    C = coopmat.asarray(res)
+    Y = coopmat.matmul(A, B, c=C, alpha=2.0, beta=-1.0, bias=coopmat.asarray(bias),
+                       activation="gelu_tanh", residual=coopmat.asarray(res))
+    assert ran_split() == S
+    ref, tol = oracle(a, w.T, c=res, alpha=2.0, beta=-1.0, bias=bias, gelu=True, residual=res)
+    check(Y.numpy(), ref, tol, F16)
+    D32 = coopmat.matmul(A, B, dtype=F32)
+    assert ran_split() == S
+    check(D32.numpy(), *oracle(a, w.T), F32)
+
+
+def test_exact_variant_and_column_major_a(live_device_info, monkeypatch) -> None:
+    """Whole tiles (the exact variant, whose look-ahead reads past each slice into the
+    next, and past the last into the margin) and a transposed-view A."""
+    forced(monkeypatch, 2)
+    M, N, K = 32, 64, 256
+    a, b = small_ints(M, K), small_ints(K, N)
+    d = coopmat.matmul(a, b, dtype=F32)
+    assert ran_split() == 2
+    traits = coopmat.linalg._last.result.traits
+    np.testing.assert_array_equal(d, a.astype(np.float64) @ b.astype(np.float64))
+    assert isinstance(traits, KhrTraits)
+    t = traits.tile
+    if M % t.tile_m == 0 and N % t.tile_n == 0 and (K // 2) % t.tile_k == 0:
+        assert traits.exact
+    D = coopmat.asarray(a) @ coopmat.asarray(b)  # no margin: the inexact variant
+    assert ran_split() == 2
+    np.testing.assert_array_equal(D.numpy(), (a.astype(np.float64) @ b).astype(F16))
+    at = np.asfortranarray(a)  # column-major A
+    d = coopmat.matmul(at, b)
+    assert ran_split() == 2
+    np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(F16))
+
+
+def test_k_not_divisible_runs_unsplit(live_device_info, monkeypatch) -> None:
+    forced(monkeypatch, 4)
+    M, N, K = 5, 40, 130
+    a, b = small_ints(M, K), small_ints(K, N)
+    d = coopmat.matmul(a, b)
+    assert ran_split() == 1
+    np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(F16))
+
+
+def test_batches_run_unsplit(live_device_info, monkeypatch) -> None:
+    forced(monkeypatch, 2)
+    a, b = small_ints(3, 5, 64), small_ints(3, 64, 40)
+    d = coopmat.matmul(a, b)
+    assert ran_split() == 1
+    np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(F16))
+
+
+def test_serial_seconds_times_both_dispatches(live_device_info) -> None:
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+
+    rt = runtime()
+    pair = resolve(rt.device.info, F16, F16)
+    M, N, K = 8, 40, 256
+    a, w = small_ints(M, K), small_ints(N, K)
+    g = PreparedGemm(rt, pair, a[None], np.ascontiguousarray(w).T[None], None, 1, 1, 0,
+                     options=Options(split_k=4))
+    try:
+        assert g.choice.split_k == 4 and g.plan.reduce is not None
+        assert len(g.dispatches) == 2
+        g.execute()
+        if rt.executor.timestamps:
+            per = g.serial_seconds(3, submits=1)
+            assert per is not None and per > 0
+        with pytest.raises(ValueError, match="split-K"):
+            g.independent_copies(2)
+        if g.downloads:
+            rt.executor.run([], [], g.downloads)
+        got = np.empty((1, M, N), F16)
+        g.read(got)
+        np.testing.assert_array_equal(got[0], (a.astype(np.float64) @ w.T).astype(F16))
+    finally:
+        g.release()
+
+
+GPU_AV_CHILD = textwrap.dedent('''
+    import json
+    import numpy as np
+    from coopmat.codegen import Tile
+    from coopmat.device import instance
+    from coopmat.device.vkffi import vk as _vk
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.policy import Options, resolve
+
+    rt = runtime()
+    rng = np.random.default_rng(5)
+    cases = []
+    # Power-of-two byte sizes fill pooled buffers exactly: a read past an operand's end
+    # (the exact variant's look-ahead past the last slice) is a read past its buffer.
+    for S in (2, 4):
+        for M, N, K, out in ((64, 64, 256, np.float16), (5, 40, 128, np.float32)):
+            for ta, tb in ((False, False), (False, True), (True, False)):
+                a = rng.integers(-3, 4, (K, M) if ta else (M, K)).astype(np.float16)
+                b = rng.integers(-3, 4, (N, K) if tb else (K, N)).astype(np.float16)
+                a, b = (a.T if ta else a), (b.T if tb else b)
+                c = rng.integers(-3, 4, (1, M, N)).astype(out)
+                pair = resolve(rt.device.info, np.float16, np.float16, out)
+                before = len(instance.validation_errors)
+                g = PreparedGemm(rt, pair, a[None], b[None], c, 1, 1, 1,
+                                 options=Options(split_k=S))
+                try:
+                    g.execute()
+                    got = np.empty((1, M, N), out)
+                    g.read(got)
+                finally:
+                    g.release()
+                _vk().vkDeviceWaitIdle(rt.device.handle)
+                want = (a.astype(np.float64) @ b + c[0]).astype(out)
+                cases.append({"case": f"S={S} {M}x{N}x{K} ta={ta} tb={tb} "
+                                      f"{g.traits.describe()} split={g.choice.split_k}",
+                              "equal": bool(np.array_equal(got[0], want)),
+                              "errors": instance.validation_errors[before:]})
+    print("REPORT" + json.dumps(cases), flush=True)
+    import os
+    os._exit(0)  # GPU-AV's teardown aborts on lavapipe (test_buffer_bounds.py)
+''')
+
+
+@pytest.mark.live
+def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
+    """Both dispatches under GPU-assisted validation (as test_buffer_bounds.py runs the
+    khr variants): the slices' overlapping batch strides, the exact variant's look-ahead
+    and the reduction touch nothing outside their buffers."""
+    from coopmat.device.instance import VALIDATION_LAYER
+    from coopmat.device.vkffi import vk
+
+    if VALIDATION_LAYER not in {p.layerName for p in vk().vkEnumerateInstanceLayerProperties()}:
+        pytest.skip(f"{VALIDATION_LAYER} is not installed")
+    env = dict(os.environ, COOPMAT_VALIDATION="1", COOPMAT_SPECIALIZE="0",
+               COOPMAT_CACHE_DIR=str(tmp_path),
+               VK_KHRONOS_VALIDATION_VALIDATE_GPU_BASED="GPU_BASED_GPU_ASSISTED",
+               VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT="false")
+    env.pop(SPLIT_K_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", GPU_AV_CHILD], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    cases = json.loads(lines[-1][len("REPORT"):])
+    assert len(cases) == 12 and all("split=" in c["case"] and "split=1" not in c["case"]
+                                    for c in cases)
+    bad = [c for c in cases if c["errors"] or not c["equal"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
