@@ -59,7 +59,9 @@ def decode(info, M: int, N: int, K: int, **kw) -> Problem:
 
 
 def unsplit(info, problem: Problem) -> KhrTraits:
-    traits = choose(info, problem, Options(split_k=1)).traits
+    """The khr kernel the problem would run unsplit (forced: 1 to 4 rows against a
+    column-major B run gemv by default)."""
+    traits = choose(info, problem, Options(split_k=1, family="khr")).traits
     assert isinstance(traits, KhrTraits)
     return traits
 
@@ -75,7 +77,8 @@ def test_rule_on_h200_decode_shapes() -> None:
         groups = -(-M // t.tile_m) * -(-N // t.tile_n)
         want = -(-policy_kernel.SPLIT_K_TARGET_GROUPS // groups)
         S = min((2, 4, 8), key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
-        ok = groups < 256 and K % (S * t.tile_k) == 0 and K // S >= 512
+        ok = groups <= policy_kernel.SPLIT_K_MAX_GROUPS and K % (S * t.tile_k) == 0 and \
+            K // S >= 512
         assert split_k_for(H200, p, unsplit(H200, p)) == (S if ok else 1), (M, N, K)
     # The issue's shape: 8 rows against a 4096 x 4096 weight, 64 workgroups unsplit.
     p = decode(H200, 8, 4096, 4096)
@@ -98,9 +101,12 @@ def test_rule_says_one_elsewhere() -> None:
     assert split_k_for(H200, replace(p, pair=i8), khr) == 1  # an integer result
 
 
-def test_default_is_off_and_the_rule_applies_when_on(monkeypatch) -> None:
+def test_default_is_on_and_the_rule_applies(monkeypatch) -> None:
     p = decode(H200, 8, 4096, 4096)
-    assert not policy_kernel.SPLIT_K_DEFAULT
+    assert policy_kernel.SPLIT_K_DEFAULT
+    # 14336 columns: 224 workgroups unsplit, more than SPLIT_K_MAX_GROUPS.
+    assert choose(H200, replace(p, N=14336)).split_k == 1
+    monkeypatch.setattr(policy_kernel, "SPLIT_K_DEFAULT", False)
     assert choose(H200, p).split_k == 1
     monkeypatch.setattr(policy_kernel, "SPLIT_K_DEFAULT", True)
     choice = choose(H200, p)

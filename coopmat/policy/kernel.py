@@ -28,8 +28,8 @@ The rules, each with its measurement in docs/kernels.md:
 - split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K into float32
   partials, then a reduction kernel with the epilogue, codegen/reduce.py): forced by
   Options.split_k where `split_k_violation` allows it (else unsplit); else, while
-  SPLIT_K_DEFAULT is on (off until measured on a GPU), `split_k_for`: a GPU, the khr
-  family, M <= SMALL_M, batch 1, an unsplit grid under SPLIT_K_TARGET_GROUPS workgroups.
+  SPLIT_K_DEFAULT is on, `split_k_for`: a GPU, the khr family, M <= SMALL_M, batch 1,
+  an unsplit grid of at most SPLIT_K_MAX_GROUPS workgroups.
 """
 
 from __future__ import annotations
@@ -101,15 +101,18 @@ GEMV_DEFAULT_MAX_M = 4
 # 14336 x 4096: 23.3 against 105 us), so up to GEMV_MAX_M rows.
 GEMV_QUANT_DEFAULT = True
 
-# Split-K for few-row products on the khr family (`split_k_for`): off until measured on
-# a GPU. Emulated as a batched GEMM over K slices on the H200 (decode_sweep.py, x @ w.T,
-# 4096 x 4096 float16 weight), it took 11.7 us (M = 8, S = 4) and 10.3 us (M = 16, S = 8)
-# against 23 us for the unsplit kernel's 64 workgroups. Forced (Options.split_k), it runs
-# whatever this says.
-SPLIT_K_DEFAULT = False
+# Split-K for few-row products on the khr family (`split_k_for`). Measured on the H200
+# (decode_sweep.py --families splitk, both dispatches timed back to back; docs/kernels.md):
+# against a 4096 x 4096 float16 weight, whose unsplit few-row grid is 64 workgroups (128 at
+# 32 rows), S = 4 took 14.8 us at M = 8 (unsplit 23.4), S = 4 14.4 at M = 16 (20.8), S = 2
+# 23.5 at M = 32 (31.8); with 14336 columns (224 workgroups) splitting gained at most 7%
+# (M = 16) and lost 25% at M = 8 with S = 2, and at 64 rows (256 workgroups) it lost
+# everywhere. Hence: split only grids of at most SPLIT_K_MAX_GROUPS workgroups.
+SPLIT_K_DEFAULT = True
 # The rule's target: enough workgroups to keep a large GPU's memory system busy (the
 # H200 has 132 SMs; the unsplit few-row grid of a 4096-column weight is 64).
 SPLIT_K_TARGET_GROUPS = 256
+SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
 # Slices shorter than this leave each workgroup too little of K to stream.
 SPLIT_K_MIN_SLICE = 512
@@ -499,7 +502,7 @@ def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str
 
 def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) -> int:
     """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
-    family, M <= SMALL_M, batch 1, an unsplit grid of G < SPLIT_K_TARGET_GROUPS
+    family, M <= SMALL_M, batch 1, an unsplit grid of G <= SPLIT_K_MAX_GROUPS
     workgroups: S = the power of two of SPLIT_K_CHOICES nearest ceil(target / G) (on a
     log scale: powers of two are geometric; ties go to the smaller), where
     K % (S * tile_k) == 0 (whole K steps per slice) and K / S >= SPLIT_K_MIN_SLICE; else 1.
@@ -509,7 +512,7 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
         return 1
     t = traits.tile
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
-    if groups >= SPLIT_K_TARGET_GROUPS:
+    if groups > SPLIT_K_MAX_GROUPS:
         return 1
     want = -(-SPLIT_K_TARGET_GROUPS // groups)
     S = min(SPLIT_K_CHOICES, key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
