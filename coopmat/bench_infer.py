@@ -1,9 +1,9 @@
 """`coopmat-bench --inference`: what an inference layer needs, beside torch, in one run.
 
-- decode: M x K @ a resident K x N float16 weight, kernel time (GPU timestamps) of the
-  policy's choice (the rows family for few rows) and of the khr kernel, as weight bytes
-  read per second; torch's same product timed with CUDA events (per call, launch gaps
-  included);
+- decode: M x K @ a resident K x N float16 weight, kernel time (GPU timestamps over
+  REPEAT runs back to back) of the policy's choice and of the khr kernel, as weight bytes
+  read per second; torch's same product timed with CUDA events (per call over 50 launches,
+  launch gaps included);
 - quantized: x @ w.T (Arrays, 50 calls queued back to back, per call) with GGUF q8_0 /
   q4_0 blocks against float16 on the same weight, and torch dequantizing (int8 values
   times their block scale) then multiplying, timed alike with CUDA events;
@@ -29,9 +29,14 @@ REPEAT = 20
 
 
 def _kernel_ms(g: PreparedGemm, repeat: int = REPEAT) -> float:
+    """GPU milliseconds per run of the prepared product, `repeat` runs back to back in one
+    submission (serial_seconds: as torch's figures are taken, many launches in a row)."""
     g.execute()
-    return 1e3 * statistics.median(g.execute(transfers=False) or float("nan")
-                                   for _ in range(repeat))
+    t = g.serial_seconds(repeat)
+    if t is None:  # no timestamps: one run at a time, wall time would mislead
+        return 1e3 * statistics.median(g.execute(transfers=False) or float("nan")
+                                       for _ in range(repeat))
+    return 1e3 * t
 
 
 def cuda_torch() -> Any:
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1,8,16,64", help="decode row counts M")
     ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096",
                     help="decode weights KxN")
-    ap.add_argument("--quant-rows", default="16,512")
+    ap.add_argument("--quant-rows", default="1,8,16,512")
     ap.add_argument("--fused", type=int, default=4096)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: decode, "
                     "quantized, fused")
