@@ -1,6 +1,7 @@
-"""Where a small call's time goes: a 64^3 float16 numpy -> numpy matmul and a decode step
-(16 x 4096 numpy @ a resident 4096^2 Array, back to numpy), median wall time per call
-and the Python profile of many calls (functions by own time).
+"""Where a small call's time goes: a 64^3 float16 numpy -> numpy matmul, a decode step
+(16 x 4096 numpy @ a resident 4096^2 Array, back to numpy) and ten queued device-array
+products (the host's cost per product), median wall time per call and the Python profile
+of many calls (functions by own time).
 
     python benchmarks/profile_small.py [--calls 500] [--top 25] [--breakdown]
 """
@@ -78,6 +79,19 @@ def main() -> None:
     W = coopmat.asarray(w)
     profile("decode step 16x4096 @ resident W", lambda: coopmat.matmul(x, W).numpy(),
             args.calls, args.top)
+    # Host cost of one queued device-array product: small enough that the GPU keeps up.
+    ws = coopmat.asarray((rng.standard_normal((256, 256), dtype=np.float32) / 16)
+                         .astype(np.float16))
+    xs = coopmat.asarray(rng.standard_normal((16, 256), dtype=np.float32).astype(np.float16))
+
+    def chain() -> None:
+        y = xs
+        for _ in range(10):
+            y = y @ ws
+        coopmat.synchronize()
+
+    profile("10 queued 16x256 @ 256^2 Array products, then synchronize", chain,
+            max(1, args.calls // 10), args.top)
 
 
 if __name__ == "__main__":
