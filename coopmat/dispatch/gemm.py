@@ -503,9 +503,7 @@ def device_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
     `traits`), without the margins a and b have no room for."""
     plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha, beta,
                    traits, options, ops=ops)
-    fits = all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
-                                                                   strict=True))
-    if not fits:
+    if not plan_fits(plan, a, b):
         plan = plan_of(rt, pair, a.staged, b.staged, c.staged if c else None, shape, alpha,
                        beta, traits, options, margins_ok=False, ops=ops)
     return plan
@@ -544,6 +542,23 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
     fused epilogue reads `bias` (N elements) and `residual` (laid out exactly like d).
     `traits`: this kernel rather than the policy's (as a sweep times them)."""
     plan = device_plan(rt, pair, a, b, c, shape, alpha, beta, options, ops, traits)
+    return enqueue_plan(rt, plan, a, b, c, d, uploads, waits, bias=bias,
+                        residual=residual), plan
+
+
+def plan_fits(plan: Plan, a: DeviceOperand, b: DeviceOperand) -> bool:
+    """Whether a and b's buffers hold the plan's read-past margins."""
+    return all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
+                                                                   strict=True))
+
+
+def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
+                 c: DeviceOperand | None, d: DeviceOperand, uploads: Sequence[Copy] = (),
+                 waits: Sequence[tuple[Stream, int]] = (), *,
+                 bias: DeviceOperand | None = None,
+                 residual: DeviceOperand | None = None) -> int:
+    """Queue a plan made for these operands (device_plan; a caller that kept one skips
+    its lookup); returns the stream's ticket."""
     device_kind = rt.pool.kinds()[0]
     temps: list[Buffer] = []
     dispatches: list[Dispatch] = []
@@ -569,4 +584,4 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
     finally:
         for buf in temps:
             rt.pool.recycle(buf)
-    return ticket, plan
+    return ticket
