@@ -32,6 +32,7 @@ def _kernel_ms(g: PreparedGemm, repeat: int = REPEAT) -> float:
     """GPU milliseconds per run of the prepared product, `repeat` runs back to back in one
     submission (serial_seconds: as torch's figures are taken, many launches in a row)."""
     g.execute()
+    g.serial_seconds(repeat, submits=1)  # untimed: the first runs of a case can lag
     t = g.serial_seconds(repeat)
     if t is None:  # no timestamps: one run at a time, wall time would mislead
         return 1e3 * statistics.median(g.execute(transfers=False) or float("nan")
@@ -78,12 +79,12 @@ def warm_up(seconds: float = 1.0) -> None:
 
 def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, int]]) -> None:
     rt = runtime()
-    warm_up()
     torch = cuda_torch()
     rng = np.random.default_rng(0)
     for K, N in shapes:
         w = (rng.standard_normal((K, N), dtype=np.float32) / np.sqrt(K)).astype(np.float16)
         wt = np.ascontiguousarray(w.T)  # N x K: the linear-layer layout
+        warm_up()
         for M in ms:
             x = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
             pair = resolve(rt.device.info, x.dtype, w.dtype)
