@@ -3,10 +3,10 @@ sweep (codegen/rows_tiles.py), for the x @ w.T layout (NxK^T) and at most GEMV_M
 every gemv-family tile of its sweep (codegen/gemv_tiles.py), the khr kernel the policy
 would run, and torch, as weight bytes read per second from GPU timestamps over SERIAL
 dispatches back to back (torch: CUDA events over 100 launches), and the time of one
-dispatch alone. `--families` picks the swept ones: rows, gemv, and splitk (the khr
+dispatch alone. `--families` picks the swept ones: rows, gemv, splitk (the khr
 kernel forced to a split-K of S = 2, 4, 8 slices: labels splitk2 etc., both dispatches
-timed). Prints the best tiles per shape, with the driver's register count where
-COOPMAT_PIPELINE_STATS=1.
+timed) and khrtiles (the khr kernel's few-row tuning candidates, unsplit). Prints the
+best tiles per shape, with the driver's register count where COOPMAT_PIPELINE_STATS=1.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,8,16,64]
         [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE]
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from coopmat.bench_infer import warm_up
+from coopmat.codegen import KhrTraits, tune_candidates
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
 from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits
@@ -240,6 +241,19 @@ def main() -> None:
                 assert isinstance(base, RowsTraits)
                 cands: list[tuple[str, object]] = [("policy", None), ("khr", None)]
                 families = args.families.split(",")
+                if "khrtiles" in families:  # the khr kernel's few-row tuning candidates
+                    khr_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
+                                         options=Options(family="khr", split_k=1))
+                    khr_t = khr_g.traits
+                    khr_g.release()
+                    assert isinstance(khr_t, KhrTraits)
+                    lim = info.limits
+                    cands += [("khrtile", dataclasses.replace(khr_t, tile=t))
+                              for t in tune_candidates(
+                                  khr_t.a_type, khr_t.result_type, khr_t.m, khr_t.n,
+                                  khr_t.k, khr_t.subgroup_size,
+                                  lim.max_compute_shared_memory_size,
+                                  lim.max_compute_work_group_invocations, small_m=True)]
                 if "rows" in families:
                     cands += [("rows", dataclasses.replace(base, tile=t))
                               for t in rows_sweep(base, smem)]
