@@ -415,3 +415,26 @@ def test_tuned_rows_tile_is_used() -> None:
     khr_tile = Tile(16, 64, 128, 1, 4, 2)
     t = khr(choose(H200, row_major(16, 4096, 4096, F16_OUT), tuned={key: ("khr", khr_tile)}))
     assert t.tile == khr_tile
+
+
+def test_few_rows_take_one_row_block() -> None:
+    """Few-row products read B once per row block: on a GPU, a few-row tile with fewer
+    rows than M (32 or 64 of them) is widened to hold them all; 17-31 rows keep it
+    (measured slower on partial tiles), and so do CPU drivers and M past SMALL_M."""
+    from coopmat.codegen.tiles import covering_rows_tile
+    from coopmat.codegen.traits import Tile
+    f16, f32 = CT.FLOAT16, CT.FLOAT32
+    small = Tile(16, 64, 128, 1, 4, 2)
+
+    def cover(M: int, smem: int = 48 * 1024) -> Tile:
+        return covering_rows_tile(small, M, f16, f32, 16, 16, 16, 32, smem, 1024)
+
+    assert cover(16) == small and cover(24) == small and cover(65) == small
+    assert cover(32) == Tile(32, 64, 128, 2, 2, 2)
+    assert cover(33) == cover(64) == Tile(64, 64, 128, 2, 2, 2)
+    assert cover(64, smem=4 * 1024) == small  # does not fit: kept
+    for M in (32, 64):
+        t = khr(choose(H200, col_major_b(M, 14336, 4096, F16_OUT)))
+        assert t.tile.tile_m == M
+    cpu = [khr(choose(LAVAPIPE, col_major_b(M, 256, 256, F16_OUT))).tile for M in (1, 64)]
+    assert cpu[0] == cpu[1]  # a CPU driver: not widened

@@ -191,6 +191,27 @@ def small_m_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: i
                         max_invocations)
 
 
+def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: ComponentType,
+                       m: int, n: int, k: int, subgroup_size: int, max_shared_memory: int,
+                       max_invocations: int) -> Tile:
+    """A few-row tile (M <= SMALL_M) that holds all M rows in one row block, where `tile`
+    holds fewer: each row block reads all of B again, and with few rows the product is a
+    stream over B. 32 or 64 rows by 4 matrices' columns, 2 x 2 subgroups, `tile`'s K step
+    and buffering; `tile` itself where that does not fit the device, and for 17-31 rows.
+    Measured on the H200 (benchmarks/decode_sweep.py, x @ w.T, 2026-11-22): 64 x 4096 @
+    (14336 x 4096)^T took 60.6 us against 107.8 on the 16-row tile's 4 row blocks, 32 rows
+    50.1 against 57.1; but 24 rows on the 32-row tile took 88.2 us (partial tiles, the
+    aligned variant), slower than 32 rows on two 16-row blocks, so 17-31 rows keep `tile`."""
+    if M <= tile.tile_m or M > SMALL_M or 16 < M < 32:
+        return tile
+    rows = 32 if M <= 32 else 64
+    wide = Tile(rows, 4 * n, tile.tile_k, 2, 2, tile.buffering)
+    if rows % (2 * m) or not _fits(wide, a_type, result_type, m, n, k, subgroup_size,
+                                   max_shared_memory, max_invocations):
+        return tile
+    return wide
+
+
 def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
                     subgroup_size: int, max_shared_memory: int,
                     max_invocations: int, small_m: bool = False, *,

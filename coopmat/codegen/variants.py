@@ -12,6 +12,7 @@ from dataclasses import replace
 from coopmat.codegen.nv2_tiles import NV2_TYPES, nv2_tile_candidates, nv2_traits
 from coopmat.codegen.rows_tiles import default_rows_tile
 from coopmat.codegen.tiles import (
+    covering_rows_tile,
     default_tile,
     kernel_subgroup_size,
     small_m_tile,
@@ -67,6 +68,14 @@ def khr_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
     return pick(cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K, khr_subgroup_size(limits),
                 limits.max_compute_shared_memory_size,
                 limits.max_compute_work_group_invocations, cpu=cpu)
+
+
+def khr_covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,
+                      M: int) -> Tile:
+    """`tile` widened to hold M few rows in one row block (tiles.covering_rows_tile)."""
+    return covering_rows_tile(tile, M, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
+                              khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
+                              limits.max_compute_work_group_invocations)
 
 
 def khr_tune_tiles(cfg: CooperativeMatrixProperties, limits: DeviceLimits,

@@ -20,7 +20,9 @@ The rules, each with its measurement in docs/kernels.md:
 - gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
 - rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
-- khr tile: tuned, else the default for the shape class (few rows, or general);
+- khr tile: tuned, else the default for the shape class (few rows, or general); on a
+  GPU, a few-row tile with fewer rows than M is widened to hold them all
+  (tiles.covering_rows_tile);
 - khr variant: exact (whole tiles, no bounds checks) > aligned (vector loads) > general,
   whichever the sizes and strides allow; sizes and strides compiled in for problems of
   SPECIALIZE_MIN_OPS or more (Options.specialize);
@@ -60,6 +62,7 @@ from coopmat.codegen.variants import (
     GEMV_OPERANDS,
     gemv_traits,
     is_cpu,
+    khr_covering_tile,
     khr_tile,
     khr_traits,
     nv2_tiles,
@@ -244,6 +247,13 @@ def _pack(operand: int, src: OperandLayout, lines: int, other: int,
 def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
                   small_m: bool, cpu: bool) -> Tile:
     return khr_tile(cfg, limits, small_m, cpu=cpu)
+
+
+@functools.lru_cache(maxsize=256)
+def _covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,
+                   M: int) -> Tile:
+    """The few-row tile holding M rows in one row block (tiles.covering_rows_tile)."""
+    return khr_covering_tile(cfg, limits, tile, M)
 
 
 def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Options) -> bool:
@@ -437,6 +447,8 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                                   f"subgroup-scope matrix for {pair.describe()}")
     if tile is None:
         tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info))
+    if not is_cpu(info) and tile.tile_m < problem.M <= SMALL_M:
+        tile = _covering_tile(cfg, info.limits, tile, 32 if problem.M <= 32 else 64)
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), ops=problem.ops)
     return fastest_variant(khr, params, problem.batch, options), why
