@@ -189,7 +189,10 @@ def normal(*shape: int) -> np.ndarray:
 
 
 def forced(monkeypatch, S: int) -> None:
+    """Split-K of S on the khr family (on a GPU, few rows against a column-major B would
+    run gemv by default, which does not split)."""
     monkeypatch.setenv(SPLIT_K_ENV, str(S))
+    monkeypatch.setenv("COOPMAT_FAMILY", "khr")
 
 
 def ran_split() -> int:
