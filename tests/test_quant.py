@@ -458,3 +458,21 @@ def test_gemv_bfloat16(rt, fmt):
     if "bfloat16->float32" in coopmat.supported_dtypes():
         np.testing.assert_array_equal(coopmat.matmul(x, q.T, family="gemv"), ref)
         gemv_traits_used(fmt, M)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_repeated_array_calls_use_their_own_operands(rt, fmt):
+    """Device-array x @ w.T keeps a recipe per signature (coopmat/quant_matmul.py): every
+    repeat must still multiply its own x, and a new weight of the same shape (which may
+    reuse the old one's id) its own blocks."""
+    M, K, N = 3, 96, 40
+    for _ in range(2):
+        w = exact_weight(fmt, N, K)
+        q = coopmat.quantize(w, fmt)
+        deq = oracle(fmt, w)
+        for _ in range(3):
+            x = small_x((M, K))
+            y = coopmat.asarray(x) @ q.T
+            ref = (x.astype(np.float64) @ deq.T).astype(np.float16)
+            np.testing.assert_array_equal(y.numpy(), ref)
+        del q  # the next weight may take its id
