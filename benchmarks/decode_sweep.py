@@ -248,12 +248,15 @@ def main() -> None:
                     khr_g.release()
                     assert isinstance(khr_t, KhrTraits)
                     lim = info.limits
+                    tiles = tune_candidates(
+                        khr_t.a_type, khr_t.result_type, khr_t.m, khr_t.n, khr_t.k,
+                        khr_t.subgroup_size, lim.max_compute_shared_memory_size,
+                        lim.max_compute_work_group_invocations, small_m=True)
+                    # deeper pipelines of the policy's tile: more of B in flight
+                    tiles += [dataclasses.replace(khr_t.tile, tile_k=tk, buffering=bf)
+                              for tk in (128, 256) for bf in (2, 3, 4)]
                     cands += [("khrtile", dataclasses.replace(khr_t, tile=t))
-                              for t in tune_candidates(
-                                  khr_t.a_type, khr_t.result_type, khr_t.m, khr_t.n,
-                                  khr_t.k, khr_t.subgroup_size,
-                                  lim.max_compute_shared_memory_size,
-                                  lim.max_compute_work_group_invocations, small_m=True)]
+                              for t in dict.fromkeys(tiles)]
                 if "rows" in families:
                     cands += [("rows", dataclasses.replace(base, tile=t))
                               for t in rows_sweep(base, smem)]
