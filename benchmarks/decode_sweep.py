@@ -96,8 +96,26 @@ def torch_s(x: np.ndarray, b_host: np.ndarray, transposed: bool) -> float | None
     return float(s.elapsed_time(e)) / 100 / 1e3
 
 
+Found = tuple[float, float, str, str, object, float]  # serial s, alone s, label, kernel,
+# registers, max error
+
+
+def measure(rt: Any, g: PreparedGemm, label: str, ref: np.ndarray) -> Found:
+    """Time g (kernel_s), read D back against ref, and release g."""
+    try:
+        t, t1 = kernel_s(g)
+        got = np.empty((1,) + ref.shape, g.result_dtype)
+        g.read(got)
+        stats = rt.pipelines.statistics(g.plan.pipeline)
+    finally:
+        g.release()
+    err = float(np.abs(got[0].astype(np.float64) - ref).max())
+    regs = next((v for k, v in stats.items() if "egister" in k), None)
+    return t, t1, label, g.traits.describe(), regs, err
+
+
 def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
-                       ref: np.ndarray) -> list[tuple[float, float, str, str, object, float]]:
+                       ref: np.ndarray) -> list[Found]:
     """The khr kernel split over S = 2, 4, 8 slices of K (forced: Options(split_k=S)), each
     timed like the others: kernel_s times both of its dispatches (the slice GEMM into
     float32 partials and the reduction into D). Shapes S does not split are skipped."""
@@ -105,18 +123,10 @@ def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
     for S in (2, 4, 8):
         g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
                          options=Options(family="khr", split_k=S))
-        try:
-            if g.choice.split_k != S:  # the policy ran it unsplit: nothing to time
-                continue
-            t, t1 = kernel_s(g)
-            got = np.empty((1,) + ref.shape, g.result_dtype)
-            g.read(got)
-            stats = rt.pipelines.statistics(g.plan.pipeline)
-        finally:
+        if g.choice.split_k != S:  # the policy ran it unsplit: nothing to time
             g.release()
-        err = float(np.abs(got[0].astype(np.float64) - ref).max())
-        regs = next((v for k, v in stats.items() if "egister" in k), None)
-        out.append((t, t1, f"splitk{S}", g.traits.describe(), regs, err))
+            continue
+        out.append(measure(rt, g, f"splitk{S}", ref))
     return out
 
 
@@ -277,16 +287,7 @@ def main() -> None:
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue
-                    try:
-                        t, t1 = kernel_s(g)
-                        out = np.empty((1, M, N), g.result_dtype)
-                        g.read(out)
-                        stats = rt.pipelines.statistics(g.plan.pipeline)
-                    finally:
-                        g.release()
-                    err = float(np.abs(out[0].astype(np.float64) - ref).max())
-                    regs = next((v for k, v in stats.items() if "egister" in k), None)
-                    found.append((t, t1, label, g.traits.describe(), regs, err))
+                    found.append(measure(rt, g, label, ref))
                 if "splitk" in families:
                     found += split_k_candidates(rt, pair, x, b, ref)
                 found.sort()

@@ -42,6 +42,8 @@ from coopmat.policy import (
     split_k_violation,
 )
 from coopmat.policy.options import SPLIT_K_ENV
+from tests.test_epilogue import check
+from tests.test_epilogue import oracle as epilogue_oracle
 
 DATA = Path(__file__).parent / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
@@ -199,32 +201,12 @@ def ran_split() -> int:
     return coopmat.linalg._last.result.split_k
 
 
-def gelu64(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
 def oracle(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, gelu=False, residual=None):
     """(float64 act(alpha a @ b + beta c + bias) + residual, its tolerance before D's
-    rounding): test_epilogue's bound."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    pre = alpha * (a64 @ b64)
-    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64))
-    if c is not None:
-        pre = pre + beta * c.astype(np.float64)
-    if bias is not None:
-        pre = pre + bias.astype(np.float64)
-    x = gelu64(pre) if gelu else pre
-    if residual is not None:
-        x = x + residual.astype(np.float64)
-    return x, a.shape[-1] * 2.0 ** -24 * mag * 1.2 + 1e-6 * (1 + np.abs(pre))
-
-
-def check(d, ref, tol, out_dtype) -> None:
-    d = np.asarray(d)
-    assert d.dtype == out_dtype
-    err = np.abs(d.astype(np.float64) - ref)
-    bound = tol + U[np.dtype(out_dtype)] * np.abs(ref)
-    assert np.all(err <= bound), (float(err.max()), np.unravel_index(err.argmax(), err.shape))
+    rounding): test_epilogue's oracle."""
+    ref, tol, _ = epilogue_oracle(a, b, bias, "gelu_tanh" if gelu else None, residual, c=c,
+                                  alpha=alpha, beta=beta)
+    return ref, tol
 
 
 @pytest.mark.parametrize("S", [2, 4])
