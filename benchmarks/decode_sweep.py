@@ -39,7 +39,7 @@ from coopmat.bench_infer import warm_up
 from coopmat.codegen import KhrTraits, tune_candidates
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
-from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits
+from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits, Tile
 from coopmat.dispatch.gemm import (
     DeviceOperand,
     PreparedGemm,
@@ -63,12 +63,19 @@ def median_s(run: Callable[[], float | None]) -> float:
 
 
 
+def hot(run: Callable[[], object], seconds: float = 0.2) -> None:
+    """Run `run` for a while first: a GPU left idle (a compile, the host preparing data)
+    drops its clock, and the first timings after it measured up to 3x slow."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        run()
+
+
 def kernel_s(g: PreparedGemm) -> tuple[float, float]:
     """(GPU seconds per dispatch of SERIAL dispatches back to back, as torch is timed;
     GPU seconds of one dispatch alone in its submission)."""
     g.execute()
-    for _ in range(3):
-        g.execute(transfers=False)
+    hot(lambda: g.serial_seconds(SERIAL, submits=1))
     single = statistics.median(g.execute(transfers=False) or float("nan")
                                for _ in range(REPEAT))
     return g.serial_seconds(SERIAL) or float("nan"), single
@@ -168,6 +175,15 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     cands += [("gemv", dataclasses.replace(gemv, tile=t)) for t in gemv_sweep(
                         M, gemv.subgroup_size, info.limits.max_compute_work_group_invocations,
                         b_quant=fmt)]
+                else:  # prefill: the khr quantized kernel's tiles, units and buffering
+                    khr = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
+                                      Options(family="khr")).traits
+                    assert isinstance(khr, KhrTraits)
+                    tiles = [khr.tile, Tile(128, 128, 64, 2, 2, 2), Tile(128, 128, 32, 2, 2, 2),
+                             Tile(128, 64, 64, 2, 2, 2), Tile(64, 128, 64, 2, 2, 2)]
+                    cands += [("khrq", dataclasses.replace(
+                        khr, tile=dataclasses.replace(t, buffering=bf), b_quant_unit=u))
+                        for t in dict.fromkeys(tiles) for bf in (2, 3) for u in (4, 8)]
                 found = []
                 for label, traits in cands:
                     try:  # "khr": the policy's khr kernel, as x @ q.T on arrays runs it
@@ -178,6 +194,7 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue
+                    hot(functools.partial(rt.executor.run_serial, [dispatch] * SERIAL, 1))
                     t1 = median_s(functools.partial(rt.executor.run, [], [dispatch], []))
                     runs = rt.executor.run_serial([dispatch] * SERIAL, 3)
                     t = sorted(r for r, _ in runs if r is not None)[1] / SERIAL
@@ -185,13 +202,18 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     stats = rt.pipelines.statistics(plan.pipeline)
                     regs = next((v for k, v in stats.items() if "egister" in k), None)
                     found.append((t, t1, label, plan.traits.describe(), regs, err))
+                # the float16 weight's product, as the policy runs it: the prefill target
+                # is a ratio of kernel times
+                wt16 = deq.astype(np.float16)  # N x K, used as w.T
+                found.append(measure(rt, PreparedGemm(rt, pair, x[None], wt16.T[None], None,
+                                                      1, 1, 0), "f16", ref))
                 found.sort()
                 tt = torch_dequant_matmul_ms(torch, x, N, K) / 1e3 if torch else None
                 head = f"{fmt} {M}x{K} @ ({N}x{K})^T"
                 print(f"== {head}: torch dequantize + matmul {tt * 1e6:.1f} us "
                       f"({tb / tt:.2f} TB/s of {fmt})" if tt else f"== {head}")
                 for t, t1, label, name, regs, err in found[:top] + [
-                        f for f in found[top:] if f[2] == "khr"]:
+                        f for f in found[top:] if f[2] in ("khr", "f16")]:
                     print(f"   {t * 1e6:8.1f} us {tb / t:5.2f} TB/s (alone {t1 * 1e6:6.1f} us)"
                           f"  regs {regs}  err {err:.2e}  {label:6} {name}")
                 records.append({"case": head, "format": fmt, "weight_bytes": q.nbytes,

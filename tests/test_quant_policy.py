@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from conftest import DATA
 
-from coopmat.codegen import GemvTraits, KhrTraits, Layout
+from coopmat.codegen import SMALL_M, GemvTraits, KhrTraits, Layout
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile
 from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
 from coopmat.codegen.traits import Activation, EpilogueOps
@@ -42,7 +42,11 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
     assert t.tile.tile_k % 32 == 0
     plain = choose(h200, _problem(h200, M, 4096, 4096, None),
                    Options(split_k=1)).traits  # a quantized B is never split
-    if plain.family == "khr":  # same tile and variant as a float16 B where it is khr
+    if M > SMALL_M:  # its own tile and staging unit (measured: tiles.quant_general_tile)
+        assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (128, 64, 64)
+        assert t.b_quant_unit == policy_kernel.QUANT_GENERAL_UNIT[fmt]
+        assert t.tile != plain.tile
+    elif plain.family == "khr":  # same tile and variant as a float16 B where it is khr
         assert replace(t, b_quant=None) == plain
     if t.exact:
         steps = 2 if t.tile.buffering == 3 else 1

@@ -212,6 +212,24 @@ def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
     return wide
 
 
+def quant_general_tile(tile: Tile, a_type: ComponentType, result_type: ComponentType, m: int,
+                       n: int, k: int, subgroup_size: int, max_shared_memory: int,
+                       max_invocations: int) -> Tile:
+    """The khr tile for a quantized B (GGUF blocks dequantized while staged) with more than
+    SMALL_M rows on a GPU: 8 x 4 matrices (128 x 64 with 16 x 16 ones), 2 x 2 subgroups,
+    64 elements of K (two blocks) a step, two buffers; `tile` where that does not fit.
+    Measured on the H200 (benchmarks/decode_sweep.py --quant, 2026-11-22, kernel time), 512
+    x 4096 @ (4096 x 4096)^T: q8_0 93.6 us and q4_0 109.1 against 204.1 and 139.5 for the
+    general default tile (128 x 128 x 32, 2 x 4 subgroups), the float16 kernel 107; it was
+    the best or within 11% of the best of the swept tiles at 512 and 2048 rows against 4096
+    and 14336 columns. Half the default's columns leave registers for the dequantization."""
+    wide = Tile(8 * m, 4 * n, 64, 2, 2, 2)
+    if 64 % k or not _fits(wide, a_type, result_type, m, n, k, subgroup_size,
+                           max_shared_memory, max_invocations):
+        return tile
+    return wide
+
+
 def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
                     subgroup_size: int, max_shared_memory: int,
                     max_invocations: int, small_m: bool = False, *,

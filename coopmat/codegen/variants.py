@@ -15,6 +15,7 @@ from coopmat.codegen.tiles import (
     covering_rows_tile,
     default_tile,
     kernel_subgroup_size,
+    quant_general_tile,
     small_m_tile,
     tune_candidates,
 )
@@ -74,6 +75,13 @@ def khr_covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, ti
                       M: int) -> Tile:
     """`tile` widened to hold M few rows in one row block (tiles.covering_rows_tile)."""
     return covering_rows_tile(tile, M, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
+                              khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
+                              limits.max_compute_work_group_invocations)
+
+
+def khr_quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile) -> Tile:
+    """The general-class khr tile for a quantized B (tiles.quant_general_tile)."""
+    return quant_general_tile(tile, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
                               khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
                               limits.max_compute_work_group_invocations)
 

@@ -16,7 +16,8 @@ The rules, each with its measurement in docs/kernels.md:
   (other families are an error); else gemv where `gemv_quant_by_default` says so
   (GEMV_QUANT_DEFAULT: at most GEMV_MAX_M rows, a GPU), else khr; never a tuned tile
   (the tables time float B); khr with its default tile for the shape class, tile_k whole
-  blocks, gemv with its default quantized tile;
+  blocks (on a GPU with more than SMALL_M rows tiles.quant_general_tile and a staging unit
+  by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile;
 - gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
 - rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
@@ -63,6 +64,7 @@ from coopmat.codegen.variants import (
     gemv_traits,
     is_cpu,
     khr_covering_tile,
+    khr_quant_tile,
     khr_tile,
     khr_traits,
     nv2_tiles,
@@ -119,6 +121,13 @@ SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
 # Slices shorter than this leave each workgroup too little of K to stream.
 SPLIT_K_MIN_SLICE = 512
+
+# Weights per staged unit of a quantized B on the khr kernel (KhrTraits.b_quant_unit): 8,
+# and with more than SMALL_M rows on a GPU by format, as measured on the H200 with the
+# tiles.quant_general_tile tile (512 x 4096 @ (4096 x 4096)^T: q8_0 93.6 us with 4
+# against 96.8 with 8; q4_0 109.1 with 8 against 112.6 with 4).
+QUANT_UNIT_DEFAULT = 8
+QUANT_GENERAL_UNIT = {"q8_0": 4, "q4_0": 8}
 
 # Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
@@ -247,6 +256,12 @@ def _pack(operand: int, src: OperandLayout, lines: int, other: int,
 def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
                   small_m: bool, cpu: bool) -> Tile:
     return khr_tile(cfg, limits, small_m, cpu=cpu)
+
+
+@functools.lru_cache(maxsize=64)
+def _quant_general_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
+                        tile: Tile) -> Tile:
+    return khr_quant_tile(cfg, limits, tile)
 
 
 @functools.lru_cache(maxsize=256)
@@ -487,9 +502,15 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     if cfg is None:
         raise MissingFeatureError(f"device {info.index} ({info.name}) offers no "
                                   f"subgroup-scope matrix for {pair.describe()}")
-    tile = quant_tile(_default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info)))
+    small = problem.M <= SMALL_M
+    tile = quant_tile(_default_tile(cfg, info.limits, small, is_cpu(info)))
+    unit = QUANT_UNIT_DEFAULT
+    if not small and not is_cpu(info):
+        tile = _quant_general_tile(cfg, info.limits, tile)
+        unit = QUANT_GENERAL_UNIT.get(problem.b_quant or "", unit)
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
-                             out_type=pair.out), b_quant=problem.b_quant, ops=problem.ops)
+                             out_type=pair.out), b_quant=problem.b_quant,
+                  b_quant_unit=unit, ops=problem.ops)
     return fastest_variant(khr, params, problem.batch, options), why
 
 
