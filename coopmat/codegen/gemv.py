@@ -56,8 +56,6 @@ from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
-    ExecutionMode,
-    ExecutionModel,
     GroupOperation,
     Op,
     Scope,
@@ -314,10 +312,7 @@ class GemvEmitter:
                          for _ in range(t.rows)]
         self._k_loop()
         self._reduce_and_store()
-        s.f.finish()
-        s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
-        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, t.invocations, 1, 1)
-        return s.mb.assemble()
+        return s.compute_module(t.invocations)
 
 
 def required_capabilities(t: GemvTraits) -> set[Capability]:

@@ -61,8 +61,6 @@ from coopmat.codegen.spv import (
     Capability,
     CooperativeMatrixLayout,
     CooperativeMatrixUse,
-    ExecutionMode,
-    ExecutionModel,
     Op,
     Scope,
     StorageClass,
@@ -583,10 +581,7 @@ class TiledGemmEmitter:
                 op.regs = [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
         self._k_loop()
         self._epilogue()
-        s.f.finish()
-        s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
-        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, p.invocations, 1, 1)
-        return s.mb.assemble()
+        return s.compute_module(p.invocations)
 
 
 def required_capabilities(plan: KernelPlan) -> set[Capability]:

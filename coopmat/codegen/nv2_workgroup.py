@@ -71,8 +71,6 @@ from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
     CooperativeMatrixUse,
-    ExecutionMode,
-    ExecutionModel,
     Op,
     Scope,
     TensorClampMode,
@@ -500,10 +498,7 @@ class Nv2GemmEmitter:
         self._setup()
         self._epilogue(self._k_loop())
         s = self.s
-        s.f.finish()
-        s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
-        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, self.t.invocations, 1, 1)
-        return s.mb.assemble()
+        return s.compute_module(self.t.invocations)
 
 
 def emit_nv2_gemm(traits: Nv2Traits, *, fast_path: bool = True,

@@ -27,8 +27,6 @@ from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
-    ExecutionMode,
-    ExecutionModel,
     Op,
 )
 
@@ -173,10 +171,7 @@ def _emit(traits: PackTraits) -> bytes:
 
     # Blocks wholly past K have nothing to write.
     f.if_(s.lt(k0, P["K"]), body)
-    f.finish()
-    mb.entry_point(ExecutionModel.GLCompute, f.id, "main")
-    mb.execution_mode(f.id, ExecutionMode.LocalSize, GROUP_X * GROUP_Y, 1, 1)
-    return mb.assemble()
+    return s.compute_module(GROUP_X * GROUP_Y)
 
 
 @functools.cache

@@ -36,7 +36,7 @@ from coopmat.codegen import abi
 from coopmat.codegen.epilogue import Epilogue, Types, buffer_element_ops, epilogue_buffers
 from coopmat.codegen.plan import element_bytes
 from coopmat.codegen.shader import ShaderContext
-from coopmat.codegen.spv import BuiltIn, Capability, ExecutionMode, ExecutionModel, Op
+from coopmat.codegen.spv import BuiltIn, Capability, Op
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.types import (
     scalar_type,
@@ -175,10 +175,7 @@ def _emit(traits: ReduceTraits) -> bytes:
 
     # Columns past N (the last workgroup of a row) have nothing to do.
     f.if_(s.lt(col, P["N"]), body)
-    f.finish()
-    mb.entry_point(ExecutionModel.GLCompute, f.id, "main")
-    mb.execution_mode(f.id, ExecutionMode.LocalSize, GROUP_X, 1, 1)
-    return mb.assemble()
+    return s.compute_module(GROUP_X)
 
 
 @functools.cache

@@ -47,8 +47,6 @@ from coopmat.codegen.spv import (
     Capability,
     CooperativeMatrixLayout,
     CooperativeMatrixUse,
-    ExecutionMode,
-    ExecutionModel,
     Op,
     Scope,
 )
@@ -393,10 +391,7 @@ class RowsEmitter:
                          for _ in range(t.row_frags)]
         self._k_loop()
         self._reduce_and_store()
-        s.f.finish()
-        s.mb.entry_point(ExecutionModel.GLCompute, s.f.id, "main")
-        s.mb.execution_mode(s.f.id, ExecutionMode.LocalSize, t.invocations, 1, 1)
-        return s.mb.assemble()
+        return s.compute_module(t.invocations)
 
 
 def required_capabilities(t: RowsTraits) -> set[Capability]:

@@ -15,6 +15,8 @@ from coopmat.codegen.spv import (
     BuiltIn,
     Capability,
     Decoration,
+    ExecutionMode,
+    ExecutionModel,
     MemoryAccess,
     MemorySemantics,
     Op,
@@ -54,6 +56,14 @@ class ShaderContext:
         self.u32 = mb.type_int(32, False)
         self.f = FunctionBuilder(mb, self.void, mb.type_function(self.void))
         self._push: tuple[int, list[int], tuple[str, ...]] | None = None
+
+    def compute_module(self, invocations: int) -> bytes:
+        """Close the function and assemble the module: a compute entry point "main" whose
+        workgroup is `invocations` x 1 x 1."""
+        self.f.finish()
+        self.mb.entry_point(ExecutionModel.GLCompute, self.f.id, "main")
+        self.mb.execution_mode(self.f.id, ExecutionMode.LocalSize, invocations, 1, 1)
+        return self.mb.assemble()
 
     # -- constants and arithmetic on 32-bit unsigned indices ----------------------------
     def c(self, value: int) -> int:
