@@ -5,8 +5,6 @@ its dispatch are the same too (coopmat.policy, dispatch.gemm.enqueue_gemm)."""
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +35,8 @@ from coopmat.fused import (
     host_epilogue,
 )
 from coopmat.linalg import _last, _scalars, _shapes
+from coopmat.lru import Lru
 from coopmat.policy import Options, TypePair, resolve
-
-_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,8 @@ class _Recipe:
     plan: Plan  # what the first call ran: reused while the operands' buffers fit it
 
 
-_recipes: OrderedDict[tuple[Any, ...], _Recipe] = OrderedDict()
 RECIPES = 256
+_recipes: Lru[_Recipe] = Lru(RECIPES)
 
 
 def _signature(x: Any) -> tuple[Any, ...] | None:
@@ -76,8 +73,7 @@ def _signature(x: Any) -> tuple[Any, ...] | None:
 def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
     """The cached way through for products of an Array (and an Array or a numpy array)
     with no c or out."""
-    with _lock:
-        r = _recipes.get(key)
+    r = _recipes.get(key)
     if r is None:
         return None
     uploads: list[Copy] = []
@@ -292,10 +288,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
                            options, uploads, bias=bias_op, residual=res_op, ops=ops)
     _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
     if key is not None:
-        with _lock:
-            _recipes[key] = _Recipe(rt, pair, result_dtype, shape, (batch, M, N, K),
-                                    a_op.staged, b_op.staged, d_op.staged, alpha, beta,
-                                    options, plan)
-            while len(_recipes) > RECIPES:
-                _recipes.popitem(last=False)
+        _recipes.put(key, _Recipe(rt, pair, result_dtype, shape, (batch, M, N, K),
+                                  a_op.staged, b_op.staged, d_op.staged, alpha, beta,
+                                  options, plan))
     return result

@@ -11,9 +11,7 @@ queued without waiting.
 from __future__ import annotations
 
 import math
-import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +33,7 @@ from coopmat.dispatch.gemm import (
 from coopmat.dispatch.runtime import DeviceArg, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.errors import DeviceMismatchError
+from coopmat.lru import Lru
 from coopmat.policy import Options, resolve
 from coopmat.quantized import _USE, QuantizedArray, QuantizedTranspose
 
@@ -58,16 +57,14 @@ class _Recipe:
     plan: Plan
 
 
-_recipes: OrderedDict[tuple[Any, ...], _Recipe] = OrderedDict()
-_recipes_lock = threading.Lock()
 RECIPES = 64
+_recipes: Lru[_Recipe] = Lru(RECIPES)
 
 
 def _fast(x: Array, w: QuantizedArray, key: tuple[Any, ...]) -> Array | None:
     """The kept way through for a device-array x @ w.T with default arguments."""
     from coopmat.linalg import _last
-    with _recipes_lock:
-        r = _recipes.get(key)
+    r = _recipes.get(key)
     if r is None or r.weight() is not w:
         return None
     a_op = DeviceOperand(x.buffer, x.offset_bytes, r.a)
@@ -170,11 +167,8 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
                                options, uploads, bias=bias_op, residual=res_op, ops=ops)
         _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
         if key is not None and not uploads and result.offset_bytes == 0:
-            with _recipes_lock:
-                _recipes[key] = _Recipe(weakref.ref(w), shape, result_dtype, a_op.staged,
-                                        d_op.staged, plan)
-                while len(_recipes) > RECIPES:
-                    _recipes.popitem(last=False)
+            _recipes.put(key, _Recipe(weakref.ref(w), shape, result_dtype, a_op.staged,
+                                      d_op.staged, plan))
     if isinstance(a, Array) and host_out is None:
         return result
     values = result.numpy()  # waits for the product

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -31,6 +30,7 @@ from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.stream import Stream
 from coopmat.dtypes import numpy_dtype
 from coopmat.errors import OutOfDeviceMemoryError
+from coopmat.lru import Lru
 from coopmat.policy import (
     KernelChoice,
     OperandLayout,
@@ -355,8 +355,7 @@ DIRECT_MAX_BYTES = 128 * 1024
 # Problems moving at least this many bytes use the parallel transfer lanes (transfer.py)
 # on discrete GPUs: below it one thread's copy into staging is as fast.
 BULK_MIN_BYTES = 8 << 20
-_plans: OrderedDict[tuple[object, ...], Plan] = OrderedDict()
-_plans_lock = threading.Lock()
+_plans: Lru[Plan] = Lru(PLAN_CACHE)
 
 # Each shape-specialized kernel is a pipeline kept for the life of the process, so a sweep
 # over many large shapes would grow that set without bound: only this many kernel and
@@ -398,17 +397,11 @@ def plan_of(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged | No
     operands' buffers have no room past their data (device arrays): no exact variant;
     ops: the fused epilogue."""
     key = (id(rt), pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok, ops)
-    with _plans_lock:
-        plan = _plans.get(key)
-        if plan is not None:
-            _plans.move_to_end(key)
-            return plan
-    plan = _make_plan(rt, pair, sa, sb, sc, shape, alpha, beta, traits, options, margins_ok,
-                      ops)
-    with _plans_lock:
-        _plans[key] = plan
-        while len(_plans) > PLAN_CACHE:
-            _plans.popitem(last=False)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _make_plan(rt, pair, sa, sb, sc, shape, alpha, beta, traits, options,
+                          margins_ok, ops)
+        _plans.put(key, plan)
     return plan
 
 

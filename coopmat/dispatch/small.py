@@ -8,13 +8,13 @@ host). Mechanism only: which calls qualify is the caller's (linalg.matmul) decis
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
 
 from coopmat.dispatch.gemm import DIRECT_MAX_BYTES, GemmResult, PreparedGemm
 from coopmat.dispatch.runtime import Runtime
+from coopmat.lru import Lru
 from coopmat.policy import Options, TypePair
 
 # Prepared products kept per runtime (each holds its staging: at most DIRECT_MAX_BYTES).
@@ -28,21 +28,17 @@ class _Kept:
 
 
 class SmallCalls:
-    """The kept products of one runtime, least recently used first."""
+    """The kept products of one runtime, least recently used first out."""
 
     def __init__(self) -> None:
-        self._kept: OrderedDict[Hashable, _Kept] = OrderedDict()
-        self._lock = threading.Lock()
+        self._kept: Lru[_Kept] = Lru(KEPT)
 
     def run(self, key: Hashable, a: np.ndarray,
             b: np.ndarray) -> tuple[np.ndarray, GemmResult] | None:
         """(D, its result) of the kept product of key with operands a, b (3-D, as prepared;
         D a new (batch, M, N) array); None where nothing is kept for key or another thread
         is using it (the caller goes the long way)."""
-        with self._lock:
-            kept = self._kept.get(key)
-            if kept is not None:
-                self._kept.move_to_end(key)
+        kept = self._kept.get(key)
         if kept is None or not kept.lock.acquire(blocking=False):
             return None
         try:
@@ -60,29 +56,22 @@ class SmallCalls:
         """Prepare and keep the product a @ b (3-D, batch 1, alpha 1, beta 0) for `key`,
         where it is small enough to stage through mapped memory."""
         io = a.nbytes + b.nbytes + a.shape[1] * b.shape[2] * 8
-        with self._lock:
-            if key in self._kept or io > DIRECT_MAX_BYTES:
-                return
+        if key in self._kept or io > DIRECT_MAX_BYTES:
+            return
         g = PreparedGemm(rt, pair, a, b, None, 1, 1, 0, options=options)
         if g.bulk:
             g.release()
             return
-        with self._lock:
-            old = self._kept.pop(key, None)
-            self._kept[key] = _Kept(g)
-            dropped = [old] if old is not None else []
-            while len(self._kept) > KEPT:
-                dropped.append(self._kept.popitem(last=False)[1])
-        for k in dropped:
-            with k.lock:  # not while another thread runs it
-                k.g.release()
+        _release(self._kept.put(key, _Kept(g)))
 
     def clear(self) -> None:
-        with self._lock:
-            kept, self._kept = list(self._kept.values()), OrderedDict()
-        for k in kept:
-            with k.lock:
-                k.g.release()
+        _release(self._kept.clear())
+
+
+def _release(kept: list[_Kept]) -> None:
+    for k in kept:
+        with k.lock:  # not while another thread runs it
+            k.g.release()
 
 
 _by_runtime: dict[int, SmallCalls] = {}
