@@ -14,6 +14,7 @@ import numpy as np
 
 from coopmat.dispatch.gemm import DIRECT_MAX_BYTES, GemmResult, PreparedGemm
 from coopmat.dispatch.runtime import Runtime
+from coopmat.dtypes import numpy_dtype
 from coopmat.lru import Lru
 from coopmat.policy import Options, TypePair
 
@@ -55,8 +56,8 @@ class SmallCalls:
              options: Options) -> None:
         """Prepare and keep the product a @ b (3-D, batch 1, alpha 1, beta 0) for `key`,
         where it is small enough to stage through mapped memory."""
-        io = a.nbytes + b.nbytes + a.shape[1] * b.shape[2] * 8
-        if key in self._kept or io > DIRECT_MAX_BYTES:
+        d_bytes = a.shape[1] * b.shape[2] * numpy_dtype(pair.stored).itemsize
+        if key in self._kept or a.nbytes + b.nbytes + d_bytes > DIRECT_MAX_BYTES:
             return
         g = PreparedGemm(rt, pair, a, b, None, 1, 1, 0, options=options)
         if g.bulk:
