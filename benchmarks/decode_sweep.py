@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.bench_infer import warm_up
+from coopmat.bench_infer import hot, warm_up
 from coopmat.codegen import KhrTraits, tune_candidates
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
@@ -63,19 +63,14 @@ def median_s(run: Callable[[], float | None]) -> float:
 
 
 
-def hot(run: Callable[[], object], seconds: float = 0.2) -> None:
-    """Run `run` for a while first: a GPU left idle (a compile, the host preparing data)
-    drops its clock, and the first timings after it measured up to 3x slow."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        run()
+HOT_S = 0.2  # GPU work before each candidate's timing (bench_infer.hot)
 
 
 def kernel_s(g: PreparedGemm) -> tuple[float, float]:
     """(GPU seconds per dispatch of SERIAL dispatches back to back, as torch is timed;
     GPU seconds of one dispatch alone in its submission)."""
     g.execute()
-    hot(lambda: g.serial_seconds(SERIAL, submits=1))
+    hot(lambda: g.serial_seconds(SERIAL, submits=1), HOT_S)
     single = statistics.median(g.execute(transfers=False) or float("nan")
                                for _ in range(REPEAT))
     return g.serial_seconds(SERIAL) or float("nan"), single
@@ -194,7 +189,8 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue
-                    hot(functools.partial(rt.executor.run_serial, [dispatch] * SERIAL, 1))
+                    hot(functools.partial(rt.executor.run_serial, [dispatch] * SERIAL, 1),
+                        HOT_S)
                     t1 = median_s(functools.partial(rt.executor.run, [], [dispatch], []))
                     runs = rt.executor.run_serial([dispatch] * SERIAL, 3)
                     t = sorted(r for r, _ in runs if r is not None)[1] / SERIAL

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +64,22 @@ def torch_ms(torch: Any, fn: Any, repeat: int = 50) -> float:
     return float(start.elapsed_time(end)) / repeat
 
 
+def hot(run: Callable[[], object], seconds: float) -> None:
+    """Call `run` (GPU work) for `seconds`: a GPU left idle (a compile, the host preparing
+    data) drops its clock, and the first timings after it measured up to 3x slow."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        run()
+
+
 def warm_up(seconds: float = 1.0) -> None:
     """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock (the
     H200 idled at 345 MHz), and the first cases measured would pay for its ramp."""
-    import time
     a = np.ones((2048, 2048), np.float16)
     g = PreparedGemm(runtime(), resolve(runtime().device.info, a.dtype, a.dtype), a[None],
                      a[None], None, 1, 1, 0)
     try:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            g.serial_seconds(20, submits=1)
+        hot(lambda: g.serial_seconds(20, submits=1), seconds)
     finally:
         g.release()
 
@@ -148,8 +155,6 @@ def _array_kernel_ms(fn: Any, repeat: int = 50) -> float:
     """Per-call time of device-array products queued back to back (no host round trip
     between them; what a layer sees), as torch's figures are taken: launch gaps
     included."""
-    import time
-
     from coopmat.array import synchronize
     for _ in range(3):
         fn()
