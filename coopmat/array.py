@@ -26,14 +26,25 @@ MARGIN_SHARE = 4
 
 
 class _Storage:
-    """One device buffer and what Arrays know about it; freed with its last Array."""
+    """One device buffer and what Arrays know about it; freed with its last Array.
+    `host`: where the work that wrote the buffer also left a copy of its bytes in
+    host-visible memory, that buffer and the work's ticket (`.numpy()` then reads it
+    without a transfer of its own); None otherwise, and once anything writes the buffer
+    again (`written`)."""
 
-    __slots__ = ("rt", "buffer", "nbytes", "__weakref__")
+    __slots__ = ("rt", "buffer", "nbytes", "host", "__weakref__")
 
     def __init__(self, rt: Runtime, buffer: Buffer, nbytes: int):
         self.rt = rt
         self.buffer = buffer
         self.nbytes = nbytes
+        self.host: tuple[Buffer, int] | None = None
+
+    def written(self) -> None:
+        """The buffer is about to be written: a host copy no longer tells its contents."""
+        host, self.host = self.host, None
+        if host is not None:
+            self.rt.pool.recycle(host[0])
 
     def __del__(self) -> None:
         buf, self.buffer = self.buffer, None  # type: ignore[assignment]
@@ -41,11 +52,15 @@ class _Storage:
             return
         try:
             self.rt.pool.recycle(buf)
+            if self.host is not None:
+                self.rt.pool.recycle(self.host[0])
         except Exception:  # interpreter shutdown: the device goes with the process
             pass
 
 
-def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> _Storage:
+def allocation(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int]:
+    """(bytes of data, bytes to allocate) for an array: the data plus the margin the exact
+    GEMM variants may read past it. Raises where the device cannot hold it."""
     nbytes = math.prod(shape) * dtype.itemsize
     lines = max(shape[-2:]) if len(shape) >= 2 else 1
     margin = min(MARGIN_PER_LINE * lines, nbytes // MARGIN_SHARE)
@@ -57,8 +72,12 @@ def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> _Storage:
         raise OutOfDeviceMemoryError(
             f"an array of {nbytes} bytes does not fit the device's memory heap "
             f"({rt.pool.device_heap_bytes} bytes)")
-    kind = rt.pool.kinds()[0]
-    return _Storage(rt, rt.pool.acquire(kind, min(nbytes + margin, limit)), nbytes)
+    return nbytes, min(nbytes + margin, limit)
+
+
+def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> _Storage:
+    nbytes, size = allocation(rt, shape, dtype)
+    return _Storage(rt, rt.pool.acquire(rt.pool.kinds()[0], size), nbytes)
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -172,12 +191,11 @@ class Array:
     # -- to the host -----------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """A numpy copy, once the work that writes this array has run."""
-        rt = self._storage.rt
         out = np.empty(self.shape, self.dtype)
         if self.size == 0:
             return out
         if self.is_c_contiguous:
-            rt.transfers.download(self._storage.buffer, self._offset * self.itemsize, out)
+            self._read(self._offset * self.itemsize, out)
             return out
         # A view: fetch the span it covers, then let numpy apply the strides.
         lo = self._offset + sum(s * (n - 1) for s, n in zip(self._strides, self.shape,
@@ -185,11 +203,25 @@ class Array:
         hi = self._offset + sum(s * (n - 1) for s, n in zip(self._strides, self.shape,
                                                            strict=True) if s > 0) + 1
         span = np.empty(hi - lo, self.dtype)
-        rt.transfers.download(self._storage.buffer, lo * self.itemsize, span)
+        self._read(lo * self.itemsize, span)
         view = np.lib.stride_tricks.as_strided(span[self._offset - lo:], self.shape,
                                                self.strides)
         np.copyto(out, view)
         return out
+
+    def _read(self, offset: int, out: np.ndarray) -> None:
+        """Fill the C-contiguous `out` from the storage's bytes at `offset`: from the host
+        copy its writer left, once that work is done, else by a transfer."""
+        st = self._storage
+        host = st.host
+        if host is None:
+            st.rt.transfers.download(st.buffer, offset, out)
+            return
+        buf, ticket = host
+        st.rt.stream.wait(ticket)
+        assert buf.mapped is not None
+        flat = out.reshape(-1).view(np.uint8)
+        np.copyto(flat, buf.mapped[offset:offset + flat.nbytes])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.numpy()
@@ -270,6 +302,16 @@ def empty(shape: Any, dtype: Any = np.float32, device: DeviceArg = None) -> Arra
     dt = _check_dtype(dtype)
     rt = _runtime_for(device)
     return Array(_allocate(rt, shape, dt), shape, dt)
+
+
+def fresh(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype, strides: tuple[int, ...],
+          sizes: tuple[int, int]) -> Array:
+    """A new C-contiguous array whose shape, dtype, C strides and `allocation` the caller
+    checked before: a repeated product's result, without empty()'s checks."""
+    arr = Array.__new__(Array)
+    arr._storage = _Storage(rt, rt.pool.acquire(rt.pool.kinds()[0], sizes[1]), sizes[0])
+    arr.shape, arr.dtype, arr._strides, arr._offset, arr._keep = shape, dtype, strides, 0, None
+    return arr
 
 
 def zeros(shape: Any, dtype: Any = np.float32, device: DeviceArg = None) -> Array:

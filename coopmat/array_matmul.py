@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.array import Array, asarray, empty, same_runtime, staged
+from coopmat.array import Array, allocation, asarray, empty, fresh, same_runtime, staged
 from coopmat.codegen import Layout
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.dispatch.executor import Copy
@@ -20,10 +20,11 @@ from coopmat.dispatch.gemm import (
     GemmResult,
     Plan,
     Staged,
-    enqueue_gemm,
+    device_plan,
     enqueue_plan,
     plan_fits,
 )
+from coopmat.dispatch.memory import Buffer
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.errors import DeviceMismatchError
@@ -56,18 +57,45 @@ class _Recipe:
     beta: float | int
     options: Options
     plan: Plan  # what the first call ran: reused while the operands' buffers fit it
+    strides: tuple[int, ...]  # the result's, C order
+    sizes: tuple[int, int]  # the result's (data, allocation) bytes
+    host_copy: bool  # the result comes back to host-visible memory too (host_copy_wanted)
+    # Per operand: for a small numpy one, the bytes its device copy takes (_stage);
+    # None for an Array or a large numpy operand (_on).
+    stage_bytes: tuple[int | None, int | None]
 
 
 RECIPES = 256
 _recipes: Lru[_Recipe] = Lru(RECIPES)
+# The largest result whose product also copies it to host-visible memory when an operand
+# came from numpy: the same bound as operands staged in the GEMM's own submission.
+HOST_COPY_MAX_BYTES = DIRECT_MAX_BYTES
+
+
+def host_copy_wanted(result_bytes: int, numpy_operand: bool, unified: bool) -> bool:
+    """Whether a product's result should also land in host-visible memory, in the same
+    submission: a small result of a call that took a numpy operand is likely read back
+    next (a decode step), and the copy then spares `.numpy()` a submission and its round
+    trip. Not on unified memory, where the result is host-visible already."""
+    return numpy_operand and not unified and 0 < result_bytes <= HOST_COPY_MAX_BYTES
 
 
 def _signature(x: Any) -> tuple[Any, ...] | None:
-    if isinstance(x, Array):
-        return (id(x.runtime), x.shape, x.element_strides, x.dtype, x.offset_bytes == 0)
+    if type(x) is Array:
+        return (id(x._storage.rt), x.shape, x._strides, x.dtype, x._offset == 0)
     if type(x) is np.ndarray:  # copied over for the call as a new C-contiguous Array
         return ("host", x.shape, x.dtype)
     return None
+
+
+def quick(a: Any, b: Any) -> Array | None:
+    """a @ b with default arguments by the kept recipe of its signature (an Array and an
+    Array or numpy array), or None when there is none yet: linalg.matmul tries this
+    first, before any of its checks."""
+    sa, sb = _signature(a), _signature(b)
+    if sa is None or sb is None or (sa[0] == "host" and sb[0] == "host"):
+        return None
+    return _fast(a, b, (sa, sb, 1, 0, None, None, None, Options.from_env()))
 
 
 def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
@@ -76,20 +104,71 @@ def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
     r = _recipes.get(key)
     if r is None:
         return None
+    rt = r.rt
     uploads: list[Copy] = []
-    a, b = _on(r.rt, a, uploads), _on(r.rt, b, uploads)
-    result = empty(r.shape, r.result_dtype, device=r.rt.device)
-    d = DeviceOperand(result.buffer, 0, r.d)
-    a_op = DeviceOperand(a.buffer, a.offset_bytes, r.a)
-    b_op = DeviceOperand(b.buffer, b.offset_bytes, r.b)
+    used: list[Buffer] = []  # staging and copies of numpy operands, for this call only
+    held: list[Array] = []
+    ops = []
+    for x, staged_as, stage_bytes in ((a, r.a, r.stage_bytes[0]), (b, r.b, r.stage_bytes[1])):
+        if type(x) is Array:
+            if x._storage.rt is not rt:
+                return None  # same shapes on another device: the long way names the error
+            ops.append(DeviceOperand(x._storage.buffer, x._offset * x.dtype.itemsize,
+                                     staged_as))
+        elif stage_bytes is not None:
+            ops.append(DeviceOperand(_stage(rt, x, stage_bytes, uploads, used), 0, staged_as))
+        else:  # a large numpy operand: an Array of its own, held until the call is queued
+            held.append(_on(rt, x, uploads))
+            ops.append(DeviceOperand(held[-1].buffer, 0, staged_as))
     plan = r.plan
-    if plan_fits(plan, a_op, b_op):
-        enqueue_plan(r.rt, plan, a_op, b_op, None, d, uploads)
-    else:
-        _, plan = enqueue_gemm(r.rt, r.pair, a_op, b_op, None, d, r.gemm, r.alpha, r.beta,
-                               r.options, uploads)
+    try:
+        if not plan_fits(plan, ops[0], ops[1]):
+            return None  # the long way plans for these buffers (and keeps that plan)
+        result = fresh(rt, r.shape, r.result_dtype, r.strides, r.sizes)
+        d = DeviceOperand(result._storage.buffer, 0, r.d)
+        _enqueue(rt, plan, ops[0], ops[1], None, d, uploads, result, r.host_copy)
+    finally:
+        for buf in used:
+            rt.pool.recycle(buf)
     _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
     return result
+
+
+def _stage(rt: Runtime, host: np.ndarray, nbytes: int, uploads: list[Copy],
+           used: list[Buffer]) -> Buffer:
+    """A small numpy operand in a device buffer of `nbytes` for one call, C-contiguous:
+    written to host-visible staging and copied over by the call's own submission (on
+    unified memory the staging buffer is the operand). Both buffers go on `used`, for
+    the caller to give back once the call is queued."""
+    operand_kind, upload_kind, _ = rt.pool.kinds()
+    stage = rt.pool.acquire(upload_kind, nbytes if rt.pool.unified else host.nbytes)
+    used.append(stage)
+    assert stage.mapped is not None
+    np.copyto(stage.mapped[:host.nbytes].view(host.dtype).reshape(host.shape), host)
+    if rt.pool.unified:
+        return stage
+    dev = rt.pool.acquire(operand_kind, nbytes)
+    used.append(dev)
+    uploads.append(Copy(stage, dev, host.nbytes))
+    return dev
+
+
+def _enqueue(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
+             c: DeviceOperand | None, d: DeviceOperand, uploads: list[Copy], result: Array,
+             host_copy: bool, bias: DeviceOperand | None = None,
+             residual: DeviceOperand | None = None) -> None:
+    """Queue the plan into `result` (C-contiguous, from offset 0 of its storage when
+    host_copy: then a copy of its bytes goes to host-visible memory in the same
+    submission)."""
+    storage = result._storage
+    storage.written()
+    if not host_copy:
+        enqueue_plan(rt, plan, a, b, c, d, uploads, bias=bias, residual=residual)
+        return
+    host = rt.pool.acquire(rt.pool.kinds()[2], storage.nbytes)
+    ticket = enqueue_plan(rt, plan, a, b, c, d, uploads, bias=bias, residual=residual,
+                          downloads=[Copy(storage.buffer, host, storage.nbytes)])
+    storage.host = (host, ticket)
 
 
 def _batch_stride(x: Array, batch_shape: tuple[int, ...]) -> int | None:
@@ -135,6 +214,17 @@ def _operand(x: Array, batch_shape: tuple[int, ...], which: int) -> DeviceOperan
                          Staged(layout, ld, bstride, span * x.itemsize))
 
 
+def _stage_bytes(rt: Runtime, x: Any) -> int | None:
+    """For a numpy operand small enough to go over in the call's own submission, the
+    bytes of its device copy (data and margin); None otherwise."""
+    if isinstance(x, Array):
+        return None
+    host = np.asarray(x)
+    if host.nbytes > DIRECT_MAX_BYTES or host.nbytes == 0:
+        return None
+    return allocation(rt, host.shape, host.dtype)[1]
+
+
 def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
     """x as an Array on rt's device: numpy operands are copied over for the call, small
     ones by a copy command in the GEMM's own submission (appended to `uploads`)."""
@@ -150,7 +240,8 @@ def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
     stage = staged(host, rt)
     if rt.pool.unified:  # the staging memory is device memory
         return stage
-    arr = empty(host.shape, host.dtype, device=rt.device)
+    arr = fresh(rt, host.shape, host.dtype, stage._strides,
+                allocation(rt, host.shape, host.dtype))
     uploads.append(Copy(stage.buffer, arr.buffer, host.nbytes))
     arr._keep = stage  # the staging memory goes back to the pool with arr
     return arr
@@ -271,6 +362,7 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
             host[...] = host_epilogue(
                 host, ops, None if bias is None else np.asarray(bias).astype(result_dtype),
                 None if residual is None else np.asarray(residual).astype(result_dtype))
+        result._storage.written()
         rt.transfers.upload(host, result.buffer, result.offset_bytes)
         return result
     bias_op, res_op = epilogue_operands(rt, bias, residual, N, result_dtype, uploads)
@@ -284,11 +376,17 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
     d_op = DeviceOperand(result.buffer, result.offset_bytes,
                          Staged(Layout.ROW_MAJOR, N, M * N if batch > 1 else 0,
                                 batch * M * N * result_dtype.itemsize))
-    _, plan = enqueue_gemm(rt, pair, a_op, b_op, c_op, d_op, (batch, M, N, K), alpha, beta,
-                           options, uploads, bias=bias_op, residual=res_op, ops=ops)
+    plan = device_plan(rt, pair, a_op, b_op, c_op, (batch, M, N, K), alpha, beta, options,
+                       ops)
+    numpy_operand = not (isinstance(a, Array) and isinstance(b, Array))
+    host_copy = result.offset_bytes == 0 and host_copy_wanted(
+        result._storage.nbytes, numpy_operand, rt.pool.unified)
+    _enqueue(rt, plan, a_op, b_op, c_op, d_op, uploads, result, host_copy, bias_op, res_op)
     _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
     if key is not None:
         _recipes.put(key, _Recipe(rt, pair, result_dtype, shape, (batch, M, N, K),
                                   a_op.staged, b_op.staged, d_op.staged, alpha, beta,
-                                  options, plan))
+                                  options, plan, result._strides,
+                                  allocation(rt, shape, result_dtype), host_copy,
+                                  (_stage_bytes(rt, a), _stage_bytes(rt, b))))
     return result

@@ -24,6 +24,18 @@ _SIGNATURE = "(n?,k),(k,m?)->(n?,m?)"
 _last = threading.local()
 
 
+def _array_quick() -> Any:
+    """array_matmul.quick (imported on first use: that module builds on this one)."""
+    global _quick
+    if _quick is None:
+        from coopmat.array_matmul import quick
+        _quick = quick
+    return _quick
+
+
+_quick: Any = None
+
+
 def last_kernel_time() -> float | None:
     """GPU time in seconds (timestamp queries) of this thread's last matmul kernel."""
     r: GemmResult | None = getattr(_last, "result", None)
@@ -84,20 +96,25 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
       blocks, N x K) and a float16 (or bfloat16) x of shape (..., K): a linear layer,
       dequantized inside the GEMM (coopmat/quant_matmul.py).
     """
-    # Two matrices that fit, defaults for everything else (shape errors: the long way).
-    plain = type(a) is np.ndarray and type(b) is np.ndarray and a.ndim == 2 and \
-        b.ndim == 2 and a.shape[1] == b.shape[0] and c is None and out is None and \
-        dtype is None and out_dtype is None and accumulator is None and device is None \
-        and family is None and bias is None and activation is None and residual is None \
-        and type(alpha) is int and alpha == 1 and type(beta) is int and beta == 0
-    if plain:  # a repeated small product: its prepared GEMM is kept (dispatch/small.py)
-        key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype,
-               Options.from_env())
+    defaults = c is None and out is None and dtype is None and out_dtype is None and \
+        accumulator is None and device is None and family is None and bias is None and \
+        activation is None and residual is None and type(alpha) is int and alpha == 1 \
+        and type(beta) is int and beta == 0
+    # Two matrices that fit (shape errors: the long way): a repeated small product keeps
+    # its prepared GEMM (dispatch/small.py).
+    plain = defaults and type(a) is np.ndarray and type(b) is np.ndarray and \
+        a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0]
+    if plain:
+        key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, Options.from_env())
         calls = small_calls(runtime())
         done = calls.run(key, a[np.newaxis], b[np.newaxis])
         if done is not None:
             _last.result = done[1]
             return done[0][0]
+    elif defaults:  # a repeated device-array product keeps its recipe (array_matmul.py)
+        kept = _array_quick()(a, b)
+        if kept is not None:
+            return kept
     ops = ops_of(bias, activation, residual)
     if isinstance(a, _QUANTIZED) or isinstance(b, _QUANTIZED):
         from coopmat.quant_matmul import matmul_quantized

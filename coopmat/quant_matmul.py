@@ -152,6 +152,7 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
             raise TypeError(f"matmul: cannot cast the result from dtype "
                             f"{dtype_name(result_dtype)} to out's {dtype_name(out.dtype)}")
     result = out if isinstance(out, Array) else empty(shape, result_dtype, device=rt.device)
+    result._storage.written()
     if M:
         uploads: list[Copy] = []
         x = _on(rt, a, uploads)

@@ -187,6 +187,34 @@ def test_out_array(rt):
         coopmat.matmul(coopmat.asarray(a), b, out=np.empty((40, 60), np.float16))
 
 
+def test_small_results_of_numpy_operands_come_back_with_the_product(rt):
+    """A small result of a product that took a numpy operand is copied to host-visible
+    memory in the product's own submission; .numpy() reads that copy, and any later
+    write into the array (out=, on either path) drops it."""
+    from coopmat.array_matmul import HOST_COPY_MAX_BYTES
+    x, x2 = _random((16, 96), np.float16, 40), _random((16, 96), np.float16, 41)
+    w = (_random((96, 80), np.float16, 42) / 8).astype(np.float16)
+    with discrete(rt):
+        W = coopmat.asarray(w)
+        for _ in range(2):  # the first call plans, the second takes the kept recipe
+            Y = coopmat.matmul(x, W)
+            assert Y._storage.host is not None
+            assert np.array_equal(Y.numpy(), coopmat.matmul(x, w))
+            assert np.array_equal(Y.T.numpy(), coopmat.matmul(x, w).T)
+        assert (Y @ W.T)._storage.host is None  # no numpy operand: stays on the device
+        assert np.array_equal((Y @ W.T).numpy(), coopmat.matmul(coopmat.matmul(x, w), w.T))
+        coopmat.matmul(x2, W, out=Y)  # rewritten with a fresh host copy
+        assert np.array_equal(Y.numpy(), coopmat.matmul(x2, w))
+        coopmat.matmul(coopmat.asarray(x), W, out=Y)  # rewritten on the device alone
+        assert Y._storage.host is None
+        assert np.array_equal(Y.numpy(), coopmat.matmul(x, w))
+        big = _random((HOST_COPY_MAX_BYTES // 160 + 1, 96), np.float16, 43)
+        for _ in range(2):  # an operand too large to stage in the call: its own Array
+            got = coopmat.matmul(big, W)
+            assert got._storage.host is None
+            assert np.array_equal(got.numpy(), coopmat.matmul(big, w))
+
+
 def test_errors(rt):
     A = coopmat.asarray(_random((4, 5), np.float16))
     with pytest.raises(ValueError, match="core dimension"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ class _Recorded:
     cmd: Any
     sets: list[Any]
     submit: Any  # a VkSubmitInfo naming cmd, ready for vkQueueSubmit
+    what: str = "a GEMM"  # names the work in errors
 
 
 class Executor:
@@ -133,15 +134,24 @@ class Executor:
             self._generation = self.pool.generation
         rec = self._recorded.get(key)
         if rec is None:
-            if len(dispatches) > MAX_DISPATCHES or any(
-                    len(d.buffers) > MAX_BINDINGS for d in dispatches):
-                raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
-                                 f"{MAX_BINDINGS} buffers per run")
-            self._forget(len(self._recorded) - RECORDED_CACHE + 1)
-            rec = self._record(uploads, dispatches, downloads, timed=timed, ordered=ordered)
-            self._recorded[key] = rec
+            rec = self._new_recording(key, uploads, dispatches, downloads, timed, ordered)
         else:
             self._recorded.move_to_end(key)
+        return rec
+
+    def _new_recording(self, key: tuple[Any, ...], uploads: Sequence[Copy],
+                       dispatches: Sequence[Dispatch], downloads: Sequence[Copy],
+                       timed: bool, ordered: bool) -> _Recorded:
+        """Record the work and keep it under `key`, forgetting the least recently used
+        recording past the cache's size. Caller holds lock."""
+        if len(dispatches) > MAX_DISPATCHES or any(
+                len(d.buffers) > MAX_BINDINGS for d in dispatches):
+            raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
+                             f"{MAX_BINDINGS} buffers per run")
+        self._forget(len(self._recorded) - RECORDED_CACHE + 1)
+        rec = self._record(uploads, dispatches, downloads, timed=timed, ordered=ordered)
+        rec.what = _what(dispatches, uploads, downloads)
+        self._recorded[key] = rec
         return rec
 
     def run(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
@@ -151,8 +161,7 @@ class Executor:
         with self.lock:
             with self.stream.lock:  # no other submission between busy() and this one
                 rec = self._recording(uploads, dispatches, downloads, timed=True)
-                ticket = self.stream.submit(rec.cmd,
-                                            lambda: _what(dispatches, uploads, downloads))
+                ticket = self.stream.submit(rec.cmd, rec.what)
             # Timed runs share one query pair, so they hold the lock until read.
             self.stream.wait(ticket)
             return self._gpu_seconds()
@@ -164,8 +173,30 @@ class Executor:
         other queues' work (stream, ticket) it must wait for."""
         with self.lock, self.stream.lock:
             rec = self._recording(uploads, dispatches, downloads, timed=False)
-            return self.stream.submit(rec.cmd, lambda: _what(dispatches, uploads, downloads),
-                                      waits)
+            return self.stream.submit(rec.cmd, rec.what, waits)
+
+    def submit_keyed(self, key: tuple[Any, ...],
+                     build: Callable[[], tuple[Sequence[Copy], Sequence[Dispatch],
+                                               Sequence[Copy]]],
+                     waits: Sequence[tuple[Stream, int]] = ()) -> int:
+        """As submit, for a caller that names its work by a cheap `key` (every buffer,
+        offset and kernel the work uses, nothing else) and builds the (uploads,
+        dispatches, downloads) only when no recording of that key is kept: a repeated
+        product pays a dict lookup instead of assembling its dispatches."""
+        with self.lock, self.stream.lock:
+            ordered = self.stream.busy()
+            if self._generation != self.pool.generation:
+                self._forget(len(self._recorded))
+                self._generation = self.pool.generation
+            full = (key, ordered)
+            rec = self._recorded.get(full)
+            if rec is None:
+                uploads, dispatches, downloads = build()
+                rec = self._new_recording(full, uploads, dispatches, downloads, False,
+                                          ordered)
+            else:
+                self._recorded.move_to_end(full)
+            return self.stream.submit(rec.cmd, rec.what, waits)
 
     def run_independent(self, dispatches: Sequence[Dispatch],
                         submits: int) -> list[tuple[float | None, float]]:

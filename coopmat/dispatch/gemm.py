@@ -10,10 +10,11 @@ Which kernel runs is coopmat.policy's choice; this module only runs it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -331,6 +332,10 @@ class Plan:
     groups: tuple[int, int, int]
     packs: tuple[PackStep, ...] = ()
     reduce: ReduceStep | None = None  # a split-K's reduction (choice.split_k > 1)
+    # Names the plan in recording keys (Executor.submit_keyed): unique in the process,
+    # where id() could be reused by a later plan.
+    serial: int = field(default_factory=lambda: next(_plan_serials), compare=False,
+                        repr=False)
 
     @property
     def traits(self) -> GemmTraits:
@@ -356,6 +361,7 @@ DIRECT_MAX_BYTES = 128 * 1024
 # on discrete GPUs: below it one thread's copy into staging is as fast.
 BULK_MIN_BYTES = 8 << 20
 _plans: Lru[Plan] = Lru(PLAN_CACHE)
+_plan_serials: Iterator[int] = itertools.count(1)
 
 # Each shape-specialized kernel is a pipeline kept for the life of the process, so a sweep
 # over many large shapes would grow that set without bound: only this many kernel and
@@ -549,32 +555,56 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
                  c: DeviceOperand | None, d: DeviceOperand, uploads: Sequence[Copy] = (),
                  waits: Sequence[tuple[Stream, int]] = (), *,
                  bias: DeviceOperand | None = None,
-                 residual: DeviceOperand | None = None) -> int:
+                 residual: DeviceOperand | None = None,
+                 downloads: Sequence[Copy] = ()) -> int:
     """Queue a plan made for these operands (device_plan; a caller that kept one skips
-    its lookup); returns the stream's ticket."""
+    its lookup), after the staging copies `uploads` and before the copies `downloads`, in
+    one submission; returns the stream's ticket. A repeat on the same buffers submits the
+    kept recording (Executor.submit_keyed): this is a chain's per-product cost."""
     device_kind = rt.pool.kinds()[0]
-    temps: list[Buffer] = []
-    dispatches: list[Dispatch] = []
-    operands = [(a.buffer, a.offset), (b.buffer, b.offset)]
+    temps = [rt.pool.acquire(device_kind, step.nbytes + plan.margins[step.operand])
+             for step in plan.packs]
+    if plan.reduce is not None:  # a split-K's workspace, last
+        temps.append(rt.pool.acquire(device_kind, plan.reduce.workspace_bytes))
     try:
-        for step in plan.packs:  # repack 8-bit operands K-contiguous first
-            packed = rt.pool.acquire(device_kind, step.nbytes + plan.margins[step.operand])
-            temps.append(packed)
-            src, off = operands[step.operand]
-            dispatches.append(Dispatch(step.pipeline, {0: src, 1: packed},
-                                       step.push_constants, step.groups,
-                                       ((0, off),) if off else ()))
-            operands[step.operand] = (packed, 0)
-        unsplit = gemm_dispatch(plan, operands[0], operands[1], c, d, bias, residual)
-        if plan.reduce is None:
-            dispatches.append(unsplit)
-        else:  # a split-K: the GEMM into a workspace, then the reduction into D
-            workspace = rt.pool.acquire(device_kind, plan.reduce.workspace_bytes)
-            temps.append(workspace)
-            dispatches += split_k_dispatches(plan, plan.reduce, unsplit.buffers, workspace,
-                                             unsplit.offsets)
-        ticket = rt.executor.submit(uploads, dispatches, waits=waits)
+        key = (plan.serial, a.buffer.addr, a.offset, b.buffer.addr, b.offset,
+               d.buffer.addr, d.offset, *_operand_key(c), *_operand_key(bias),
+               *_operand_key(residual), *(t.addr for t in temps), *_copies_key(uploads),
+               None, *_copies_key(downloads))
+        ticket = rt.executor.submit_keyed(
+            key, lambda: (uploads, _plan_dispatches(plan, a, b, c, d, bias, residual, temps),
+                          downloads), waits)
     finally:
         for buf in temps:
             rt.pool.recycle(buf)
     return ticket
+
+
+def _operand_key(op: DeviceOperand | None) -> tuple[int, int]:
+    return (0, 0) if op is None else (op.buffer.addr, op.offset)
+
+
+def _copies_key(copies: Sequence[Copy]) -> tuple[int, ...]:
+    return tuple(x for cp in copies for x in (cp.src.addr, cp.dst.addr, cp.nbytes,
+                                                 cp.src_offset, cp.dst_offset))
+
+
+def _plan_dispatches(plan: Plan, a: DeviceOperand, b: DeviceOperand,
+                     c: DeviceOperand | None, d: DeviceOperand, bias: DeviceOperand | None,
+                     residual: DeviceOperand | None, temps: list[Buffer]) -> list[Dispatch]:
+    """The plan's dispatches: repacks of 8-bit operands (into temps, in order), the GEMM,
+    and a split-K's reduction (its workspace: the last of temps)."""
+    dispatches: list[Dispatch] = []
+    operands = [(a.buffer, a.offset), (b.buffer, b.offset)]
+    for step, packed in zip(plan.packs, temps, strict=False):  # K-contiguous first
+        src, off = operands[step.operand]
+        dispatches.append(Dispatch(step.pipeline, {0: src, 1: packed}, step.push_constants,
+                                   step.groups, ((0, off),) if off else ()))
+        operands[step.operand] = (packed, 0)
+    unsplit = gemm_dispatch(plan, operands[0], operands[1], c, d, bias, residual)
+    if plan.reduce is None:
+        dispatches.append(unsplit)
+    else:  # a split-K: the GEMM into a workspace, then the reduction into D
+        dispatches += split_k_dispatches(plan, plan.reduce, unsplit.buffers, temps[-1],
+                                         unsplit.offsets)
+    return dispatches

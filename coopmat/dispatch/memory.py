@@ -10,6 +10,7 @@ integrated GPUs), SHARED buffers serve both roles and no staging copy is made.
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ class Kind(enum.Enum):
     DOWNLOAD = "download"
     SHARED = "shared"
 
+    # Members are singletons: identity hashing, in C, keeps the pool's dict lookups cheap
+    # (Enum's own __hash__ is Python code on some versions, run twice per buffer a call).
+    __hash__ = object.__hash__
+
 
 @dataclass
 class Buffer:
@@ -69,6 +74,7 @@ class Buffer:
         return self.mapped[offset:offset + nbytes].view(dtype)
 
 
+@functools.lru_cache(maxsize=4096)
 def size_class(nbytes: int) -> int:
     """Round up to 1, 1.25, 1.5 or 1.75 times a power of two (>= 4 KiB): at most 25% slack,
     and few enough classes that mixed shapes reuse buffers."""
@@ -206,10 +212,13 @@ class MemoryPool:
         """Give `buf` back for reuse now. Safe for a buffer only the device's queue uses
         (later work on it is ordered after earlier work); host-visible buffers that
         pending work may still read or write go through release_later."""
+        key = (buf.kind, buf.size)
         with self._lock:
-            self._free.setdefault((buf.kind, buf.size), []).append(buf)
-            self._free.move_to_end((buf.kind, buf.size))
+            self._free.setdefault(key, []).append(buf)
+            self._free.move_to_end(key)
             self.cached_bytes += buf.size
+            if self.cached_bytes <= self.max_cached_bytes:
+                return
             dropped = self._trim(self.max_cached_bytes)
         self._drop_all(dropped)
 

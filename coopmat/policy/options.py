@@ -44,6 +44,15 @@ class Options:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
         env = os.environ if env is None else env
+        # Read on every call, so a changed variable takes effect; parsed once per value.
+        raw = tuple(env.get(name) for name in _NAMES)
+        known = _parsed.get(raw)
+        if known is None:
+            known = _parsed[raw] = cls._parse(env)
+        return known
+
+    @classmethod
+    def _parse(cls, env: Mapping[str, str]) -> Options:
         family = env.get(FAMILY_ENV, "").strip() or None
         if family not in (None, "auto", *FAMILIES):
             raise ValueError(f"{FAMILY_ENV}={family!r} is not a kernel family: use "
@@ -73,3 +82,7 @@ class Options:
             raise ValueError(f"unknown kernel family {family!r}: use 'khr', 'nv2', 'rows', "
                              f"'gemv' or 'auto'")
         return replace(self, family=family)
+
+
+_NAMES = (FAMILY_ENV, SPECIALIZE_ENV, NO_TUNING_ENV, SPLIT_K_ENV)
+_parsed: dict[tuple[str | None, ...], Options] = {}
