@@ -471,9 +471,9 @@ def test_discrete_gpu_paths(pairs, monkeypatch, direct):
     copies = []
     run = rt.executor.run
 
-    def counting_run(uploads, dispatches, downloads):
+    def counting_run(uploads, dispatches, downloads, **kw):
         copies.append(len(uploads) + len(downloads))
-        return run(uploads, dispatches, downloads)
+        return run(uploads, dispatches, downloads, **kw)
 
     monkeypatch.setattr(rt.executor, "run", counting_run)
     for M, N, K in [(37, 29, 53), (64, 64, 64), (1, 5, 3), (300, 200, 256)]:

@@ -123,12 +123,15 @@ class Executor:
         )
 
     def _recording(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-                   downloads: Sequence[Copy], timed: bool) -> _Recorded:
+                   downloads: Sequence[Copy], timed: bool,
+                   name: tuple[Any, ...] | None = None) -> _Recorded:
         """The cached recording of this work (recorded now if new). Caller holds lock.
         It waits for earlier submissions only while some may still run: on an idle
-        queue the leading barrier would only cost time."""
+        queue the leading barrier would only cost time. name: a key the caller keeps
+        for exactly this work (as submit_keyed's), spared assembling one."""
         ordered = self.stream.busy()
-        key = self._key(uploads, dispatches, downloads, timed, ordered)
+        key = self._key(uploads, dispatches, downloads, timed, ordered) if name is None \
+            else (name, timed, ordered)
         if self._generation != self.pool.generation:
             self._forget(len(self._recorded))  # a named buffer may be gone
             self._generation = self.pool.generation
@@ -155,12 +158,12 @@ class Executor:
         return rec
 
     def run(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-            downloads: Sequence[Copy]) -> float | None:
+            downloads: Sequence[Copy], name: tuple[Any, ...] | None = None) -> float | None:
         """Run one submission and wait for it; returns the dispatches' GPU time in seconds
-        (None where the queue has no timestamps)."""
+        (None where the queue has no timestamps). name: as _recording's."""
         with self.lock:
             with self.stream.lock:  # no other submission between busy() and this one
-                rec = self._recording(uploads, dispatches, downloads, timed=True)
+                rec = self._recording(uploads, dispatches, downloads, timed=True, name=name)
                 ticket = self.stream.submit(rec.cmd, rec.what)
             # Timed runs share one query pair, so they hold the lock until read.
             self.stream.wait(ticket)

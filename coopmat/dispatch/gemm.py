@@ -104,6 +104,7 @@ class PreparedGemm:
         """bias: N elements; residual: (batch, M, N), C-contiguous (addressed like D);
         both of the result dtype, given where `ops` asks for them."""
         self.rt = rt
+        self.serial = next(_prepared_serials)  # names its recordings (Executor.run)
         options = options or Options()
         plan = plan_of(rt, pair, _plan(a), _plan(b), _plan(c) if c is not None else None,
                        (batch, a.shape[1], b.shape[2], a.shape[2]), alpha, beta, traits,
@@ -206,9 +207,12 @@ class PreparedGemm:
         return buf
 
     def execute(self, transfers: bool = True) -> float | None:
-        """Run the kernel; with transfers, also the staging copies in and out."""
+        """Run the kernel; with transfers, also the staging copies in and out. Its
+        recording is kept under this GEMM's serial: change no dispatch after the first
+        run."""
         return self.rt.executor.run(self.uploads if transfers else [], self.dispatches,
-                                    self.downloads if transfers else [])
+                                    self.downloads if transfers else [],
+                                    name=("prepared", self.serial, transfers))
 
     def independent_copies(self, count: int) -> list[Dispatch]:
         """The GEMM dispatch `count` times, each writing its own D (the first the call's
@@ -362,6 +366,7 @@ DIRECT_MAX_BYTES = 128 * 1024
 BULK_MIN_BYTES = 8 << 20
 _plans: Lru[Plan] = Lru(PLAN_CACHE)
 _plan_serials: Iterator[int] = itertools.count(1)
+_prepared_serials: Iterator[int] = itertools.count(1)
 
 # Each shape-specialized kernel is a pipeline kept for the life of the process, so a sweep
 # over many large shapes would grow that set without bound: only this many kernel and

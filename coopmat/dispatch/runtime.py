@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from coopmat import device as device_layer
 from coopmat.device.logical import Device
 from coopmat.device.model import PhysicalDeviceInfo
+from coopmat.device.select import ENV_VAR
 from coopmat.dispatch.executor import Executor
 from coopmat.dispatch.memory import MemoryPool
 from coopmat.dispatch.pipelines import PipelineCache
@@ -67,18 +69,34 @@ class Runtime:
             _by_device.pop(id(self.device), None)
             if _runtimes.get(self.device.info.index) is self:
                 del _runtimes[self.device.info.index]
+            for env in [e for e, rt in _defaults.items() if rt is self]:
+                del _defaults[env]
         self.device.destroy()
 
 
 _lock = threading.RLock()  # runtime() holds it while Runtime.create registers
 _runtimes: dict[int, Runtime] = {}  # the default runtime per physical device index
 _by_device: dict[int, Runtime] = {}  # every live runtime, by id() of its logical device
+_defaults: dict[str | None, Runtime] = {}  # runtime(None) by the value of $COOPMAT_DEVICE
 
 DeviceArg = int | str | PhysicalDeviceInfo | Device | None
 
 
 def runtime(selector: DeviceArg = None) -> Runtime:
     """The runtime of the selected device (argument, $COOPMAT_DEVICE, or the default)."""
+    if selector is None:  # every small call asks: remembered per value of the variable
+        env = os.environ.get(ENV_VAR)
+        known = _defaults.get(env)
+        if known is not None:
+            return known
+        rt = _runtime(None)
+        with _lock:
+            _defaults[env] = rt
+        return rt
+    return _runtime(selector)
+
+
+def _runtime(selector: DeviceArg) -> Runtime:
     if isinstance(selector, Device):
         # A Device names its own runtime: a second logical device on the same physical
         # one (a test, or a user's own) must not fall back to the default.
