@@ -3,7 +3,7 @@
 products (the host's cost per product), median wall time per call and the Python profile
 of many calls (functions by own time).
 
-    python benchmarks/profile_small.py [--calls 500] [--top 25] [--breakdown]
+    python benchmarks/profile_small.py [--calls 500] [--top 25] [--breakdown] [--host]
 """
 
 from __future__ import annotations
@@ -63,12 +63,51 @@ def breakdown(calls: int) -> None:
     g.release()
 
 
+def host_cost(repeat: int = 9) -> None:
+    """Host time per call, GPU left to run: 100 chained 16x4096 @ 4096^2 Array products
+    (the time to queue them, per product) and coopmat.matmul(x, W) with a numpy x (each
+    call timed alone, then synchronized)."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
+    x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
+    W, X = coopmat.asarray(w), coopmat.asarray(x)
+
+    def chain() -> float:
+        y = X
+        t0 = time.perf_counter()
+        for _ in range(100):
+            y = y @ W
+        t = (time.perf_counter() - t0) / 100
+        coopmat.synchronize()
+        return t
+    for _ in range(5):
+        chain()
+    per = sorted(chain() for _ in range(repeat))[repeat // 2]
+    print(f"== host: {per * 1e6:.1f} us to queue one of 100 chained Array products")
+
+    def one() -> float:
+        t0 = time.perf_counter()
+        coopmat.matmul(x, W)
+        t = time.perf_counter() - t0
+        coopmat.synchronize()
+        return t
+    for _ in range(50):
+        one()
+    times = sorted(one() for _ in range(1000))
+    print(f"== host: {times[500] * 1e6:.1f} us for coopmat.matmul(x, W), x numpy")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--breakdown", action="store_true", help="time the pieces of a call")
+    ap.add_argument("--host", action="store_true",
+                    help="only the host's time per call (queued products, x @ W)")
     args = ap.parse_args()
+    if args.host:
+        host_cost()
+        return
     if args.breakdown:
         breakdown(args.calls)
     rng = np.random.default_rng(0)
