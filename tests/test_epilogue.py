@@ -18,7 +18,7 @@ import pytest
 
 import coopmat
 import coopmat.linalg
-from coopmat.codegen import abi, cache
+from coopmat.codegen import abi
 from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.family import family_for
 from coopmat.codegen.shader import ShaderContext
@@ -42,10 +42,7 @@ needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
                                      reason="spirv-val not found")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))
-    cache.clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("private_spirv_cache")
 
 
 def act64(x: np.ndarray, act: str | None) -> np.ndarray:

@@ -24,7 +24,6 @@ from coopmat.codegen import (
     Layout,
     abi,
     build_gemm,
-    cache,
     gemv_traits,
 )
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile, gemv_sweep
@@ -51,10 +50,7 @@ needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
                                      reason="spirv-val not found")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))
-    cache.clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("private_spirv_cache")
 
 
 # -- codegen ----------------------------------------------------------------------------
