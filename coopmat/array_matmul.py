@@ -108,25 +108,25 @@ def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
     uploads: list[Copy] = []
     used: list[Buffer] = []  # staging and copies of numpy operands, for this call only
     held: list[Array] = []
-    ops = []
+    operands: list[DeviceOperand] = []
     for x, staged_as, stage_bytes in ((a, r.a, r.stage_bytes[0]), (b, r.b, r.stage_bytes[1])):
         if type(x) is Array:
             if x._storage.rt is not rt:
                 return None  # same shapes on another device: the long way names the error
-            ops.append(DeviceOperand(x._storage.buffer, x._offset * x.dtype.itemsize,
+            operands.append(DeviceOperand(x._storage.buffer, x._offset * x.dtype.itemsize,
                                      staged_as))
         elif stage_bytes is not None:
-            ops.append(DeviceOperand(_stage(rt, x, stage_bytes, uploads, used), 0, staged_as))
+            operands.append(DeviceOperand(_stage(rt, x, stage_bytes, uploads, used), 0, staged_as))
         else:  # a large numpy operand: an Array of its own, held until the call is queued
             held.append(_on(rt, x, uploads))
-            ops.append(DeviceOperand(held[-1].buffer, 0, staged_as))
+            operands.append(DeviceOperand(held[-1].buffer, 0, staged_as))
     plan = r.plan
     try:
-        if not plan_fits(plan, ops[0], ops[1]):
+        if not plan_fits(plan, operands[0], operands[1]):
             return None  # the long way plans for these buffers (and keeps that plan)
         result = fresh(rt, r.shape, r.result_dtype, r.strides, r.sizes)
         d = DeviceOperand(result._storage.buffer, 0, r.d)
-        _enqueue(rt, plan, ops[0], ops[1], None, d, uploads, result, r.host_copy)
+        _enqueue(rt, plan, operands[0], operands[1], None, d, uploads, result, r.host_copy)
     finally:
         for buf in used:
             rt.pool.recycle(buf)

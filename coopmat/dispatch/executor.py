@@ -71,6 +71,10 @@ class Dispatch:
     offsets: tuple[tuple[int, int], ...] = ()  # (binding, byte offset) where not 0
 
 
+# (uploads, dispatches, downloads): one submission's work.
+_Work = tuple[Sequence[Copy], Sequence[Dispatch], Sequence[Copy]]
+
+
 @dataclass
 class _Recorded:
     cmd: Any
@@ -122,22 +126,23 @@ class Executor:
             ordered,
         )
 
-    def _recording(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-                   downloads: Sequence[Copy], timed: bool,
+    def _recording(self, build: Callable[[], _Work], timed: bool,
                    name: tuple[Any, ...] | None = None) -> _Recorded:
-        """The cached recording of this work (recorded now if new). Caller holds lock.
-        It waits for earlier submissions only while some may still run: on an idle
-        queue the leading barrier would only cost time. name: a key the caller keeps
-        for exactly this work (as submit_keyed's), spared assembling one."""
+        """The cached recording of the work `build` gives as (uploads, dispatches,
+        downloads), recorded now if new. Caller holds lock. It waits for earlier
+        submissions only while some may still run: on an idle queue the leading barrier
+        would only cost time. name: a key the caller keeps for exactly this work (every
+        buffer, offset and kernel it uses), spared assembling one from the work; the work
+        is then built only when nothing is kept under it."""
         ordered = self.stream.busy()
-        key = self._key(uploads, dispatches, downloads, timed, ordered) if name is None \
-            else (name, timed, ordered)
         if self._generation != self.pool.generation:
             self._forget(len(self._recorded))  # a named buffer may be gone
             self._generation = self.pool.generation
+        key = (name, timed, ordered) if name is not None else \
+            self._key(*build(), timed, ordered)
         rec = self._recorded.get(key)
         if rec is None:
-            rec = self._new_recording(key, uploads, dispatches, downloads, timed, ordered)
+            rec = self._new_recording(key, *build(), timed, ordered)
         else:
             self._recorded.move_to_end(key)
         return rec
@@ -163,7 +168,7 @@ class Executor:
         (None where the queue has no timestamps). name: as _recording's."""
         with self.lock:
             with self.stream.lock:  # no other submission between busy() and this one
-                rec = self._recording(uploads, dispatches, downloads, timed=True, name=name)
+                rec = self._recording(lambda: (uploads, dispatches, downloads), True, name)
                 ticket = self.stream.submit(rec.cmd, rec.what)
             # Timed runs share one query pair, so they hold the lock until read.
             self.stream.wait(ticket)
@@ -175,30 +180,17 @@ class Executor:
         """Queue the work without waiting; returns the stream's ticket for it. `waits`:
         other queues' work (stream, ticket) it must wait for."""
         with self.lock, self.stream.lock:
-            rec = self._recording(uploads, dispatches, downloads, timed=False)
+            rec = self._recording(lambda: (uploads, dispatches, downloads), False)
             return self.stream.submit(rec.cmd, rec.what, waits)
 
-    def submit_keyed(self, key: tuple[Any, ...],
-                     build: Callable[[], tuple[Sequence[Copy], Sequence[Dispatch],
-                                               Sequence[Copy]]],
+    def submit_keyed(self, key: tuple[Any, ...], build: Callable[[], _Work],
                      waits: Sequence[tuple[Stream, int]] = ()) -> int:
         """As submit, for a caller that names its work by a cheap `key` (every buffer,
         offset and kernel the work uses, nothing else) and builds the (uploads,
         dispatches, downloads) only when no recording of that key is kept: a repeated
         product pays a dict lookup instead of assembling its dispatches."""
         with self.lock, self.stream.lock:
-            ordered = self.stream.busy()
-            if self._generation != self.pool.generation:
-                self._forget(len(self._recorded))
-                self._generation = self.pool.generation
-            full = (key, ordered)
-            rec = self._recorded.get(full)
-            if rec is None:
-                uploads, dispatches, downloads = build()
-                rec = self._new_recording(full, uploads, dispatches, downloads, False,
-                                          ordered)
-            else:
-                self._recorded.move_to_end(full)
+            rec = self._recording(build, False, key)
             return self.stream.submit(rec.cmd, rec.what, waits)
 
     def run_independent(self, dispatches: Sequence[Dispatch],
