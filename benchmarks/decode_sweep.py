@@ -18,7 +18,10 @@ most GEMV_MAX_M rows), the khr quantized kernel the policy runs, and torch's pee
 (coopmat.bench_infer: int8 values times their block scale dequantized on the GPU, then
 multiplied), as quantized bytes read per second (the blocks: 34/32 or 18/32 bytes a
 weight; torch's peer reads int8 values and float16 scales, so its figure is the time of
-the same product over the format's bytes).
+the same product over the format's bytes). With 9 to SMALL_M rows it times the khr kernel
+the policy runs split S = 1, 2, 4, 8 ways (labels splitk1 ...) and the few-row tiles (units
+4 and 8). --policy-only times just the kernels the policy runs (gemv up to GEMV_MAX_M
+rows, khr, and those splits), beside the float16 product and torch.
 """
 
 from __future__ import annotations
@@ -39,16 +42,18 @@ from coopmat.bench_infer import hot, warm_up
 from coopmat.codegen import KhrTraits, tune_candidates
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
+from coopmat.codegen.tiles import SMALL_M
 from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits, Tile
 from coopmat.dispatch.gemm import (
     DeviceOperand,
     PreparedGemm,
     Staged,
+    _plan_dispatches,
     device_plan,
-    gemm_dispatch,
 )
 from coopmat.dispatch.runtime import Runtime, runtime
 from coopmat.policy import Options, resolve
+from coopmat.policy.kernel import quant_tile
 
 REPEAT = 15
 SERIAL = 50  # dispatches per timed submission (torch: 100 launches per timing)
@@ -133,9 +138,10 @@ def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
 
 
 def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
-                formats: list[str], top: int) -> list[dict[str, Any]]:
+                formats: list[str], top: int, sweep: bool = True) -> list[dict[str, Any]]:
     """The quantized sweep (--quant): per format, shape (K, N) and M, the gemv tiles,
-    the policy's khr kernel and torch's peer; returns the records."""
+    the policy's khr kernel and torch's peer; returns the records. Without `sweep` only
+    the policy's kernels of both families (gemv up to GEMV_MAX_M rows)."""
     from coopmat.array import asarray, empty
     from coopmat.bench_infer import cuda_torch, torch_dequant_matmul_ms
     from coopmat.quantized import quantize
@@ -169,8 +175,20 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     assert isinstance(gemv, GemvTraits)
                     cands += [("gemv", dataclasses.replace(gemv, tile=t)) for t in gemv_sweep(
                         M, gemv.subgroup_size, info.limits.max_compute_work_group_invocations,
-                        b_quant=fmt)]
-                else:  # prefill: the khr quantized kernel's tiles, units and buffering
+                        b_quant=fmt)] if sweep else [("gemv", gemv)]
+                elif M <= SMALL_M:  # few rows: the policy's tile split S ways, the tiles
+                    cands += [(f"splitk{S}", None) for S in (1, 2, 4, 8)]
+                    khr = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
+                                      Options(family="khr", split_k=1)).traits
+                    assert isinstance(khr, KhrTraits)
+                    lim = info.limits
+                    tiles = [quant_tile(t) for t in tune_candidates(
+                        khr.a_type, khr.result_type, khr.m, khr.n, khr.k, khr.subgroup_size,
+                        lim.max_compute_shared_memory_size,
+                        lim.max_compute_work_group_invocations, small_m=True)]
+                    cands += [("khrq", dataclasses.replace(khr, tile=t, b_quant_unit=u))
+                              for t in dict.fromkeys(tiles) for u in (4, 8)] if sweep else []
+                elif sweep:  # prefill: the khr quantized kernel's tiles, units and buffering
                     khr = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
                                       Options(family="khr")).traits
                     assert isinstance(khr, KhrTraits)
@@ -182,22 +200,30 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                 found = []
                 for label, traits in cands:
                     try:  # "khr": the policy's khr kernel, as x @ q.T on arrays runs it
+                        split = int(label[6:]) if label.startswith("splitk") else None
                         plan = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
-                                           Options(family="khr"), traits=traits)
-                        dispatch = gemm_dispatch(plan, (a.buffer, a.offset),
-                                                 (b.buffer, b.offset), None, d_op)
+                                           Options(family="khr", split_k=split),
+                                           traits=traits)
+                        if split is not None and plan.choice.split_k != split:
+                            continue  # the product does not split so
+                        temps = [rt.pool.acquire(rt.pool.kinds()[0],
+                                                 plan.reduce.workspace_bytes)
+                                 ] if plan.reduce else []
+                        dispatch = _plan_dispatches(plan, a, b, None, d_op, None, None, temps)
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue
-                    hot(functools.partial(rt.executor.run_serial, [dispatch] * SERIAL, 1),
+                    hot(functools.partial(rt.executor.run_serial, dispatch * SERIAL, 1),
                         HOT_S)
-                    t1 = median_s(functools.partial(rt.executor.run, [], [dispatch], []))
-                    runs = rt.executor.run_serial([dispatch] * SERIAL, 3)
+                    t1 = median_s(functools.partial(rt.executor.run, [], dispatch, []))
+                    runs = rt.executor.run_serial(dispatch * SERIAL, 3)
                     t = sorted(r for r, _ in runs if r is not None)[1] / SERIAL
                     err = float(np.abs(d.numpy().astype(np.float64) - ref).max())
                     stats = rt.pipelines.statistics(plan.pipeline)
                     regs = next((v for k, v in stats.items() if "egister" in k), None)
                     found.append((t, t1, label, plan.traits.describe(), regs, err))
+                    for buf in temps:
+                        rt.pool.recycle(buf)
                 # the float16 weight's product, as the policy runs it: the prefill target
                 # is a ratio of kernel times
                 wt16 = deq.astype(np.float16)  # N x K, used as w.T
@@ -230,6 +256,8 @@ def main() -> None:
     ap.add_argument("--quant", default="", help="formats (q8_0,q4_0): sweep a quantized "
                     "weight instead (x @ w.T)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--policy-only", action="store_true",
+                    help="with --quant: only the policy's gemv and khr kernels, no sweep")
     ap.add_argument("--families", default="rows,gemv",
                     help="swept families besides the policy's and khr's kernels")
     args = ap.parse_args()
@@ -239,7 +267,7 @@ def main() -> None:
         t_start = time.perf_counter()
         shapes = [(int(k), int(n)) for k, n in (s.split("x") for s in args.shapes.split(","))]
         records = quant_sweep(rt, shapes, [int(m) for m in args.ms.split(",")],
-                              args.quant.split(","), args.top)
+                              args.quant.split(","), args.top, not args.policy_only)
         print(f"sweep took {time.perf_counter() - t_start:.0f} s")
         if args.json:
             with open(args.json, "w") as f:

@@ -39,6 +39,17 @@ class QuantFormat:
         """Two weights a byte (q4_0): low nibbles first half of the block, high second."""
         return self.bits == 4
 
+    @property
+    def field_mask(self) -> int:
+        """The mask of one weight's bits."""
+        return (1 << self.bits) - 1
+
+    @property
+    def zero_point(self) -> int:
+        """The weight's field read unsigned, minus this, is the weight: q4_0 stores n = w + 8;
+        q8_0's int8 with its sign bit flipped is w + 128."""
+        return 1 << (self.bits - 1)
+
 
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("q8_0", 8, 8, BLOCK_ELEMS, SCALE_BYTES + BLOCK_ELEMS,

@@ -86,6 +86,58 @@ def test_exact_float32(rt, fmt, M, K, N):
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("S", [2, 4])
+@pytest.mark.parametrize("array_x", [False, True])
+def test_split_k_exact(rt, monkeypatch, fmt, S, array_x):
+    """A split-K of the khr quantized kernel: slice s reads blocks s K / S .. of every
+    row of the weight (its batch stride along the rows), the reduction sums the float32
+    partials. Exact weights and x: any block read from the wrong slice or row shows."""
+    monkeypatch.setenv("COOPMAT_SPLIT_K", str(S))
+    monkeypatch.setenv("COOPMAT_FAMILY", "khr")
+    M, K, N = 5, 512, 72
+    w = exact_weight(fmt, N, K)
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    ref = x.astype(np.float64) @ oracle(fmt, w).T
+    y = coopmat.matmul(coopmat.asarray(x) if array_x else x, q.T, dtype=np.float32)
+    if not array_x:
+        assert coopmat.linalg._last.result.split_k == S
+    np.testing.assert_array_equal(np.asarray(y), ref)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("family", ["khr", "gemv"])
+def test_subnormal_scales_exact(rt, fmt, family):
+    """Scales of 2**-20, a float16 subnormal, and so most dequantized weights subnormal
+    float16 values too, each still exact: a kernel or device that flushes float16
+    subnormals (the khr kernel dequantizes in packed float16) shows as a mismatch."""
+    M, K, N = 3, 256, 40
+    w = exact_weight(fmt, N, K) * np.float32(2.0 ** -20)
+    deq = oracle(fmt, w)
+    assert np.array_equal(deq, w), "precondition: the blocks have d = 2**-20"
+    x = small_x((M, K))
+    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family=family)
+    np.testing.assert_array_equal(y, x.astype(np.float64) @ deq.T)
+    assert traits_used().b_quant == fmt and traits_used().family == family
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_bfloat16_x_on_khr(rt, fmt):
+    """bfloat16 x through the khr kernel: its weights are dequantized in float32 and
+    rounded to bfloat16 (not the packed float16 path)."""
+    import ml_dtypes
+
+    if "bfloat16->float32" not in coopmat.supported_dtypes():
+        pytest.skip("the device offers no bfloat16 cooperative matrices")
+    M, K, N = 37, 256, 40
+    w = exact_weight(fmt, N, K)
+    x = small_x((M, K)).astype(ml_dtypes.bfloat16)
+    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family="khr")
+    np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
+    assert traits_used().b_quant == fmt and traits_used().family == "khr"
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("M,K,N", [(5, 96, 40), (64, 256, 64), (100, 32, 8)])
 def test_array_x_float16_result(rt, fmt, M, K, N):
     w = exact_weight(fmt, N, K)

@@ -17,7 +17,7 @@ from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.device.record import load_records
 from coopmat.policy import Options, choose
 from coopmat.policy import kernel as policy_kernel
-from coopmat.policy.kernel import OperandLayout, Problem
+from coopmat.policy.kernel import OperandLayout, Problem, split_k_for
 from coopmat.policy.types import resolve
 from coopmat.quant_formats import FORMATS
 
@@ -34,20 +34,29 @@ def h200():
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("M", [512, 16])
+@pytest.mark.parametrize("M", [512, 64, 16])
 def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
     choice = choose(h200, _problem(h200, M, 4096, 4096, fmt))
     t = choice.traits
     assert isinstance(t, KhrTraits) and t.b_quant == fmt and t.b_layout == Layout.COLUMN_MAJOR
     assert t.tile.tile_k % 32 == 0
-    plain = choose(h200, _problem(h200, M, 4096, 4096, None),
-                   Options(split_k=1)).traits  # a quantized B is never split
-    if M > SMALL_M:  # its own tile and staging unit (measured: tiles.quant_general_tile)
+    plain = choose(h200, _problem(h200, M, 4096, 4096, None), Options(split_k=1)).traits
+    assert t.tile != plain.tile  # its own tiles (measured: tiles.quant_*_tile)
+    if M > SMALL_M:  # and staging unit
         assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (128, 64, 64)
         assert t.b_quant_unit == policy_kernel.QUANT_GENERAL_UNIT[fmt]
-        assert t.tile != plain.tile
-    elif plain.family == "khr":  # same tile and variant as a float16 B where it is khr
-        assert replace(t, b_quant=None) == plain
+        assert choice.split_k == 1
+    else:  # narrow and deep, four subgroups; split by the float rule where the grid is small
+        rows = 32 if M <= 32 else 64
+        assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (rows, 32, 128)
+        assert (t.tile.subgroups_m, t.tile.subgroups_n) == (2, 2)
+        unsplit = choose(h200, _problem(h200, M, 4096, 4096, fmt), Options(split_k=1))
+        assert choice.split_k == split_k_for(h200, _problem(h200, M, 4096, 4096, fmt),
+                                             unsplit.traits) > 1
+        assert choice.params.K == 4096 // choice.split_k and choice.params.ldb == 4096
+        assert choice.params.batch_stride_b == 4096 // choice.split_k
+        wide = choose(h200, _problem(h200, M, 14336, 4096, fmt))  # 448 workgroups or more
+        assert wide.split_k == 1 and wide.traits.tile == t.tile
     if t.exact:
         steps = 2 if t.tile.buffering == 3 else 1
         assert choice.margins[1] == overread_bytes(FORMATS[fmt], t.tile.tile_k, steps)

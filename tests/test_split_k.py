@@ -148,7 +148,8 @@ def test_forced_split_falls_back_where_it_cannot_run() -> None:
         "batch": replace(p, batch=2),
         "float results only": replace(p, pair=resolve(H200, np.int8, np.int8)),
         "float16 accumulation": replace(p, pair=resolve(H200, F16, F16, accumulator=F16)),
-        "quantized": replace(p, b_quant="q8_0"),
+        "blocks": replace(p, K=4160, a=OperandLayout(Layout.ROW_MAJOR, 4160),
+                          b=OperandLayout(Layout.COLUMN_MAJOR, 4160), b_quant="q8_0"),
     }
     for why, q in cases.items():
         if why != "float16 accumulation":

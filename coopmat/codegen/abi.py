@@ -160,9 +160,17 @@ def gemv_violation(traits: GemvTraits, p: GemmParams) -> str | None:
     return gemv_violation_params(p, traits.b_quant)
 
 
-def quant_violation(p: GemmParams) -> str | None:
+def quant_violation(p: GemmParams, slices: bool = False) -> str | None:
     """Why `p` cannot have a quantized B, or None: B is one N x K weight of whole
-    32-weight blocks (row n of the weight is B's column n; no batch of weights)."""
+    32-weight blocks (row n of the weight is B's column n; no batch of weights). With
+    `slices` (the khr kernel) B may also be slices of whole blocks along a wider weight's
+    rows, as a split-K reads them: ldb (the weight's K) and the batch stride multiples of
+    32."""
+    if slices:
+        if p.K % 32 or p.ldb % 32 or p.batch_stride_b % 32:
+            return (f"a quantized B's slices are whole 32-weight blocks (K={p.K}, ldb="
+                    f"{p.ldb} and batch stride {p.batch_stride_b} multiples of 32)")
+        return None
     if p.K % 32 or p.ldb != p.K or p.batch_stride_b:
         return ("a quantized B is one N x K weight of whole 32-weight blocks (K % 32 == 0, "
                 "ldb == K, no batch stride)")
@@ -229,10 +237,10 @@ def check_params(traits: GemmTraits, p: GemmParams) -> None:
     if min(p.M, p.N, p.K) < 1:
         raise ValueError("M, N and K must be at least 1")
     if b_quant(traits) is not None:
-        why = quant_violation(p)
+        why = quant_violation(p, slices=isinstance(traits, KhrTraits))
         if why is not None:
             raise ValueError(why)
-        if p.N * p.K // 32 * 34 > U32_MAX:
+        if p.N * p.ldb // 32 * 34 > U32_MAX:
             raise ValueError("the kernels index with 32 bits; the quantized B is too large")
     a_lines = p.M if traits.a_layout == Layout.ROW_MAJOR else p.K
     b_lines = p.K if traits.b_layout == Layout.ROW_MAJOR else p.N

@@ -208,7 +208,7 @@ class TiledGemmEmitter:
         self.quant: QuantReader | None = None
         if t.b_quant is not None:
             self.quant = QuantReader(s, quant_format(t.b_quant), B.buf, self.b_el, B.unit,
-                                     t.b_quant_unit, B.ld)
+                                     t.b_quant_unit, B.ld, B.base)
 
     # -- global -> registers -> shared --------------------------------------------------
     def _unit_coords(self, op: _Operand, r: int) -> tuple[int, int]:

@@ -84,63 +84,107 @@ def scale(s: ShaderContext, word: int, sh: int) -> int:
     return f.op(Op.FConvert, mb.type_float(32), d16)
 
 
+# Integer fields ORed into the bits of a float with ulp 1 make that float plus the field,
+# exactly: float16 1024 (fields < 1024) and float32 2^23. A subtract of it and the
+# format's zero point leaves the weight; no integer-to-float conversion, which runs at a
+# fraction of the FMA rate on NVIDIA GPUs.
+F16_MAGIC, F16_MAGIC_VALUE = 0x6400, 1024.0
+F32_MAGIC, F32_MAGIC_VALUE = 0x4B000000, 2.0 ** 23
+
+
 class QuantReader:
     """Emits the loads and arithmetic of one dequantized unit."""
 
     def __init__(self, s: ShaderContext, fmt: QuantFormat, buf: Buffer, operand_el: int,
-                 unit_type: int, unit: int, ldb: int) -> None:
+                 unit_type: int, unit: int, ldb: int, base: int) -> None:
+        """`ldb`: the weight's K; `base`: where along it B's first weight is (a split-K
+        slice's; whole blocks); both runtime values."""
         self.s, self.fmt, self.buf, self.unit = s, fmt, buf, unit
         self.operand_el, self.unit_type = operand_el, unit_type
         mb = s.mb
         self.f32 = mb.type_float(32)
-        mb.type_vector(mb.type_float(16), 2)  # the scale's (`scale`), declared up front
+        f16 = mb.type_float(16)
+        self.h2 = mb.type_vector(f16, 2)  # also the scale's type (`scale`), declared up front
+        # float16 operands: weights dequantized two at a time in packed float16, whose one
+        # rounding of (w * d) is the float32 product's rounded once.
+        self.packed = operand_el == f16
         self.v2op = mb.type_vector(operand_el, 2)
         self.zero = mb.const_null(unit_type)
         self.row_bytes = row_bytes(s, fmt, ldb)
+        self.base_bytes = row_bytes(s, fmt, base)
+        if self.packed:
+            offset = mb.constant(f16, F16_MAGIC_VALUE + fmt.zero_point)
+            self.offset = mb.const_composite(self.h2, [offset, offset])
+        else:
+            self.offset = mb.constant(self.f32, F32_MAGIC_VALUE + fmt.zero_point)
 
-    def _and(self, a: int, mask: int) -> int:
-        return self.s.f.op(Op.BitwiseAnd, self.s.u32, a, self.s.c(mask))
-
-    def _shl(self, a: int, b: int) -> int:
-        return self.s.f.op(Op.ShiftLeftLogical, self.s.u32, a, b)
+    def _op(self, op: Op, a: int, b: int) -> int:
+        return self.s.f.op(op, self.s.u32, a, b)
 
     def load(self, n: int, k: int, inside: int | None) -> int:
         """The unit of weights k .. k + unit - 1 of row n (k a multiple of the unit), as
         a vector of packed operand values; zero where `inside` (a bool id) is false."""
         s, f, fmt = self.s, self.s.f, self.fmt
-        block = s.add(s.mul(n, self.row_bytes), s.mul(s.shr(k, s.c(5)), s.c(fmt.block_bytes)))
+        block = s.add(s.add(s.mul(n, self.row_bytes), self.base_bytes),
+                      s.mul(s.shr(k, s.c(5)), s.c(fmt.block_bytes)))
         if inside is not None:  # out of the matrix: read block 0 (always there), then zero
             block = s.select(s.u32, inside, block, s.c(0))
-        j = self._and(k, BLOCK_ELEMS - 1)  # first weight's index in the block
-        # The scale: the block's leading float16, converted to float32.
-        d = scale(s, s.buffer_load(self.buf, s.shr(block, s.c(2))), half_shift(s, block))
+        j = self._op(Op.BitwiseAnd, k, s.c(BLOCK_ELEMS - 1))  # first weight's index
+        scale_word = s.buffer_load(self.buf, s.shr(block, s.c(2)))
         # The unit's bytes: q8_0 one a weight; q4_0 one for weights j and j + 16.
-        nibble_shift = s.c(0)
-        data_off = j
-        if fmt.nibbles:
-            data_off = self._and(j, 15)
-            nibble_shift = self._shl(s.shr(j, s.c(4)), s.c(2))  # 0 or 4
+        data_off = self._op(Op.BitwiseAnd, j, s.c(15)) if fmt.nibbles else j
         p = s.add(block, s.add(s.c(SCALE_BYTES), data_off))
         # Funnel: run i is bytes p + 4i .. p + 4i + 3.
         runs = funnel(s, *read_words(s, self.buf, p, self.unit // 4 + 1))
-        values = []
-        for e in range(self.unit):
-            run, byte = runs[e // 4], e % 4
-            if fmt.nibbles:
-                off = s.add(s.c(8 * byte), nibble_shift)
-                nib = f.op(Op.BitFieldUExtract, s.u32, run, off, s.c(4))
-                q = f.op(Op.ISub, s.u32, nib, s.c(8))
-            else:
-                q = f.op(Op.BitFieldSExtract, s.u32, run, s.c(8 * byte), s.c(8))
-            # q * d is exact in float32 (8 x 11 significant bits), so converting once to
-            # the operand type rounds as a float16 multiply would.
-            v = f.op(Op.FMul, self.f32, f.op(Op.ConvertSToF, self.f32, q), d)
-            values.append(f.op(Op.FConvert, self.operand_el, v))
-        packed = [f.op(Op.Bitcast, s.u32,
-                       f.op(Op.CompositeConstruct, self.v2op, values[i], values[i + 1]))
-                  for i in range(0, self.unit, 2)]
+        # Weight e's field, read unsigned, at bit 8 (e % 4) of runs[e // 4]: q4_0's
+        # nibbles shifted down by 0 or 4, q8_0's bytes with their sign bits flipped.
+        if fmt.nibbles:
+            nibble_shift = self._op(Op.ShiftLeftLogical, s.shr(j, s.c(4)), s.c(2))
+            runs = [s.shr(r, nibble_shift) for r in runs]
+        else:
+            runs = [self._op(Op.BitwiseXor, r, s.c(0x80808080)) for r in runs]
+        if self.packed:
+            packed = self._pairs(runs, scale_word, half_shift(s, block))
+        else:
+            packed = self._singles(runs, scale(s, scale_word, half_shift(s, block)))
         vec = f.op(Op.CompositeConstruct, self.unit_type, *packed) if len(packed) > 1 \
             else packed[0]
         if inside is not None:
             vec = s.select(self.unit_type, inside, vec, self.zero)
         return vec
+
+    def _pairs(self, runs: list[int], scale_word: int, sh: int) -> list[int]:
+        """Packed float16 words of weights (e, e + 1): both fields placed at bits 0 and
+        16 under float16 1024's bits, minus 1024 + zero point, times (d, d)."""
+        s, f, mask = self.s, self.s.f, self.fmt.field_mask
+        d = f.op(Op.Bitcast, self.h2, s.shr(scale_word, sh))  # d in its low half
+        dd = f.op(Op.VectorShuffle, self.h2, d, d, 0, 0)
+        magic = s.c(F16_MAGIC << 16 | F16_MAGIC)
+        out = []
+        for e in range(0, self.unit, 2):
+            run, bit = runs[e // 4], 8 * (e % 4)
+            y = s.shr(run, s.c(bit)) if bit else run  # weight e at bit 0, e + 1 at bit 8
+            lo = self._op(Op.BitwiseAnd, y, s.c(mask))
+            hi = self._op(Op.BitwiseAnd, self._op(Op.ShiftLeftLogical, y, s.c(8)),
+                          s.c(mask << 16))
+            h = f.op(Op.Bitcast, self.h2,
+                     self._op(Op.BitwiseOr, self._op(Op.BitwiseOr, lo, hi), magic))
+            w = f.op(Op.FMul, self.h2, f.op(Op.FSub, self.h2, h, self.offset), dd)
+            out.append(f.op(Op.Bitcast, s.u32, w))
+        return out
+
+    def _singles(self, runs: list[int], d: int) -> list[int]:
+        """Packed words of weights made one at a time in float32 (2^23's bits), times d
+        (exact in float32: 8 x 11 significant bits), rounded once to the operand type."""
+        s, f, mask = self.s, self.s.f, self.fmt.field_mask
+        values = []
+        for e in range(self.unit):
+            run, bit = runs[e // 4], 8 * (e % 4)
+            u = self._op(Op.BitwiseAnd, s.shr(run, s.c(bit)) if bit else run, s.c(mask))
+            w = f.op(Op.FSub, self.f32,
+                     f.op(Op.Bitcast, self.f32, self._op(Op.BitwiseOr, u, s.c(F32_MAGIC))),
+                     self.offset)
+            values.append(f.op(Op.FConvert, self.operand_el, f.op(Op.FMul, self.f32, w, d)))
+        return [f.op(Op.Bitcast, s.u32,
+                     f.op(Op.CompositeConstruct, self.v2op, values[i], values[i + 1]))
+                for i in range(0, self.unit, 2)]

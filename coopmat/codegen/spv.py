@@ -63,6 +63,7 @@ class Op(enum.IntEnum):
     IAdd = 128
     FAdd = 129
     ISub = 130
+    FSub = 131
     IMul = 132
     FMul = 133
     FDiv = 136

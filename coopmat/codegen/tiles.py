@@ -212,6 +212,25 @@ def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
     return wide
 
 
+def quant_few_row_tile(tile: Tile, M: int, a_type: ComponentType, result_type: ComponentType,
+                       m: int, n: int, k: int, subgroup_size: int, max_shared_memory: int,
+                       max_invocations: int) -> Tile:
+    """The khr tile for a quantized B with at most SMALL_M rows on a GPU: 2 x 2 subgroups
+    of 1 x 1 matrices (2 x 1 past 2 m rows), 128 elements of K (four blocks) a step, two
+    buffers; `tile` where that does not fit. Narrow and deep, so that many workgroups of
+    four subgroups share the dequantization and keep blocks in flight. Measured on the
+    H200 (benchmarks/decode_sweep.py --quant, 2026-11-22, kernel time, against the few-row
+    default of 32 x 64 x 64 and 2 subgroups): 16 x 4096 @ (14336 x 4096)^T q8_0 63.0
+    against 103.5 us, q4_0 56.0 against 88.9 (the best of 70 swept tiles 62.4 and 54.1);
+    64 rows q8_0 110.3 against 133.6 (4096^2: 39.8, the best swept)."""
+    rows = 2 * m if M <= 2 * m else 4 * m
+    few = Tile(rows, 2 * n, 128, 2, 2, 2)
+    if 128 % k or not _fits(few, a_type, result_type, m, n, k, subgroup_size,
+                            max_shared_memory, max_invocations):
+        return tile
+    return few
+
+
 def quant_general_tile(tile: Tile, a_type: ComponentType, result_type: ComponentType, m: int,
                        n: int, k: int, subgroup_size: int, max_shared_memory: int,
                        max_invocations: int) -> Tile:

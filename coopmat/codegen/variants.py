@@ -12,9 +12,11 @@ from dataclasses import replace
 from coopmat.codegen.nv2_tiles import NV2_TYPES, nv2_tile_candidates, nv2_traits
 from coopmat.codegen.rows_tiles import default_rows_tile
 from coopmat.codegen.tiles import (
+    SMALL_M,
     covering_rows_tile,
     default_tile,
     kernel_subgroup_size,
+    quant_few_row_tile,
     quant_general_tile,
     small_m_tile,
     tune_candidates,
@@ -79,11 +81,15 @@ def khr_covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, ti
                               limits.max_compute_work_group_invocations)
 
 
-def khr_quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile) -> Tile:
-    """The general-class khr tile for a quantized B (tiles.quant_general_tile)."""
-    return quant_general_tile(tile, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
-                              khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
-                              limits.max_compute_work_group_invocations)
+def khr_quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,
+                   M: int) -> Tile:
+    """The khr tile for a quantized B and M rows on a GPU (tiles.quant_few_row_tile up to
+    SMALL_M rows, else tiles.quant_general_tile); `tile` where that does not fit."""
+    sizes = (cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K, khr_subgroup_size(limits),
+             limits.max_compute_shared_memory_size, limits.max_compute_work_group_invocations)
+    if M <= SMALL_M:
+        return quant_few_row_tile(tile, M, *sizes)
+    return quant_general_tile(tile, *sizes)
 
 
 def khr_tune_tiles(cfg: CooperativeMatrixProperties, limits: DeviceLimits,

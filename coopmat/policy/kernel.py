@@ -259,9 +259,10 @@ def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
 
 
 @functools.lru_cache(maxsize=64)
-def _quant_general_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
-                        tile: Tile) -> Tile:
-    return khr_quant_tile(cfg, limits, tile)
+@functools.lru_cache(maxsize=256)
+def _quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,
+                M: int) -> Tile:
+    return khr_quant_tile(cfg, limits, tile, M)
 
 
 @functools.lru_cache(maxsize=256)
@@ -505,9 +506,10 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     small = problem.M <= SMALL_M
     tile = quant_tile(_default_tile(cfg, info.limits, small, is_cpu(info)))
     unit = QUANT_UNIT_DEFAULT
-    if not small and not is_cpu(info):
-        tile = _quant_general_tile(cfg, info.limits, tile)
-        unit = QUANT_GENERAL_UNIT.get(problem.b_quant or "", unit)
+    if not is_cpu(info):
+        tile = _quant_tile(cfg, info.limits, tile, min(problem.M, SMALL_M + 1))
+        if not small:
+            unit = QUANT_GENERAL_UNIT.get(problem.b_quant or "", unit)
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), b_quant=problem.b_quant,
                   b_quant_unit=unit, ops=problem.ops)
@@ -516,18 +518,20 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
 
 def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str | None:
     """Why `problem` cannot run as a split-K of S slices, or None where it can: one
-    product (batch 1), float32 accumulation with a float result, a plain (not quantized)
-    B, K a multiple of S, and a reduction grid of M rows the device allows."""
+    product (batch 1), float32 accumulation with a float result, K a multiple of S (of
+    32 x S for a quantized B: whole blocks a slice), and a reduction grid of M rows the
+    device allows."""
     p = problem
     if p.batch != 1:
         return f"it is a batch of {p.batch} products"
     if p.pair.result != ComponentType.FLOAT32 or not p.pair.stored.is_float:
         return (f"it splits float32 accumulation with float results only, not "
                 f"{p.pair.describe_result()}")
-    if p.b_quant is not None:
-        return f"B is quantized ({p.b_quant})"
     if p.K % S:
         return f"K={p.K} is not a multiple of {S} slices"
+    if p.b_quant is not None and (p.K // S) % BLOCK_ELEMS:
+        return (f"slices of K={p.K} / {S} are not whole {BLOCK_ELEMS}-weight blocks of the "
+                f"quantized B ({p.b_quant})")
     if p.M > info.limits.max_compute_work_group_count[1]:
         return f"M={p.M} is more rows than the reduction's grid allows"
     return None
@@ -566,7 +570,7 @@ def slice_problem(problem: Problem, S: int) -> Problem:
     b_step = Ks * p.b.ld if p.b.layout is Layout.ROW_MAJOR else Ks
     return Problem(TypePair(p.pair.operand, ComponentType.FLOAT32), p.M, p.N, Ks,
                    replace(p.a, batch_stride=a_step), replace(p.b, batch_stride=b_step),
-                   batch=S)
+                   batch=S, b_quant=p.b_quant)
 
 
 def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
