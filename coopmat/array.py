@@ -191,6 +191,12 @@ class Array:
     # -- to the host -----------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """A numpy copy, once the work that writes this array has run."""
+        if self.is_c_contiguous and self.size and self._storage.host is None:
+            # a new array: large ones may come in one device copy (Transfers.download_new)
+            st = self._storage
+            raw = st.rt.transfers.download_new(st.buffer, self._offset * self.itemsize,
+                                               self.nbytes)
+            return raw.view(self.dtype).reshape(self.shape)
         out = np.empty(self.shape, self.dtype)
         if self.size == 0:
             return out

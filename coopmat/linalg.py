@@ -178,12 +178,15 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
                             f"{dtype_name(result_dtype)} to out's {dtype_name(out.dtype)} "
                             f"with casting rule 'same_kind'")
         result = out
-    else:
-        result = np.empty(shape, dtype=result_dtype)
-
-    if result.size == 0:
-        return _finish(result, out)
+    else:  # made by the GEMM's download (a large one: a kept pinned block)
+        result = None
+    if math.prod(shape) == 0 or K == 0:
+        if result is None:
+            result = np.empty(shape, dtype=result_dtype)
+        if result.size == 0:
+            return _finish(result, out)
     if K == 0:  # an empty sum: zeros, plus beta * c
+        assert result is not None
         result[...] = 0
         if c_arr is not None:
             result[...] = beta * c_arr if beta != 1 else c_arr
@@ -206,16 +209,20 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
         c_full = c_arr.reshape(full_shape)
         c3 = as3d(c_full, M, N)
         c3 = c3.astype(result_dtype, copy=False)
-    direct = result.flags.c_contiguous and result.dtype == result_dtype
-    out3 = result.reshape(batch, M, N) if direct else None
-    target = out3 if out3 is not None else np.empty((batch, M, N), dtype=result_dtype)
+    target: np.ndarray | None = None
+    direct = result is not None and result.flags.c_contiguous and result.dtype == result_dtype
+    if result is not None:
+        target = result.reshape(batch, M, N) if direct else np.empty((batch, M, N),
+                                                                      dtype=result_dtype)
     res3 = res_arr.reshape(batch, M, N) if res_arr is not None else None
-    _last.result = run_gemm(rt, pair, a3, b3, c3, target, alpha, beta, options,
-                            bias=bias_arr, residual=res3, ops=ops)
+    _last.result, made = run_gemm(rt, pair, a3, b3, c3, target, alpha, beta, options,
+                                  bias=bias_arr, residual=res3, ops=ops)
     if plain and batch == 1 and M * N:
         calls.keep(key, rt, pair, a3, b3, options)
-    if out3 is None:
-        np.copyto(result, target.reshape(shape), casting="same_kind")
+    if result is None:
+        result = made.reshape(shape)
+    elif not direct:
+        np.copyto(result, made.reshape(shape), casting="same_kind")
     return _finish(result, out)
 
 

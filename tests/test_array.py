@@ -94,10 +94,13 @@ def test_round_trip_large_and_non_contiguous(rt, path, monkeypatch):
     monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 128 << 10)
     big = _random((700, 1001), np.float32, 1)
     views = [big, big[::3, ::2], big.T, big[5:600, 7:900][::-1], big.reshape(7, 100, 1001)[:, ::7]]
-    with discrete(rt) if path == "lanes" else _nothing():
-        for v in views:
-            got = coopmat.asarray(v).numpy()
-            assert np.array_equal(got, v), v.strides
+    try:
+        with discrete(rt) if path == "lanes" else _nothing():
+            for v in views:
+                got = coopmat.asarray(v).numpy()
+                assert np.array_equal(got, v), v.strides
+    finally:
+        rt.transfers.destroy()  # its lanes' staging is CHUNK_BYTES at creation: small
 
 
 def test_import_path(rt):
@@ -112,6 +115,75 @@ def test_import_path(rt):
         back = np.empty_like(x)
         rt.transfers.download(arr.buffer, 0, back, mode="import")
     assert np.array_equal(back.view(np.uint16), x.view(np.uint16))
+
+
+def test_numpy_of_large_arrays_lands_in_kept_pinned_blocks(rt):
+    """.numpy() of a large array (transfer.PINNED_MIN_BYTES) on a device that imports host
+    memory: the first result comes over the lanes into a block coopmat owns, imported in
+    the background; once that result is gone the next one is one device copy into the
+    same block. A block lent as an array (or any view of it) is never reused under it."""
+    import gc
+
+    from coopmat.dispatch import transfer
+
+    x = _random((1536, 2048), np.float32, 3)  # 12 MiB
+    with discrete(rt):
+        t = rt.transfers
+        if not t.can_import:
+            pytest.skip("the device does not offer VK_EXT_external_memory_host")
+        assert x.nbytes >= transfer.PINNED_MIN_BYTES
+        t.destroy()  # no kept blocks from earlier tests
+        a, b = coopmat.asarray(x), coopmat.asarray(2 * x)
+        first = a.numpy()
+        assert np.array_equal(first, x) and first.flags.writeable
+        block = first.base.base.obj  # uint8 array -> its memoryview -> the block's mapping
+        for f in t._importing:
+            f.result()
+        del first
+        gc.collect()
+        second = a.numpy()  # the same, now imported, block: one device copy
+        assert second.base.base.obj is block
+        assert any(blk.mm is block and blk.imported is not None for blk in t._blocks)
+        assert np.array_equal(second, x)
+        view = second[5:]
+        del second
+        gc.collect()  # the view keeps the block lent
+        third = b.numpy()
+        assert third.base.base.obj is not block
+        assert np.array_equal(third, 2 * x) and np.array_equal(view, x[5:])
+        view[:] = 0  # the user's memory: writable, and nothing else sees it
+        assert np.array_equal(b.numpy(), 2 * x) and np.array_equal(a.numpy(), x)
+
+
+def test_large_numpy_products_return_kept_pinned_blocks(rt):
+    """numpy -> numpy matmul with a large result: D comes back as Array.numpy() does
+    (Transfers.download_new); results kept by the caller are never overwritten, and
+    out= still receives the result in the caller's array."""
+    import gc
+
+    rng = np.random.default_rng(7)
+    a = rng.integers(-3, 4, (2048, 64)).astype(np.float16)
+    b = rng.integers(-3, 4, (64, 1100)).astype(np.float16)
+    ref = a.astype(np.float64) @ b  # exact in float32: small integers
+    with discrete(rt):
+        if not rt.transfers.can_import:
+            pytest.skip("the device does not offer VK_EXT_external_memory_host")
+        rt.transfers.destroy()  # no kept blocks from earlier tests
+        first = coopmat.matmul(a, b, dtype=np.float32)
+        block = first.base.base.obj  # a kept block's mapping, lent
+        for f in rt.transfers._importing:
+            f.result()
+        second = coopmat.matmul(2 * a, b, dtype=np.float32)
+        assert first.shape == (2048, 1100) and first.dtype == np.float32
+        assert np.array_equal(first, ref) and np.array_equal(second, 2 * ref)
+        del first
+        gc.collect()
+        third = coopmat.matmul(3 * a, b, dtype=np.float32)  # into the block `first` gave back
+        assert third.base.base.obj is block
+        assert np.array_equal(third, 3 * ref) and np.array_equal(second, 2 * ref)
+        out = np.empty((2048, 1100), np.float32)
+        assert coopmat.matmul(a, b, out=out, dtype=np.float32) is out
+        assert np.array_equal(out, ref)
 
 
 def test_views(rt):

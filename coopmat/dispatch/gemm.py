@@ -253,6 +253,17 @@ class PreparedGemm:
         np.copyto(out, self.d_host.view(self.result_dtype, count).reshape(self.shape),
                   casting="unsafe")
 
+    def read_new(self) -> np.ndarray:
+        """D in a new C-contiguous array; a large one in one device copy into a kept
+        pinned block where the device allows (Transfers.download_new)."""
+        if not self.bulk:
+            out = np.empty(self.shape, self.result_dtype)
+            self.read(out)
+            return out
+        nbytes = math.prod(self.shape) * self.result_dtype.itemsize
+        raw = self.rt.transfers.download_new(self.d_host, 0, nbytes)
+        return raw.view(self.result_dtype).reshape(self.shape)
+
     def release(self) -> None:
         for buf in self._acquired:
             self.rt.pool.release(buf)
@@ -448,27 +459,37 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
 
 
 def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
-             out: np.ndarray, alpha: float | int, beta: float | int,
+             out: np.ndarray | None, alpha: float | int, beta: float | int,
              options: Options | None = None, bias: np.ndarray | None = None,
              residual: np.ndarray | None = None,
-             ops: EpilogueOps | None = None) -> GemmResult:
+             ops: EpilogueOps | None = None) -> tuple[GemmResult, np.ndarray]:
     """out[i] = act(alpha * a[i] @ b[i] (+ beta * c[i]) + bias) + residual[i]; 3-D arrays,
-    batch 1 broadcasts (residual: the whole (batch, M, N), C-contiguous)."""
+    batch 1 broadcasts (residual: the whole (batch, M, N), C-contiguous). Returns the
+    result and out, or with out None a new (batch, M, N) array (PreparedGemm.read_new)."""
     from coopmat.dispatch import pipeline
 
-    io_bytes = a.nbytes + b.nbytes + out.nbytes
-    if ops is None and pipeline.applies(rt, a, b, c, out, io_bytes):
+    batch = max(a.shape[0], b.shape[0])
+    if out is None and ops is None:
+        shape = (batch, a.shape[1], b.shape[2])
+        d_bytes = math.prod(shape) * numpy_dtype(pair.stored).itemsize
+        if pipeline.applies(rt, a, b, c, shape, a.nbytes + b.nbytes + d_bytes):
+            out = np.empty(shape, numpy_dtype(pair.stored))
+    if out is not None and ops is None and pipeline.applies(
+            rt, a, b, c, out.shape, a.nbytes + b.nbytes + out.nbytes):
         done = pipeline.run_pipelined(rt, pair, a, b, out, alpha, options)
         if done is not None:
-            return done
-    g = PreparedGemm(rt, pair, a, b, c, out.shape[0], alpha, beta, options=options,
+            return done, out
+    g = PreparedGemm(rt, pair, a, b, c, batch, alpha, beta, options=options,
                      bias=bias, residual=residual, ops=ops)
     try:
         seconds = g.execute()
-        g.read(out)
+        if out is None:
+            out = g.read_new()
+        else:
+            g.read(out)
     finally:
         g.release()
-    return GemmResult(seconds, g.traits, g.choice.split_k)
+    return GemmResult(seconds, g.traits, g.choice.split_k), out
 
 
 def check_fits(rt: Runtime, sizes: list[int]) -> None:

@@ -68,12 +68,12 @@ def row_blocks(M: int, row_bytes: int) -> list[tuple[int, int]]:
 
 
 def applies(rt: Runtime, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
-            out: np.ndarray, io_bytes: int) -> bool:
+            out_shape: tuple[int, ...], io_bytes: int) -> bool:
     """Whether a call takes the pipeline: a discrete GPU, one product (no batch, no C),
     A row-major (row blocks are contiguous), a large enough problem."""
     device_kind, upload_kind, _ = rt.pool.kinds()
     return (device_kind is not upload_kind and (rt.copy_engines or FORCE) and c is None
-            and a.shape[0] == 1 and b.shape[0] == 1 and out.shape[0] == 1
+            and a.shape[0] == 1 and b.shape[0] == 1 and out_shape[0] == 1
             and io_bytes >= PIPELINE_MIN_BYTES
             and _plan(a).layout is Layout.ROW_MAJOR
             and a.shape[1] >= 2 * BLOCK_ROWS)
