@@ -89,6 +89,35 @@ def test_rule_on_h200_decode_shapes() -> None:
     assert split_k_for(H200, p, unsplit(H200, p)) == 4
 
 
+def test_unsplit_few_row_products_stream_deeper() -> None:
+    """tiles.deep_few_row_tile: where the split-K rule leaves a few-row product whole (a
+    wide weight), the one-row-block tile takes 256 of K a step; split products, more
+    rows, a quantized B and a forced family keep theirs."""
+    from coopmat.dispatch import tuning
+
+    # The H200's shipped table (the record's device id is 0): 16 x 64 x 128 tiles, 4
+    # subgroups, for few rows.
+    tuned = tuning.choices(replace(H200, device_id=0x2335))
+
+    def pick(M: int, N: int, K: int, **kw):  # -> KernelChoice
+        return choose(H200, decode(H200, M, N, K, **kw), Options(), tuned)
+
+    for M in (8, 16):
+        c = pick(M, 14336, 4096)
+        t = c.traits.tile
+        assert c.split_k == 1 and (t.tile_m, t.tile_n, t.tile_k) == (16, 64, 256)
+        assert c.traits.exact == (M == 16) and c.why == "tuned"  # 8 rows: a partial tile
+        forced = choose(H200, decode(H200, M, 14336, 4096), Options(family="khr"), tuned)
+        assert forced.traits.tile.tile_k == 128
+        odd = pick(M, 14336, 4104)  # no whole K step: not exact
+        assert odd.traits.tile.tile_k == 256 and not odd.traits.exact
+    split = pick(16, 4096, 4096)
+    assert split.split_k > 1 and split.traits.tile.tile_k == 128
+    assert pick(32, 14336, 4096).traits.tile.tile_k == 128
+    quant = pick(16, 14336, 4096, b_quant="q8_0")
+    assert quant.traits.tile.tile_k == 128 and quant.traits.tile.tile_n == 32
+
+
 def test_rule_says_one_elsewhere() -> None:
     p = decode(H200, 8, 4096, 4096)
     khr = unsplit(H200, p)

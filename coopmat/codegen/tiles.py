@@ -77,6 +77,7 @@ per-subgroup blocks, for `python -m coopmat.bench --tune` to time.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from coopmat.codegen.plan import element_bytes, plan_kernel
 from coopmat.codegen.traits import KhrTraits, Layout, Tile
@@ -210,6 +211,21 @@ def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
                                    max_shared_memory, max_invocations):
         return tile
     return wide
+
+
+def deep_few_row_tile(tile: Tile, m: int, n: int, k: int) -> Tile:
+    """The one-row-block few-row tile (m rows, 4 subgroups across N) with 256 elements of K
+    a step instead of 128, for products the split-K rule leaves whole: more of B in flight
+    per workgroup. `tile` itself for other tiles (the caller checks that the kernel's
+    shared memory fits: it depends on the layouts).
+    Measured on the H200 (benchmarks/decode_sweep.py --families khrtiles, 2026-11-22,
+    kernel time, x @ w.T, unsplit): 16 x 4096 @ (14336 x 4096)^T 38.5 us against 44.8
+    (in three runs), 8 rows 41.3 against 46.8; 16 x 14336 @ (4096 x 14336)^T 79.8 against
+    102-119 unsplit (the split-K rule's 44.5 stays ahead there: the rule runs first)."""
+    if (tile.tile_m, tile.tile_n, tile.tile_k, tile.subgroups_m, tile.subgroups_n) != \
+            (m, 4 * n, 128, 1, 4):
+        return tile
+    return tile if 256 % k else replace(tile, tile_k=256)
 
 
 def quant_few_row_tile(tile: Tile, M: int, a_type: ComponentType, result_type: ComponentType,

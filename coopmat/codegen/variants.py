@@ -14,6 +14,7 @@ from coopmat.codegen.rows_tiles import default_rows_tile
 from coopmat.codegen.tiles import (
     SMALL_M,
     covering_rows_tile,
+    deep_few_row_tile,
     default_tile,
     kernel_subgroup_size,
     quant_few_row_tile,
@@ -79,6 +80,11 @@ def khr_covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, ti
     return covering_rows_tile(tile, M, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
                               khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
                               limits.max_compute_work_group_invocations)
+
+
+def khr_deep_tile(cfg: CooperativeMatrixProperties, tile: Tile) -> Tile:
+    """`tile` with twice the K step where it is the few-row tile (tiles.deep_few_row_tile)."""
+    return deep_few_row_tile(tile, cfg.M, cfg.N, cfg.K)
 
 
 def khr_quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,

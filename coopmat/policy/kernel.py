@@ -57,6 +57,7 @@ from coopmat.codegen import (
 from coopmat.codegen.gemv_tiles import GEMV_MAX_M
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
+from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.rows import RowsPlan
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import (
@@ -64,6 +65,7 @@ from coopmat.codegen.variants import (
     gemv_traits,
     is_cpu,
     khr_covering_tile,
+    khr_deep_tile,
     khr_quant_tile,
     khr_tile,
     khr_traits,
@@ -605,9 +607,31 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     else:
         S = split_k_for(info, p, choice.traits) if SPLIT_K_DEFAULT else 1
     if S <= 1 or split_k_violation(info, p, S) is not None:
-        return choice
+        return _deepened(info, p, options, tuned, choice)
     sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
     return replace(sliced, split_k=S, why="forced" if options.split_k else choice.why)
+
+
+def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
+               choice: KernelChoice) -> KernelChoice:
+    """An unsplit few-row product of a float B on a GPU, on the few-row tile: that tile
+    with twice the K step (tiles.deep_few_row_tile), unless a family was forced or its
+    tile given."""
+    t = choice.traits
+    if (options.family is not None or is_cpu(info) or p.b_quant is not None
+            or not isinstance(t, KhrTraits) or p.M > SMALL_M):
+        return choice
+    cfg = config_for(info, p.pair)
+    deep = khr_deep_tile(cfg, t.tile) if cfg is not None else t.tile
+    if deep == t.tile:
+        return choice
+    traits = fastest_variant(replace(t, tile=deep), choice.params, p.batch, options)
+    try:
+        if plan_kernel(traits).shared_bytes > info.limits.max_compute_shared_memory_size:
+            return choice
+    except ValueError:  # a tile the kernel cannot lay out
+        return choice
+    return replace(_choose(info, p, options, tuned, traits), why=choice.why)
 
 
 def _choose(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
