@@ -220,7 +220,7 @@ def deep_few_row_tile(tile: Tile, m: int, n: int, k: int) -> Tile:
     shared memory fits: it depends on the layouts).
     Measured on the H200 (benchmarks/decode_sweep.py --families khrtiles, 2026-11-22,
     kernel time, x @ w.T, unsplit): 16 x 4096 @ (14336 x 4096)^T 38.5 us against 44.8
-    (in three runs), 8 rows 41.3 against 46.8; 16 x 14336 @ (4096 x 14336)^T 79.8 against
+    (in three runs), 8 rows 41.3 against 48.8; 16 x 14336 @ (4096 x 14336)^T 79.8 against
     102-119 unsplit (the split-K rule's 44.5 stays ahead there: the rule runs first)."""
     if (tile.tile_m, tile.tile_n, tile.tile_k, tile.subgroups_m, tile.subgroups_n) != \
             (m, 4 * n, 128, 1, 4):
