@@ -153,6 +153,12 @@ def test_numpy_of_large_arrays_lands_in_kept_pinned_blocks(rt):
         assert np.array_equal(third, 2 * x) and np.array_equal(view, x[5:])
         view[:] = 0  # the user's memory: writable, and nothing else sees it
         assert np.array_equal(b.numpy(), 2 * x) and np.array_equal(a.numpy(), x)
+        t.destroy()  # blocks dropped while lent: their arrays stay valid ...
+        assert np.array_equal(third, 2 * x) and not np.any(view)
+        del third, view
+        gc.collect()  # ... and coming back later, they are forgotten, not reused
+        again = a.numpy()
+        assert np.array_equal(again, x) and len(t._blocks) == 1 and not t._free
 
 
 def test_large_numpy_products_return_kept_pinned_blocks(rt):

@@ -466,7 +466,9 @@ class Transfers:
         one of nbytes rounded up to 2 MiB."""
         with self._lock:
             while self._returned:
-                self._free.append(self._returned.popleft())
+                back = self._returned.popleft()
+                if back in self._blocks:  # else dropped (destroy) while it was lent
+                    self._free.append(back)
             fits = [b for b in self._free if nbytes <= b.size <= 2 * nbytes]
             if fits:
                 best = min(fits, key=lambda b: (b.imported is None, b.size))

@@ -260,7 +260,6 @@ def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
     return khr_tile(cfg, limits, small_m, cpu=cpu)
 
 
-@functools.lru_cache(maxsize=64)
 @functools.lru_cache(maxsize=256)
 def _quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,
                 M: int) -> Tile:
