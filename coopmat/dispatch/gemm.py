@@ -260,8 +260,7 @@ class PreparedGemm:
             out = np.empty(self.shape, self.result_dtype)
             self.read(out)
             return out
-        nbytes = math.prod(self.shape) * self.result_dtype.itemsize
-        raw = self.rt.transfers.download_new(self.d_host, 0, nbytes)
+        raw = self.rt.transfers.download_new(self.d_host, 0, self.d_bytes)
         return raw.view(self.result_dtype).reshape(self.shape)
 
     def release(self) -> None:
@@ -469,13 +468,12 @@ def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.nd
     from coopmat.dispatch import pipeline
 
     batch = max(a.shape[0], b.shape[0])
-    if out is None and ops is None:
-        shape = (batch, a.shape[1], b.shape[2])
-        d_bytes = math.prod(shape) * numpy_dtype(pair.stored).itemsize
-        if pipeline.applies(rt, a, b, c, shape, a.nbytes + b.nbytes + d_bytes):
+    shape = (batch, a.shape[1], b.shape[2])
+    d_bytes = out.nbytes if out is not None else \
+        math.prod(shape) * numpy_dtype(pair.stored).itemsize
+    if ops is None and pipeline.applies(rt, a, b, c, shape, a.nbytes + b.nbytes + d_bytes):
+        if out is None:  # the pipeline downloads into the caller's array
             out = np.empty(shape, numpy_dtype(pair.stored))
-    if out is not None and ops is None and pipeline.applies(
-            rt, a, b, c, out.shape, a.nbytes + b.nbytes + out.nbytes):
         done = pipeline.run_pipelined(rt, pair, a, b, out, alpha, options)
         if done is not None:
             return done, out
