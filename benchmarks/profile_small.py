@@ -4,6 +4,7 @@ products (the host's cost per product), median wall time per call and the Python
 of many calls (functions by own time).
 
     python benchmarks/profile_small.py [--calls 500] [--top 25] [--breakdown] [--host]
+        [--phases]
 """
 
 from __future__ import annotations
@@ -97,6 +98,52 @@ def host_cost(repeat: int = 9) -> None:
     print(f"== host: {times[500] * 1e6:.1f} us for coopmat.matmul(x, W), x numpy")
 
 
+def phases(calls: int) -> None:
+    """Median wall time of each phase of a decode step (16 x 4096 numpy @ a resident
+    4096^2 Array, back to numpy): the call (until its submission returns), the wait for
+    the GPU, and .numpy() after it; torch's step in the same phases (upload, product
+    launch, download) when torch is importable."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
+    x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
+    W = coopmat.asarray(w)
+    rows: list[tuple[float, ...]] = []
+    for i in range(calls + 50):
+        t0 = time.perf_counter()
+        y = coopmat.matmul(x, W)
+        t1 = time.perf_counter()
+        coopmat.synchronize()
+        t2 = time.perf_counter()
+        y.numpy()
+        t3 = time.perf_counter()
+        if i >= 50:
+            rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
+    med = [sorted(c)[len(c) // 2] * 1e6 for c in zip(*rows, strict=True)]
+    call, wait, host, total = med
+    print(f"== decode step phases, median us: call {call:.1f}  wait {wait:.1f}  "
+          f"numpy {host:.1f}  total {total:.1f}")
+    try:
+        import torch
+    except ImportError:
+        return
+    wt = torch.from_numpy(w).cuda()
+    rows = []
+    for i in range(calls + 50):
+        t0 = time.perf_counter()
+        xt = torch.from_numpy(x).cuda()
+        t1 = time.perf_counter()
+        yt = xt @ wt
+        t2 = time.perf_counter()
+        yt.cpu().numpy()
+        t3 = time.perf_counter()
+        if i >= 50:
+            rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
+    med = [sorted(c)[len(c) // 2] * 1e6 for c in zip(*rows, strict=True)]
+    up, launch, down, total = med
+    print(f"== torch step phases, median us: upload {up:.1f}  launch {launch:.1f}  "
+          f"download {down:.1f}  total {total:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=500)
@@ -104,7 +151,12 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="time the pieces of a call")
     ap.add_argument("--host", action="store_true",
                     help="only the host's time per call (queued products, x @ W)")
+    ap.add_argument("--phases", action="store_true",
+                    help="only a decode step's phases, beside torch's")
     args = ap.parse_args()
+    if args.phases:
+        phases(args.calls)
+        return
     if args.host:
         host_cost()
         return

@@ -118,6 +118,30 @@ def test_unsplit_few_row_products_stream_deeper() -> None:
     assert quant.traits.tile.tile_k == 128 and quant.traits.tile.tile_n == 32
 
 
+def test_deeper_step_fits_without_margins() -> None:
+    """A plan whose operands lack the exact variant's read-past margins runs the bounds-
+    checked variant of the chosen tile (dispatch.gemm._make_plan), which stages more: the
+    deeper few-row step is taken only where that variant fits the device's shared memory
+    too. On the H200 it did not at 16 x 256 @ 256^2 (row-major B: 49408 bytes of 49152), and
+    chained Array products of that shape raised MissingFeatureError."""
+    from coopmat.codegen.plan import plan_kernel
+    from coopmat.dispatch import tuning
+
+    tuned = tuning.choices(replace(H200, device_id=0x2335))
+    limit = H200.limits.max_compute_shared_memory_size
+    pair = resolve(H200, F16, F16)
+    deep = 0
+    for M in (8, 16):
+        for n in (256, 512, 1024, 2048, 4096, 14336):
+            for b in (OperandLayout(Layout.ROW_MAJOR, n), OperandLayout(Layout.COLUMN_MAJOR, n)):
+                p = Problem(pair, M, n, n, OperandLayout(Layout.ROW_MAJOR, n), b)
+                t = choose(H200, p, Options(), tuned).traits
+                if isinstance(t, KhrTraits):
+                    deep += t.tile.tile_k == 256
+                    assert plan_kernel(replace(t, exact=False)).shared_bytes <= limit, (M, n, b)
+    assert deep  # the rule still applies somewhere
+
+
 def test_rule_says_one_elsewhere() -> None:
     p = decode(H200, 8, 4096, 4096)
     khr = unsplit(H200, p)

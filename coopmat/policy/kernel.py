@@ -625,8 +625,12 @@ def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tun
     if deep == t.tile:
         return choice
     traits = fastest_variant(replace(t, tile=deep), choice.params, p.batch, options)
+    # The bounds-checked variant too: a plan falls back to it where the operands' buffers
+    # lack the exact variant's read-past margins (dispatch.gemm._make_plan), and it stages
+    # more (49408 bytes for 16 x 256 @ 256^2 on the H200, over its 48 KiB).
     try:
-        if plan_kernel(traits).shared_bytes > info.limits.max_compute_shared_memory_size:
+        if max(plan_kernel(v).shared_bytes for v in {traits, replace(traits, exact=False)}) \
+                > info.limits.max_compute_shared_memory_size:
             return choice
     except ValueError:  # a tile the kernel cannot lay out
         return choice
