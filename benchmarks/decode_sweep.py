@@ -20,8 +20,10 @@ multiplied), as quantized bytes read per second (the blocks: 34/32 or 18/32 byte
 weight; torch's peer reads int8 values and float16 scales, so its figure is the time of
 the same product over the format's bytes). With 9 to SMALL_M rows it times the khr kernel
 the policy runs split S = 1, 2, 4, 8 ways (labels splitk1 ...) and the few-row tiles (units
-4 and 8). --policy-only times just the kernels the policy runs (gemv up to GEMV_MAX_M
-rows, khr, and those splits), beside the float16 product and torch.
+4 and 8). Past SMALL_M rows it times the khr kernel dequantizing as it stages B ("khr")
+and the weight dequantized into a float16 B by a pass first, then the float kernel
+("first": both dispatches). --policy-only times just the kernels the policy runs (gemv up
+to GEMV_MAX_M rows, khr, "first", and those splits), beside the float16 product and torch.
 """
 
 from __future__ import annotations
@@ -188,7 +190,9 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                         lim.max_compute_work_group_invocations, small_m=True)]
                     cands += [("khrq", dataclasses.replace(khr, tile=t, b_quant_unit=u))
                               for t in dict.fromkeys(tiles) for u in (4, 8)] if sweep else []
-                elif sweep:  # prefill: the khr quantized kernel's tiles, units and buffering
+                if M > SMALL_M:  # prefill: the weight dequantized by a pass of its own first
+                    cands.append(("first", None))
+                if M > SMALL_M and sweep:  # the khr quantized kernel's tiles, units, buffering
                     khr = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
                                       Options(family="khr")).traits
                     assert isinstance(khr, KhrTraits)
@@ -201,14 +205,18 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                 for label, traits in cands:
                     try:  # "khr": the policy's khr kernel, as x @ q.T on arrays runs it
                         split = int(label[6:]) if label.startswith("splitk") else None
-                        plan = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
-                                           Options(family="khr", split_k=split),
+                        options = Options(dequant="first") if label == "first" else \
+                            Options(family="khr", split_k=split, dequant="fused")
+                        plan = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, options,
                                            traits=traits)
                         if split is not None and plan.choice.split_k != split:
                             continue  # the product does not split so
-                        temps = [rt.pool.acquire(rt.pool.kinds()[0],
-                                                 plan.reduce.workspace_bytes)
-                                 ] if plan.reduce else []
+                        # the dequantized weight (packs), then a split-K's workspace
+                        kind = rt.pool.kinds()[0]
+                        temps = [rt.pool.acquire(kind, st.nbytes + plan.margins[st.operand])
+                                 for st in plan.packs]
+                        if plan.reduce:
+                            temps.append(rt.pool.acquire(kind, plan.reduce.workspace_bytes))
                         dispatch = _plan_dispatches(plan, a, b, None, d_op, None, None, temps)
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)

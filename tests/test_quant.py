@@ -105,9 +105,64 @@ def test_split_k_exact(rt, monkeypatch, fmt, S, array_x):
     np.testing.assert_array_equal(np.asarray(y), ref)
 
 
+# -- dequantized first (COOPMAT_DEQUANT=first; codegen/dequant.py) ------------------------
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("family", ["khr", "gemv"])
-def test_subnormal_scales_exact(rt, fmt, family):
+@pytest.mark.parametrize("M,K,N,S", [(5, 96, 40, 1), (100, 256, 72, 1), (7, 512, 40, 2),
+                                     (3, 32, 8, 1)])
+@pytest.mark.parametrize("array_x", [False, True])
+def test_dequantize_first_exact(rt, monkeypatch, fmt, M, K, N, S, array_x):
+    """The weight dequantized into a float16 B by its own pass, then the float kernel (and
+    its split-K where forced): exact weights and x, so a wrong unit, row or scale shows.
+    N * K / 8 units are not whole workgroups of the pass in every case."""
+    monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+    monkeypatch.setenv("COOPMAT_SPLIT_K", str(S))
+    w = exact_weight(fmt, N, K)
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    y = coopmat.matmul(coopmat.asarray(x) if array_x else x, q.T, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(y), x.astype(np.float64) @ oracle(fmt, w).T)
+    assert traits_used().b_quant is None  # the float kernel ran
+    if not array_x:
+        assert coopmat.linalg._last.result.split_k == S
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("out", [np.float16, np.float32])
+def test_dequantize_first_random_within_bound(rt, monkeypatch, fmt, out):
+    """Random weights and scales through the pass: each weight rounded to float16 once,
+    as the fused kernel stages it, then the float16 product's bound."""
+    monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+    M, K, N = 37, 256, 40
+    w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
+    x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
+    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, out_dtype=out)
+    deq = oracle(fmt, w)
+    ref = x.astype(np.float64) @ deq.T
+    mag = np.abs(x.astype(np.float64)) @ np.abs(deq).T
+    tol = (U16 + K * U[np.dtype(np.float32)] + U[np.dtype(out)]) * mag + 1e-30
+    assert np.all(np.abs(y.astype(np.float64) - ref) <= tol)
+    assert traits_used().b_quant is None
+
+
+def test_dequantize_first_with_epilogue(rt, monkeypatch):
+    """The fused epilogue on the float kernel behind the pass."""
+    monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+    M, K, N = 19, 96, 40
+    w = exact_weight("q4_0", N, K)
+    x = small_x((M, K))
+    bias = RNG.uniform(-4, 4, N).astype(np.float16)
+    residual = RNG.uniform(-4, 4, (M, N)).astype(np.float16)
+    y = coopmat.linear(x, coopmat.quantize(w, "q4_0"), bias, "relu", residual=residual,
+                       dtype=np.float32)
+    z = x.astype(np.float64) @ oracle("q4_0", w).T + bias.astype(np.float64)
+    want = np.maximum(z, 0) + residual.astype(np.float64)
+    assert traits_used().b_quant is None and traits_used().ops is not None
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-3 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("family", ["khr", "gemv", "first"])
+def test_subnormal_scales_exact(rt, monkeypatch, fmt, family):
     """Scales of 2**-20, a float16 subnormal, and so most dequantized weights subnormal
     float16 values too, each still exact: a kernel or device that flushes float16
     subnormals (the khr kernel dequantizes in packed float16) shows as a mismatch."""
@@ -116,25 +171,33 @@ def test_subnormal_scales_exact(rt, fmt, family):
     deq = oracle(fmt, w)
     assert np.array_equal(deq, w), "precondition: the blocks have d = 2**-20"
     x = small_x((M, K))
-    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family=family)
+    if family == "first":  # the dequantizing pass (COOPMAT_DEQUANT), then the float kernel
+        monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+        y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32)
+        assert traits_used().b_quant is None
+    else:
+        y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family=family)
+        assert traits_used().b_quant == fmt and traits_used().family == family
     np.testing.assert_array_equal(y, x.astype(np.float64) @ deq.T)
-    assert traits_used().b_quant == fmt and traits_used().family == family
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-def test_bfloat16_x_on_khr(rt, fmt):
-    """bfloat16 x through the khr kernel: its weights are dequantized in float32 and
-    rounded to bfloat16 (not the packed float16 path)."""
+@pytest.mark.parametrize("dequant", ["fused", "first"])
+def test_bfloat16_x_on_khr(rt, monkeypatch, fmt, dequant):
+    """bfloat16 x through the khr kernel, or the pass into a bfloat16 B: the weights are
+    dequantized in float32 and rounded to bfloat16 (not the packed float16 path)."""
     import ml_dtypes
 
     if "bfloat16->float32" not in coopmat.supported_dtypes():
         pytest.skip("the device offers no bfloat16 cooperative matrices")
+    monkeypatch.setenv("COOPMAT_DEQUANT", dequant)
     M, K, N = 37, 256, 40
     w = exact_weight(fmt, N, K)
     x = small_x((M, K)).astype(ml_dtypes.bfloat16)
     y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family="khr")
     np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
-    assert traits_used().b_quant == fmt and traits_used().family == "khr"
+    assert traits_used().b_quant == (fmt if dequant == "fused" else None)
+    assert traits_used().family == "khr"
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])

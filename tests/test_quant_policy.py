@@ -62,6 +62,47 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
         assert choice.margins[1] == overread_bytes(FORMATS[fmt], t.tile.tile_k, steps)
 
 
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_dequantize_first_rule(h200, fmt, monkeypatch: pytest.MonkeyPatch):
+    """policy.kernel.dequantizes_first: many rows against a quantized weight run a pass
+    into a float16 B, then the float problem's own choice (tuned tile and all); the
+    fused kernel elsewhere, where forced, and where Options.dequant says so."""
+    lavapipe = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
+
+    def first(info, M: int, N: int, K: int = 4096, options: Options | None = None) -> bool:
+        choice = choose(info, _problem(info, M, N, K, fmt), options or Options())
+        packs = [p for p in choice.packs if p.quant is not None]
+        if not packs:
+            assert getattr(choice.traits, "b_quant", None) == fmt
+            return False
+        (pack,) = packs
+        assert choice.packs[0] is pack and pack.operand == 1 and pack.quant == fmt
+        assert (pack.lines, pack.other, pack.packed_elems) == (K, N, N * K)
+        assert pack.packed == OperandLayout(Layout.COLUMN_MAJOR, K)
+        float_choice = choose(info, _problem(info, M, N, K, None), options or Options())
+        assert choice.traits == float_choice.traits and choice.params == float_choice.params
+        assert choice.margins == float_choice.margins  # B's is the float copy's
+        return True
+
+    assert first(h200, 1024, 4096) and first(h200, 2048, 14336)
+    assert first(h200, 256, 14336)  # 3.7 M results
+    assert not first(h200, 512, 4096)  # 2 M: the fused kernel measured faster
+    assert not first(h200, 64, 65536)  # few rows: the few-row paths
+    assert not first(h200, 1024, 4096, options=Options(family="khr"))
+    assert not first(h200, 1024, 4096, options=Options(dequant="fused"))
+    assert first(h200, 16, 4096, options=Options(dequant="first"))
+    assert not first(lavapipe, 1024, 4096)  # a CPU: not measured there
+    assert first(lavapipe, 1024, 4096, options=Options(dequant="first"))
+    # a float copy larger than one binding may hold: fused
+    big = h200.limits.max_storage_buffer_range // 2 // 4096 + 32
+    assert not first(h200, 1024, big, options=Options(dequant="first"))
+    monkeypatch.setenv("COOPMAT_DEQUANT", "sideways")
+    with pytest.raises(ValueError, match="COOPMAT_DEQUANT"):
+        Options.from_env()
+    with pytest.raises(ValueError, match="dequant="):
+        Options(dequant="later")
+
+
 def test_nv2_refused(h200):
     with pytest.raises(ValueError, match="khr"):
         choose(h200, _problem(h200, 512, 4096, 4096, "q8_0"), Options(family="nv2"))

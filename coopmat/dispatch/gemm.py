@@ -20,9 +20,11 @@ import numpy as np
 
 from coopmat import codegen
 from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
+from coopmat.codegen.dequant import dequant_kernel
 from coopmat.codegen.pack import pack_kernel
 from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
 from coopmat.codegen.traits import EpilogueOps
+from coopmat.device.enums import ComponentType
 from coopmat.dispatch import tuning
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
@@ -280,9 +282,15 @@ class PackStep:
     nbytes: int
 
 
-def _pack_step(rt: Runtime, pack: PackChoice, itemsize: int) -> PackStep:
-    pk = pack_kernel(pack.wide)
+def _pack_step(rt: Runtime, pack: PackChoice, operand: ComponentType) -> PackStep:
+    itemsize = operand.bits // 8
     src, dst = pack.source, pack.packed
+    if pack.quant is not None:  # a quantized B dequantized into the float B
+        dk = dequant_kernel(pack.quant, operand)
+        return PackStep(pack.operand, rt.pipelines.get(dk),
+                        dk.push_constants(pack.lines, pack.other, dst.ld),
+                        dk.workgroups(pack.lines, pack.other), pack.packed_elems * itemsize)
+    pk = pack_kernel(pack.wide)
     return PackStep(pack.operand, rt.pipelines.get(pk),
                     pk.push_constants(pack.lines, pack.other, src.ld, src.batch_stride,
                                       dst.ld, dst.batch_stride),
@@ -441,8 +449,7 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     choice = replace(choice, traits=_admit(choice.traits, options))
     result_dtype = numpy_dtype(pair.stored)
     d_bytes = batch * M * N * result_dtype.itemsize
-    itemsize = numpy_dtype(pair.operand).itemsize
-    steps = tuple(_pack_step(rt, p, itemsize) for p in choice.packs)
+    steps = tuple(_pack_step(rt, p, pair.operand) for p in choice.packs)
     reduce = _reduce_step(rt, choice, pair, sc is not None, ops, M, N, alpha, beta) \
         if choice.split_k > 1 else None
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
@@ -570,9 +577,11 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
 
 
 def plan_fits(plan: Plan, a: DeviceOperand, b: DeviceOperand) -> bool:
-    """Whether a and b's buffers hold the plan's read-past margins."""
-    return all(op.room >= op.staged.nbytes + m for op, m in zip((a, b), plan.margins,
-                                                                   strict=True))
+    """Whether a and b's buffers hold the plan's read-past margins (a repacked or
+    dequantized operand's margin is its device copy's, which the plan allocates)."""
+    packed = {step.operand for step in plan.packs}
+    return all(op.room >= op.staged.nbytes + (0 if i in packed else m)
+               for i, (op, m) in enumerate(zip((a, b), plan.margins, strict=True)))
 
 
 def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,

@@ -17,7 +17,10 @@ The rules, each with its measurement in docs/kernels.md:
   (GEMV_QUANT_DEFAULT: at most GEMV_MAX_M rows, a GPU), else khr; never a tuned tile
   (the tables time float B); khr with its default tile for the shape class, tile_k whole
   blocks (on a GPU with more than SMALL_M rows tiles.quant_general_tile and a staging unit
-  by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile;
+  by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile; or, where
+  `dequantizes_first` says so (Options.dequant, else many rows on a GPU), a pass into a
+  float16/bfloat16 B first (codegen/dequant.py, a PackChoice), then the float problem's
+  choice by every rule here;
 - gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
 - rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
@@ -131,6 +134,16 @@ SPLIT_K_MIN_SLICE = 512
 QUANT_UNIT_DEFAULT = 8
 QUANT_GENERAL_UNIT = {"q8_0": 4, "q4_0": 8}
 
+# A quantized B is dequantized into a float B by a pass of its own first (dequantizes_first)
+# on a GPU from DEQUANT_FIRST_MIN_M rows where the result has more than
+# DEQUANT_FIRST_MIN_OUTPUT elements. Measured on the H200 (decode_sweep.py --quant
+# --policy-only, kernel time, 2026-11-22, docs/quantized.md): the pass and the float
+# kernel ran at 0.89-0.97 of the float16 product from 1024 rows (the fused kernel 0.56-0.68)
+# and won from 256 rows against 14336 columns (3.7 M results); up to 512 rows against 4096
+# columns (2 M) the fused kernel won (1.02-1.49 of float16 there).
+DEQUANT_FIRST_MIN_M = 128
+DEQUANT_FIRST_MIN_OUTPUT = 1 << 21
+
 # Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
 
@@ -180,6 +193,9 @@ class PackChoice:
     source: OperandLayout
     packed: OperandLayout
     packed_elems: int  # elements of the packed copy, whole batch
+    # The source is GGUF blocks of this format (B only), dequantized into the packed
+    # float B (codegen/dequant.py) rather than repacked.
+    quant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -585,6 +601,9 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     options = options or Options()
     tuned = tuned or {}
     p = problem
+    if p.b_quant is not None and (dequantizes_first(info, p, options) if traits is None
+                                  else getattr(traits, "b_quant", None) is None):
+        return _dequantized(info, p, options, tuned, traits, split_k)
     if p.ops is not None and not p.ops.fused:  # one kernel, one name for "nothing fused"
         p = replace(p, ops=None)
     if p.ops is not None and p.ops.activation is not None and not p.pair.result.is_float:
@@ -609,6 +628,34 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
         return _deepened(info, p, options, tuned, choice)
     sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
     return replace(sliced, split_k=S, why="forced" if options.split_k else choice.why)
+
+
+def dequantizes_first(info: PhysicalDeviceInfo, problem: Problem, options: Options) -> bool:
+    """Whether a quantized B is dequantized into a float B by a pass of its own before a
+    float kernel runs the product: Options.dequant 'first' / 'fused' decide; else ('auto')
+    on a GPU, unforced family, at least DEQUANT_FIRST_MIN_M rows and more than
+    DEQUANT_FIRST_MIN_OUTPUT results. Never where the float copy would not fit one buffer
+    binding (maxStorageBufferRange)."""
+    p = problem
+    if p.b_quant is None or options.dequant == "fused":
+        return False
+    if p.N * p.K * (p.pair.operand.bits // 8) > info.limits.max_storage_buffer_range:
+        return False
+    if options.dequant == "first":
+        return True
+    return (options.family is None and not is_cpu(info) and p.M >= DEQUANT_FIRST_MIN_M
+            and p.M * p.N > DEQUANT_FIRST_MIN_OUTPUT)
+
+
+def _dequantized(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
+                 traits: GemmTraits | None, split_k: int) -> KernelChoice:
+    """The choice for the float problem whose B is the quantized weight dequantized
+    (column-major, ld = K), behind the dequantizing pass."""
+    packed = OperandLayout(Layout.COLUMN_MAJOR, p.K)
+    pack = PackChoice(1, True, p.K, p.N, p.b, packed, p.N * p.K, quant=p.b_quant)
+    choice = choose(info, replace(p, b=packed, b_quant=None), options, tuned, traits,
+                    split_k=split_k)
+    return replace(choice, packs=(pack, *choice.packs))
 
 
 def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,

@@ -15,9 +15,11 @@ FAMILY_ENV = "COOPMAT_FAMILY"
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
 NO_TUNING_ENV = "COOPMAT_NO_TUNING"
 SPLIT_K_ENV = "COOPMAT_SPLIT_K"
+DEQUANT_ENV = "COOPMAT_DEQUANT"
 
 FAMILIES = ("khr", "nv2", "rows", "gemv")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
+DEQUANT_MODES = ("auto", "first", "fused")
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,16 @@ class Options:
     tuning: use tuned choices (the user's table, else the shipped one).
     split_k: force a split-K of this many K slices (1: never split) where the problem
     allows one (policy.kernel.split_k_violation; elsewhere it runs unsplit); None: the
-    policy's rule (policy.kernel.split_k_for, while SPLIT_K_DEFAULT is on)."""
+    policy's rule (policy.kernel.split_k_for, while SPLIT_K_DEFAULT is on).
+    dequant: for a quantized B, 'first' (a pass into a float B, then the float kernel),
+    'fused' (the kernel dequantizes as it reads B) or 'auto' (the policy's rule,
+    policy.kernel.dequantizes_first)."""
 
     family: str | None = None
     specialize: str = "auto"
     tuning: bool = True
     split_k: int | None = None
+    dequant: str = "auto"
 
     def __post_init__(self) -> None:
         if self.split_k is not None and (isinstance(self.split_k, bool) or
@@ -40,6 +46,8 @@ class Options:
                                          self.split_k < 1):
             raise ValueError(f"split_k={self.split_k!r}: use a whole number of K slices "
                              f">= 1 (1: never split), or None for the policy's choice")
+        if self.dequant not in DEQUANT_MODES:
+            raise ValueError(f"dequant={self.dequant!r}: use 'first', 'fused' or 'auto'")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
@@ -70,9 +78,15 @@ class Options:
             raise ValueError(f"{SPLIT_K_ENV}={split!r}: use a whole number of K slices >= 1 "
                              f"(1: never split), 'auto' or leave it unset (the policy's "
                              f"choice)")
+        dequant = env.get(DEQUANT_ENV, "").strip() or "auto"
+        if dequant not in DEQUANT_MODES:
+            raise ValueError(f"{DEQUANT_ENV}={dequant!r}: use 'first' (a float copy of a "
+                             f"quantized weight first), 'fused', 'auto' or leave it unset "
+                             f"(the policy's choice)")
         return cls(family=None if family == "auto" else family,
                    specialize=_SPECIALIZE[spec],
-                   tuning=env.get(NO_TUNING_ENV, "").strip() != "1", split_k=split_k)
+                   tuning=env.get(NO_TUNING_ENV, "").strip() != "1", split_k=split_k,
+                   dequant=dequant)
 
     def with_family(self, family: str | None) -> Options:
         """These options with a per-call family (None or 'auto' keeps the current one)."""
@@ -84,5 +98,5 @@ class Options:
         return replace(self, family=family)
 
 
-_NAMES = (FAMILY_ENV, SPECIALIZE_ENV, NO_TUNING_ENV, SPLIT_K_ENV)
+_NAMES = (FAMILY_ENV, SPECIALIZE_ENV, NO_TUNING_ENV, SPLIT_K_ENV, DEQUANT_ENV)
 _parsed: dict[tuple[str | None, ...], Options] = {}
