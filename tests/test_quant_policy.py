@@ -34,7 +34,7 @@ def h200():
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("M", [512, 64, 16])
+@pytest.mark.parametrize("M", [512, 64, 32, 16])
 def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
     choice = choose(h200, _problem(h200, M, 4096, 4096, fmt))
     t = choice.traits
@@ -55,6 +55,10 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
                                              unsplit.traits) > 1
         assert choice.params.K == 4096 // choice.split_k and choice.params.ldb == 4096
         assert choice.params.batch_stride_b == 4096 // choice.split_k
+        # 128 workgroups unsplit: 4 slices on the 32-row tile (measured), 2 on the 64-row
+        assert choice.split_k == (4 if rows == 32 else 2)
+        deep = choose(h200, _problem(h200, M, 4096, 14336, fmt))
+        assert deep.split_k == choice.split_k and deep.params.K == 14336 // deep.split_k
         wide = choose(h200, _problem(h200, M, 14336, 4096, fmt))  # 448 workgroups or more
         assert wide.split_k == 1 and wide.traits.tile == t.tile
     if t.exact:

@@ -122,6 +122,12 @@ SPLIT_K_DEFAULT = True
 # The rule's target: enough workgroups to keep a large GPU's memory system busy (the
 # H200 has 132 SMs; the unsplit few-row grid of a 4096-column weight is 64).
 SPLIT_K_TARGET_GROUPS = 256
+# A quantized B on its 32-row few-row tile (up to 32 rows) dequantizes as it streams, and
+# wants twice the workgroups: measured on the H200 (decode_sweep.py --quant --policy-only,
+# 2026-11-22, kernel time), 16 and 32 rows split 4 ways against 2 (what 256 gave): 4096^2
+# 20.3-21.8 us against 22.7-23.6 (two runs), 14336-deep 4096 columns 52.8-61.1 against
+# 62.1-86.9. At 64 rows (the 64-row tile) 4 ways was slower than 2 and the target stays.
+SPLIT_K_TARGET_GROUPS_QUANT = 512
 SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
 # Slices shorter than this leave each workgroup too little of K to stream.
@@ -558,8 +564,10 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
     """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
     family, M <= SMALL_M, batch 1, an unsplit grid of G <= SPLIT_K_MAX_GROUPS
     workgroups: S = the power of two of SPLIT_K_CHOICES nearest ceil(target / G) (on a
-    log scale: powers of two are geometric; ties go to the smaller), where
-    K % (S * tile_k) == 0 (whole K steps per slice) and K / S >= SPLIT_K_MIN_SLICE; else 1.
+    log scale: powers of two are geometric; ties go to the smaller; target
+    SPLIT_K_TARGET_GROUPS, or SPLIT_K_TARGET_GROUPS_QUANT for a quantized B on a tile of
+    at most 32 rows), where K % (S * tile_k) == 0 (whole K steps per slice) and
+    K / S >= SPLIT_K_MIN_SLICE; else 1.
     `traits`: the unsplit kernel's."""
     p = problem
     if is_cpu(info) or not isinstance(traits, KhrTraits) or p.M > SMALL_M or p.batch != 1:
@@ -568,7 +576,8 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
     if groups > SPLIT_K_MAX_GROUPS:
         return 1
-    want = -(-SPLIT_K_TARGET_GROUPS // groups)
+    quant = p.b_quant is not None and t.tile_m <= 32
+    want = -(-(SPLIT_K_TARGET_GROUPS_QUANT if quant else SPLIT_K_TARGET_GROUPS) // groups)
     S = min(SPLIT_K_CHOICES, key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
     if p.K % (S * t.tile_k) or p.K // S < SPLIT_K_MIN_SLICE:
         return 1
