@@ -14,6 +14,7 @@ import cProfile
 import pstats
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,22 @@ def host_cost(repeat: int = 9) -> None:
     print(f"== host: {times[500] * 1e6:.1f} us for coopmat.matmul(x, W), x numpy")
 
 
+def phase_medians(steps: tuple[Callable[[], object], ...], calls: int,
+                  warm: int = 50) -> list[float]:
+    """Median microseconds of each step of a sequence run `calls` times (after `warm`
+    unrecorded runs), and of the whole sequence, last."""
+    rows: list[list[float]] = []
+    for i in range(calls + warm):
+        marks = [time.perf_counter()]
+        for step in steps:
+            step()
+            marks.append(time.perf_counter())
+        if i >= warm:
+            rows.append([b - a for a, b in zip(marks, marks[1:], strict=False)]
+                        + [marks[-1] - marks[0]])
+    return [sorted(c)[len(c) // 2] * 1e6 for c in zip(*rows, strict=True)]
+
+
 def phases(calls: int) -> None:
     """Median wall time of each phase of a decode step (16 x 4096 numpy @ a resident
     4096^2 Array, back to numpy): the call (until its submission returns), the wait for
@@ -107,19 +124,13 @@ def phases(calls: int) -> None:
     w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
     x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
     W = coopmat.asarray(w)
-    rows: list[tuple[float, ...]] = []
-    for i in range(calls + 50):
-        t0 = time.perf_counter()
-        y = coopmat.matmul(x, W)
-        t1 = time.perf_counter()
-        coopmat.synchronize()
-        t2 = time.perf_counter()
-        y.numpy()
-        t3 = time.perf_counter()
-        if i >= 50:
-            rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
-    med = [sorted(c)[len(c) // 2] * 1e6 for c in zip(*rows, strict=True)]
-    call, wait, host, total = med
+    held: list[Any] = [None]
+
+    def product() -> None:
+        held[0] = coopmat.matmul(x, W)
+
+    call, wait, host, total = phase_medians(
+        (product, coopmat.synchronize, lambda: held[0].numpy()), calls)
     print(f"== decode step phases, median us: call {call:.1f}  wait {wait:.1f}  "
           f"numpy {host:.1f}  total {total:.1f}")
     try:
@@ -127,20 +138,16 @@ def phases(calls: int) -> None:
     except ImportError:
         return
     wt = torch.from_numpy(w).cuda()
-    rows = []
-    for i in range(calls + 50):
-        t0 = time.perf_counter()
-        xt = torch.from_numpy(x).cuda()
-        t1 = time.perf_counter()
-        yt = xt @ wt
-        t2 = time.perf_counter()
-        yt.cpu().numpy()
-        t3 = time.perf_counter()
-        if i >= 50:
-            rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
-    med = [sorted(c)[len(c) // 2] * 1e6 for c in zip(*rows, strict=True)]
-    up, launch, down, total = med
-    print(f"== torch step phases, median us: upload {up:.1f}  launch {launch:.1f}  "
+
+    def upload() -> None:
+        held[0] = torch.from_numpy(x).cuda()
+
+    def launch() -> None:
+        held[0] = held[0] @ wt
+
+    up, launch_us, down, total = phase_medians(
+        (upload, launch, lambda: held[0].cpu().numpy()), calls)
+    print(f"== torch step phases, median us: upload {up:.1f}  launch {launch_us:.1f}  "
           f"download {down:.1f}  total {total:.1f}")
 
 
