@@ -52,6 +52,7 @@ from coopmat.dispatch.gemm import (
     Staged,
     _plan_dispatches,
     device_plan,
+    plan_temps,
 )
 from coopmat.dispatch.runtime import Runtime, runtime
 from coopmat.policy import Options, resolve
@@ -211,12 +212,7 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                                            traits=traits)
                         if split is not None and plan.choice.split_k != split:
                             continue  # the product does not split so
-                        # the dequantized weight (packs), then a split-K's workspace
-                        kind = rt.pool.kinds()[0]
-                        temps = [rt.pool.acquire(kind, st.nbytes + plan.margins[st.operand])
-                                 for st in plan.packs]
-                        if plan.reduce:
-                            temps.append(rt.pool.acquire(kind, plan.reduce.workspace_bytes))
+                        temps = plan_temps(rt, plan)
                         dispatch = _plan_dispatches(plan, a, b, None, d_op, None, None, temps)
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)

@@ -32,7 +32,7 @@ from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import BuiltIn, Capability, Op
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension, vulkan_features
 from coopmat.device.enums import ComponentType
-from coopmat.quant_formats import quant_format
+from coopmat.quant_formats import BLOCK_ELEMS, quant_format
 
 PUSH_FIELDS = ("K", "N", "ld", "groups_x")
 UNIT = 8  # weights an invocation writes: one 16-byte vector of 16-bit values
@@ -73,9 +73,9 @@ class DequantKernel:
 
     @staticmethod
     def push_constants(K: int, N: int, ld: int) -> bytes:
-        if K % 32 or ld % UNIT or ld < K:
-            raise ValueError("dequantizing needs K a multiple of 32 and the float B's leading "
-                             f"dimension a multiple of {UNIT}, at least K")
+        if K % BLOCK_ELEMS or ld % UNIT or ld < K:
+            raise ValueError(f"dequantizing needs K a multiple of {BLOCK_ELEMS} and the float "
+                             f"B's leading dimension a multiple of {UNIT}, at least K")
         if N * ld >= 1 << 32:
             raise ValueError("the kernels index with 32 bits; the dequantized weight is too "
                              "large")
@@ -83,9 +83,9 @@ class DequantKernel:
 
 
 def _capabilities(operand: ComponentType) -> set[Capability]:
-    # float16 for the blocks' scales and the packed arithmetic.
-    return {Capability.Shader, Capability.VulkanMemoryModel, Capability.Float16,
-            *type_capabilities(operand, in_storage_buffer=False)}
+    """Beyond ShaderContext's own: float16 for the blocks' scales and the packed
+    arithmetic, and the operand type's."""
+    return {Capability.Float16, *type_capabilities(operand, in_storage_buffer=False)}
 
 
 def _emit(traits: DequantTraits) -> bytes:
@@ -97,8 +97,7 @@ def _emit(traits: DequantTraits) -> bytes:
     ext = type_extension(traits.operand_type)
     if ext:
         mb.extension(ext)
-    mb.capability(*sorted(_capabilities(traits.operand_type) - {Capability.Shader,
-                                                                 Capability.VulkanMemoryModel}))
+    mb.capability(*sorted(_capabilities(traits.operand_type)))
     uvec4 = mb.type_vector(s.u32, 4)
     src = s.storage_buffer(0, s.u32, 4, True, "blocks", restrict=True)
     dst = s.storage_buffer(1, uvec4, 16, False, "dst", restrict=True)
@@ -111,12 +110,12 @@ def _emit(traits: DequantTraits) -> bytes:
     tid = s.builtin(BuiltIn.LocalInvocationIndex, s.u32)
     wx, wy = (f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(2))
     unit = s.add(s.mul(s.add(s.mul(wy, P["groups_x"]), wx), s.c(GROUP)), tid)
-    per_row = s.shr(P["K"], s.c(3))  # units a row
+    per_row = s.udiv(P["K"], s.c(UNIT))  # units a row
     n, k = s.udiv(unit, per_row), s.mul(s.umod(unit, per_row), s.c(UNIT))
 
     def body() -> None:
-        vec = reader.load(n, k, None)
-        s.buffer_store(dst, s.shr(s.add(s.mul(n, P["ld"]), k), s.c(3)), vec)
+        vec = reader.load(n, k, None)  # one 16-byte vector: UNIT 16-bit values
+        s.buffer_store(dst, s.udiv(s.add(s.mul(n, P["ld"]), k), s.c(UNIT)), vec)
 
     f.if_(s.lt(n, P["N"]), body)
     return s.compute_module(GROUP)
@@ -125,5 +124,5 @@ def _emit(traits: DequantTraits) -> bytes:
 @functools.cache
 def dequant_kernel(quant: str, operand_type: ComponentType) -> DequantKernel:
     traits = DequantTraits(quant, operand_type)
-    return DequantKernel(traits, _emit(traits),
-                         vulkan_features(_capabilities(operand_type)))
+    return DequantKernel(traits, _emit(traits), vulkan_features(
+        _capabilities(operand_type) | {Capability.VulkanMemoryModel}))

@@ -594,11 +594,7 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
     its lookup), after the staging copies `uploads` and before the copies `downloads`, in
     one submission; returns the stream's ticket. A repeat on the same buffers submits the
     kept recording (Executor.submit_keyed): this is a chain's per-product cost."""
-    device_kind = rt.pool.kinds()[0]
-    temps = [rt.pool.acquire(device_kind, step.nbytes + plan.margins[step.operand])
-             for step in plan.packs]
-    if plan.reduce is not None:  # a split-K's workspace, last
-        temps.append(rt.pool.acquire(device_kind, plan.reduce.workspace_bytes))
+    temps = plan_temps(rt, plan)
     try:
         key = (plan.serial, a.buffer.addr, a.offset, b.buffer.addr, b.offset,
                d.buffer.addr, d.offset, *_operand_key(c), *_operand_key(bias),
@@ -611,6 +607,18 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
         for buf in temps:
             rt.pool.recycle(buf)
     return ticket
+
+
+def plan_temps(rt: Runtime, plan: Plan) -> list[Buffer]:
+    """Device buffers one run of the plan writes, in _plan_dispatches' order: each repack's
+    or dequantization's copy (with the GEMM's margin), then a split-K's workspace. The
+    caller gives them back (pool.recycle) once the run is queued."""
+    kind = rt.pool.kinds()[0]
+    temps = [rt.pool.acquire(kind, step.nbytes + plan.margins[step.operand])
+             for step in plan.packs]
+    if plan.reduce is not None:
+        temps.append(rt.pool.acquire(kind, plan.reduce.workspace_bytes))
+    return temps
 
 
 def _operand_key(op: DeviceOperand | None) -> tuple[int, int]:
