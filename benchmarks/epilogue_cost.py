@@ -1,9 +1,18 @@
 """What the fused epilogue costs the khr kernel: N^3 float16 plain against bias, relu,
-gelu (tanh form) and silu, kernel time from GPU timestamps, with the driver's register
-count and local memory (COOPMAT_PIPELINE_STATS=1) and the kernel's SPIR-V size.
+gelu (tanh form), silu, a residual, and it with bias and gelu, kernel time from GPU
+timestamps, with the driver's register count and local memory (COOPMAT_PIPELINE_STATS=1)
+and the kernel's SPIR-V size.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--form=NAME]
         [--tiles=128x128x32x2x4x3,...]   (tile_m x tile_n x tile_k x sg_m x sg_n x buf)
+        [--scale=S] [--residual-ahead=K]
+
+--residual-ahead=K: khr_tiled.RESIDUAL_AHEAD for this run (a fresh COOPMAT_CACHE_DIR
+for each value: it is not in the kernel cache's key either).
+
+--scale=S: A's elements are S times standard normal ones (default 1: accumulators of
+magnitude about sqrt(N), 64 at N = 4096; 1/sqrt(N) gives magnitude 1, as activations
+in a network have).
 
 --form=NAME: silu's body replaced by another formula (FORMS, for finding which
 instruction costs); use a fresh COOPMAT_CACHE_DIR with it, as it is not in the kernel
@@ -20,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.codegen import build_gemm
+from coopmat.codegen import build_gemm, khr_tiled
 from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.spv import GLSLstd450, Op
 from coopmat.codegen.traits import Activation, EpilogueOps, Tile
@@ -66,33 +75,49 @@ def main() -> None:
             return original(self, x)
         ElementOps._activation = patched  # type: ignore[method-assign]
         print(f"silu replaced by the {form!r} form")
+    ahead = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--residual-ahead=")),
+                 None)
+    if ahead is not None:
+        khr_tiled.RESIDUAL_AHEAD = int(ahead)
+        print(f"residuals loaded {ahead} blocks ahead")
     n = int(args[0]) if args else 4096
     rt = runtime()
     rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((n, n), dtype=np.float32).astype(np.float16) for _ in "ab")
+    scale = float(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--scale=")),
+                       "1"))
+    a, b = ((rng.standard_normal((n, n), dtype=np.float32) * s).astype(np.float16)
+            for s in (scale, 1.0))
     bias = rng.standard_normal(n, dtype=np.float32).astype(np.float16)
+    residual = rng.standard_normal((1, n, n), dtype=np.float32).astype(np.float16)
     pair = resolve(rt.device.info, a.dtype, b.dtype)
     ref = a[:16].astype(np.float64) @ b.astype(np.float64) + bias
     cases: list[tuple[str, EpilogueOps | None]] = [
         ("plain", None), ("bias", EpilogueOps(bias=True))] + [
-        (f"bias+{act.value}", EpilogueOps(bias=True, activation=act)) for act in Activation]
+        (f"bias+{act.value}", EpilogueOps(bias=True, activation=act)) for act in Activation] + [
+        ("residual", EpilogueOps(residual=True)),
+        ("bias+res", EpilogueOps(bias=True, residual=True)),
+        ("gelu+res", EpilogueOps(activation=Activation.GELU_TANH, residual=True)),
+        ("bias+gelu+res", EpilogueOps(bias=True, activation=Activation.GELU_TANH,
+                                      residual=True))]
     tiles = [None] + [Tile(*map(int, t.split("x"))) for a in sys.argv
                       if a.startswith("--tiles=") for t in a.split("=", 1)[1].split(",")]
     for tile in tiles:
         if tile is not None:
             print(f"-- tile {tile.describe()}")
             cases = [c for c in cases if c[0] != "bias"]
-        run_cases(rt, pair, a, b, bias, ref, cases, tile)
+        run_cases(rt, pair, a, b, bias, residual, ref, cases, tile)
 
 
 def run_cases(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
-              ref: np.ndarray, cases: list[tuple[str, EpilogueOps | None]],
-              tile: Tile | None) -> None:
+              residual: np.ndarray, ref: np.ndarray,
+              cases: list[tuple[str, EpilogueOps | None]], tile: Tile | None) -> None:
     n = a.shape[0]
     base = None
     for label, ops in cases:
         kw: dict[str, Any] = {"options": Options(family="khr"), "ops": ops,
-                              "bias": bias if ops is not None else None}
+                              "bias": bias if ops is not None and ops.bias else None,
+                              "residual": residual if ops is not None and ops.residual
+                              else None}
         if tile is not None:
             g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, **kw)
             traits = dataclasses.replace(g.traits, tile=tile)
@@ -109,9 +134,11 @@ def run_cases(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, bias: np.ndarray
             g.release()
         t = statistics.median(ts)
         base = base or t
-        want = ref if ops is not None else ref - bias
+        want = ref if ops is not None and ops.bias else ref - bias
         if ops is not None and ops.activation is Activation.RELU:
             want = np.maximum(want, 0)
+        if ops is not None and ops.residual:
+            want = want + residual[0, :16]
         err = float(np.abs(out[0, :16].astype(np.float64) - want).max()) \
             if ops is None or ops.activation in (None, Activation.RELU) else float("nan")
         size = len(build_gemm(g.traits).spirv)

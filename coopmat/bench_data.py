@@ -1,11 +1,13 @@
 """`python -m coopmat.bench --data-path`: the time around the kernel, beside peers.
 
 Measured in one process, median of --repeat runs after a warm-up:
-- transfers: coopmat.asarray and .numpy() of a 256 MiB array (each transfer mode; .numpy()
+- transfers: coopmat.asarray and .numpy() of a 256 MiB array (each transfer mode; the
+  same array again, which mode 'auto' keeps imported, and new arrays each time; .numpy()
   also once with no kept pinned block, as a first call of its size pays), torch's copies
   from pageable and pinned memory (pinned: the PCIe floor);
-- numpy -> numpy float16 GEMM: coopmat.matmul (its kernel time from timestamps beside),
-  torch and cupy the same way, and the PCIe floor (bytes moved / pinned copy rate);
+- numpy -> numpy float16 GEMM: coopmat.matmul on the same arrays again (`out=` one array)
+  and on new arrays each call (its kernel time from timestamps beside), torch and cupy
+  the same way, and the PCIe floor (bytes moved / pinned copy rate);
 - resident: a decode step (16 x 4096 @ 4096 x 4096 float16, weight on the GPU, x in and
   y out as numpy), 100 dependent products on device arrays with one .numpy() at the end
   against the sum of their kernel times, and a 64^3 numpy -> numpy call.
@@ -44,6 +46,21 @@ def _median(fn: Callable[[], Any], repeat: int, sync: Callable[[], Any] | None =
             sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _median_new(make: Callable[[], Any], fn: Callable[[Any], Any], repeat: int,
+                sync: Callable[[], Any] | None = None) -> float:
+    """Median seconds of fn(make()), timing fn only: new arguments every run."""
+    times = []
+    for _ in range(repeat + 1):
+        args = make()
+        t0 = time.perf_counter()
+        fn(args)
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+        del args
+    return statistics.median(times[1:])
 
 
 def _torch() -> Any:
@@ -92,9 +109,11 @@ def transfers(repeat: int, nbytes: int, out: list[dict[str, Any]]) -> float | No
     for f in rt.transfers._importing:  # the first result's block, imported for next time
         f.result()
     t_as = _median(lambda: asarray(x), repeat, synchronize)
+    t_new = _median_new(x.copy, asarray, repeat, synchronize)
     t_np = _median(arr.numpy, repeat)
     out.append({"case": "coopmat asarray / .numpy()", "up_GBps": nbytes / t_as / 1e9,
-                "down_GBps": nbytes / t_np / 1e9, "first_down_GBps": nbytes / t_first / 1e9})
+                "new_up_GBps": nbytes / t_new / 1e9, "down_GBps": nbytes / t_np / 1e9,
+                "first_down_GBps": nbytes / t_first / 1e9})
     torch = _torch()
     if torch is None:
         return None
@@ -127,6 +146,10 @@ def end_to_end(repeat: int, sizes: list[int], pinned_rate: float | None,
             matmul(a, b, out=d)
         row["coopmat_ms"] = 1e3 * _median(step, repeat)
         row["kernel_ms"] = 1e3 * (last_kernel_time() or float("nan"))
+        def new_pair(a: np.ndarray = a, b: np.ndarray = b) -> tuple[np.ndarray, np.ndarray]:
+            return a.copy(), b.copy()
+        row["coopmat_new_arrays_ms"] = 1e3 * _median_new(new_pair, lambda ab: matmul(*ab),
+                                                         repeat)
         ref = a[:64].astype(np.float32) @ b.astype(np.float32)
         row["max_err_first_rows"] = float(np.abs(d[:64].astype(np.float32) - ref).max())
         if torch is not None:

@@ -192,6 +192,88 @@ def test_large_numpy_products_return_kept_pinned_blocks(rt):
         assert np.array_equal(out, ref)
 
 
+def _pins_ready(t) -> None:
+    for f in t._importing:
+        f.result()
+
+
+def test_live_arrays_stay_imported_between_transfers(rt, monkeypatch):
+    """Mode 'auto': a large array that went through the lanes is imported in the
+    background and kept while it lives; later transfers from or into it (or a view of
+    most of it) are one device copy that sees its current contents. Collected or evicted
+    arrays are forgotten."""
+    import gc
+
+    from coopmat.dispatch import transfer
+
+    x = _random((1536, 2048), np.float32, 4)  # 12 MiB
+    orig = x.copy()
+    with discrete(rt):
+        t = rt.transfers
+        if not t.can_import:
+            pytest.skip("the device does not offer VK_EXT_external_memory_host")
+        t.destroy()
+        assert t.mode == "auto"
+        staged: list[int] = []
+        real = t._staged_upload
+        monkeypatch.setattr(t, "_staged_upload", lambda jobs, *a, **k: (
+            staged.append(len(jobs)), real(jobs, *a, **k))[1])
+        a = coopmat.asarray(x)  # through the lanes; x is noted
+        _pins_ready(t)
+        assert t._pins[id(x)].imported is None
+        a = coopmat.asarray(x)  # through the lanes again, then imported
+        assert staged == [1, 1]
+        _pins_ready(t)
+        pin = t._pins[id(x)]
+        assert pin.imported is not None and not pin.refused
+        x *= 2  # the same pages, new contents
+        coopmat.synchronize()  # (an upload takes the kept import only on an idle device)
+        b = coopmat.asarray(x)  # one device copy from the kept import
+        coopmat.synchronize()
+        v = coopmat.asarray(x[100:])  # a view: an offset into the same import
+        assert staged == [1, 1]
+        assert np.array_equal(a.numpy(), orig) and np.array_equal(b.numpy(), 2 * orig)
+        assert np.array_equal(v.numpy(), 2 * orig[100:])
+        out = np.empty_like(x)
+        for _ in range(2):
+            t.download(a.buffer, 0, out)  # through the lanes, then out is imported
+        _pins_ready(t)
+        assert t._pins[id(out)].imported is not None
+        t.download(b.buffer, 0, out)  # one device copy into out's own pages
+        assert np.array_equal(out, 2 * orig)
+        # numpy -> numpy products upload kept arrays the same way.
+        p = np.ones((4096, 2048), np.float16)  # 16 MiB
+        q = np.random.default_rng(8).integers(-3, 4, (2048, 64)).astype(np.float16)
+        staged.clear()
+        for _ in range(2):
+            assert np.array_equal(coopmat.matmul(p, q, dtype=np.float32),
+                                  p.astype(float) @ q)
+        _pins_ready(t)
+        p[::2] = 2
+        coopmat.synchronize()
+        assert np.array_equal(coopmat.matmul(p, q, dtype=np.float32), p.astype(float) @ q)
+        assert staged == [2, 2, 1]  # A and B through the lanes twice; then B only
+        del a, b, v, out
+        gc.collect()
+        assert len(t._dead) == 1  # out's pin: unpinned at the next transfer
+        y = _random((1536, 2048), np.float32, 5)
+        assert np.array_equal(coopmat.asarray(y).numpy(), y)
+        assert not t._dead and set(t._pins) == {id(x), id(p), id(y)}
+        _pins_ready(t)
+        with pytest.raises(ValueError, match="cannot resize"):  # as with any weakref
+            y.resize((1600, 2048), refcheck=False)
+        # Beyond the budget the least recently used go first.
+        monkeypatch.setattr(transfer, "HOST_PIN_KEEP_BYTES", 20 << 20)
+        z = _random((1536, 2048), np.float32, 6)
+        coopmat.asarray(z)
+        assert id(z) in t._pins and id(x) in t._pins  # z only noted
+        coopmat.asarray(z)
+        assert t._pins[id(z)].scheduled and id(x) not in t._pins
+        _pins_ready(t)
+        t.destroy()
+        assert not t._pins
+
+
 def test_views(rt):
     x = _random((6, 8), np.float16)
     arr = coopmat.asarray(x)

@@ -191,15 +191,30 @@ def test_shapes(live_device_info, M, N, K, act) -> None:
     check(d, ref, tol, np.float16)
 
 
-def test_exact_variant_with_ops(live_device_info) -> None:
+@pytest.mark.parametrize("act", ACTS)
+def test_exact_variant_with_ops(live_device_info, act) -> None:
     """Whole tiles (of every default tile: lavapipe's and the H200's): the exact variant
-    runs the fused epilogue without bounds checks."""
-    a, b, bv = f16(512, 128), f16(128, 512), f16(512)
-    d = coopmat.matmul(a, b, bias=bv, activation="relu")
+    runs the fused epilogue without bounds checks, every block of a subgroup with its own
+    bias and residual."""
+    a, b, bv, rv = f16(512, 128), f16(128, 512), f16(512), f16(512, 512)
+    d = coopmat.matmul(a, b, bias=bv, activation=act, residual=rv)
     t = coopmat.linalg.last_kernel_traits()
     assert isinstance(t, KhrTraits) and t.exact and t.ops is not None
-    ref, tol, _ = oracle(a, b, bv, "relu")
+    ref, tol, _ = oracle(a, b, bv, act, rv)
     check(d, ref, tol, np.float16)
+
+
+@pytest.mark.parametrize("M", [512, 500])
+def test_residual_in_place(live_device_info, M) -> None:
+    """out= the residual's own device array: each element is read before it is written
+    (whole tiles, and edge tiles too where M is not a tile multiple)."""
+    a, b, bv, rv = f16(M, 128), f16(128, 256), f16(256), f16(M, 256)
+    R = coopmat.asarray(rv)
+    D = coopmat.matmul(coopmat.asarray(a), b, bias=bv, activation="gelu_tanh", residual=R,
+                       out=R)
+    assert D is R
+    ref, tol, _ = oracle(a, b, bv, "gelu_tanh", rv)
+    check(R.numpy(), ref, tol, np.float16)
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -216,8 +231,8 @@ def test_float32_result_with_c(live_device_info, act) -> None:
 
 
 def test_extremes_are_not_nan(live_device_info) -> None:
-    """silu(-100) is -0 and gelu of large |x| is 0 or x: exp and tanh must not overflow
-    into NaN (a bias carries the large values into the epilogue)."""
+    """silu(-100) is about 0 and gelu of large |x| about 0 or x: exp and tanh must not
+    overflow into NaN (a bias carries the large values into the epilogue)."""
     a, b = np.zeros((4, 8), np.float16), np.zeros((8, 6), np.float16)
     bias = np.array([-100, 100, -60000, 60000, -9, 0], np.float32)
     for act in ("silu", "gelu_tanh"):

@@ -38,6 +38,12 @@ __all__ = ["Activation", "ElementOps", "Epilogue", "EpilogueOps", "Types", "buff
 
 ElementLoader = Callable[[int, int], int]
 
+LOG2_E = math.log2(math.e)
+# gelu_tanh's exponent: -2 sqrt(2/pi) (x + 0.044715 x^3) log2(e) = x (GELU_K0 + GELU_K1 x^2).
+GELU_K0 = -2.0 * math.sqrt(2.0 / math.pi) * LOG2_E
+GELU_K1 = GELU_K0 * 0.044715
+EXP2_MAX = 64.0  # gelu_tanh and silu: 2^power at most 2^64 (_over_one_plus_exp2)
+
 
 class ElementOps:
     """Emits the fused operations for one element: act(value + bias[col]) +
@@ -77,12 +83,11 @@ class ElementOps:
     def _ext(self, inst: GLSLstd450, *args: int) -> int:
         return self.s.f.op(Op.ExtInst, self.work, self.glsl, inst, *args)
 
-    def _exp(self, x: int) -> int:
-        """e^x as 2^(x log2 e): on the H200 a kernel using GLSL.std.450 Exp (or Tanh) ran
-        3.3x (4.2x) slower than with Exp2, which cost nothing measurable
-        (benchmarks/epilogue_cost.py --form)."""
-        return self._ext(GLSLstd450.Exp2, self.s.f.op(Op.FMul, self.work, x,
-                                                      self._const(math.log2(math.e))))
+    def _exp2(self, x: int) -> int:
+        """2^x: on the H200 a kernel using GLSL.std.450 Exp (or Tanh) ran 3.3x (4.2x)
+        slower than with Exp2, which cost nothing measurable (benchmarks/epilogue_cost.py
+        --form). Callers fold log2(e) into their own constants."""
+        return self._ext(GLSLstd450.Exp2, x)
 
     def activate(self, x: int) -> int:
         """The activation of `x` (a scalar of the work type); x itself where there is none."""
@@ -95,20 +100,27 @@ class ElementOps:
             neg = f.op(Op.FOrdLessThan, self.s.bool, x, self._const(0.0))
             return f.op(Op.Select, w, neg, self._const(0.0), x)
         if act is Activation.GELU_TANH:
-            # 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
-            # x / (1 + e^(-2u)) (the same function). Its limits need no clamp: e^(-2u)
-            # overflowing to inf gives x / inf = -0, and underflowing to 0 gives x.
-            x3 = f.op(Op.FMul, w, f.op(Op.FMul, w, x, x), x)
-            inner = f.op(Op.FAdd, w, x, f.op(Op.FMul, w, self._const(0.044715), x3))
-            u = f.op(Op.FMul, w, self._const(math.sqrt(2.0 / math.pi)), inner)
-            return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0),
-                                            self._exp(f.op(Op.FNegate, w, f.op(
-                                                Op.FMul, w, self._const(2.0), u)))))
+            # 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3) is x / (1 + e^(-2u)),
+            # and -2u log2(e) = x (GELU_K0 + GELU_K1 x^2): constants folded here, as the
+            # driver keeps every multiplication it is given.
+            x2 = f.op(Op.FMul, w, x, x)
+            poly = f.op(Op.FAdd, w, self._const(GELU_K0),
+                        f.op(Op.FMul, w, self._const(GELU_K1), x2))
+            return self._over_one_plus_exp2(x, f.op(Op.FMul, w, x, poly))
         if act is Activation.SILU:
-            # x / (1 + e^-x): e^-x overflows to inf for x < -88, giving -0, not NaN.
-            e = self._exp(f.op(Op.FNegate, w, x))
-            return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0), e))
+            # x / (1 + e^-x), e^-x = 2^(-log2(e) x).
+            return self._over_one_plus_exp2(x, f.op(Op.FMul, w, x, self._const(-LOG2_E)))
         raise ValueError(f"unknown activation {act!r}")
+
+    def _over_one_plus_exp2(self, x: int, power: int) -> int:
+        """x / (1 + 2^power), power clamped to EXP2_MAX. Divisors of inf are slow on the
+        H200: at 4096^3 with accumulators of magnitude 64 (half of them past the clamp)
+        gelu_tanh cost +4.8-5.2% over the plain kernel unclamped, +1.6-1.9% clamped
+        (kernels.md). Past the clamp the quotient is below 2^-64 |x| either way (x / inf
+        was -0). NaN stays NaN through x, whichever operand FMin returns for a NaN power."""
+        f, w = self.s.f, self.work
+        e = self._exp2(self._ext(GLSLstd450.FMin, power, self._const(EXP2_MAX)))
+        return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0), e))
 
     def apply(self, value: int, value_el: int, row: int, col: int, result_el: int) -> int:
         """The fused operations on `value` (of type value_el: alpha * acc + beta * C in

@@ -46,6 +46,8 @@ unit in that global load, so registers and shared memory hold plain operand valu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from coopmat.codegen import abi
 from coopmat.codegen.epilogue import (
     Epilogue,
@@ -75,6 +77,10 @@ from coopmat.codegen.types import (
 )
 from coopmat.device.enums import ComponentType
 from coopmat.quant_formats import quant_format
+
+# The fused epilogue loads a block's residual this many blocks before storing it
+# (_residuals): a larger lead hides more latency and holds more registers.
+RESIDUAL_AHEAD = 1
 
 
 class _Operand:
@@ -413,14 +419,40 @@ class TiledGemmEmitter:
         d_index = s.add(self.base_d, s.add(s.mul(i0, P["ldd"]), j0))
         s.coop_store_buffer(self.D, d_index, res, row, P["ldd"])
 
-    def _store_fused(self, acc: int, i0: int, j0: int) -> None:
+    def _residuals(self, blocks: list[tuple[int, int, int]]) -> Callable[[int], int | None]:
+        """Block b's residual matrix, loaded RESIDUAL_AHEAD blocks before b is stored: the
+        residual may be D's own memory (it is not restrict), so no load can move above an
+        earlier block's store, and loaded just before its own use each block waited out a
+        global load's latency (residual +2.3-2.8% over the plain kernel at 4096^3 on the
+        H200; kernels.md has the sweep). Call in block order."""
+        s, P = self.s, self.P
+        loaded: dict[int, int] = {}
+        row = CooperativeMatrixLayout.RowMajor
+
+        def load(b: int) -> None:
+            if b < len(blocks) and b not in loaded:
+                assert self.residual is not None and self.mat_out is not None
+                _, i0, j0 = blocks[b]
+                loaded[b] = s.coop_load_buffer(self.mat_out, self.residual, s.add(
+                    self.base_d, s.add(s.mul(i0, P["ldd"]), j0)), row, P["ldd"])
+
+        def residual(b: int) -> int | None:
+            if self.residual is None:
+                return None
+            for ahead in range(b, b + 1 + RESIDUAL_AHEAD):
+                load(ahead)
+            return loaded.pop(b)
+        return residual
+
+    def _store_fused(self, acc: int, i0: int, j0: int, res: int | None) -> None:
         """The fused epilogue on whole matrices, stored directly (interior tiles): bias as
-        a matrix whose rows all read bias[j0:j0 + n] (stride 0), the residual as a matrix
-        addressed like D, and the activation on this invocation's components of the
-        accumulator (OpCooperativeMatrixLengthKHR of them; an activation is element-wise,
-        so which elements they are does not matter). No shared memory, no barriers, no
-        per-element addressing: on the H200 the per-element form of bias + relu cost from
-        +1% to +235% over the plain kernel, build to build; this form measured -1%."""
+        a matrix whose rows all read bias[j0:j0 + n] (stride 0), the residual `res` as a
+        matrix addressed like D (from _residuals), and the activation on this
+        invocation's components of the accumulator (OpCooperativeMatrixLengthKHR of them;
+        an activation is element-wise, so which elements they are does not matter). No
+        shared memory, no barriers, no per-element addressing: on the H200 the
+        per-element form of bias + relu cost from +1% to +235% over the plain kernel,
+        build to build; this form measured -1%."""
         s, f, P, t = self.s, self.s.f, self.P, self.t
         eops, ops, mat_out = self.element_ops, t.ops, self.mat_out
         assert eops is not None and ops is not None
@@ -462,8 +494,7 @@ class TiledGemmEmitter:
                      lambda: f.emit(Op.Store, i_var,
                                     s.add(f.op(Op.Load, s.u32, i_var), s.c(1))))
             value = f.op(Op.Load, self.mat_acc, var)
-        if self.residual is not None:
-            res = s.coop_load_buffer(mat_out, self.residual, d_index, row, P["ldd"])
+        if res is not None:
             value = f.op(add, self.mat_acc, value, widened(res))
         if mat_out != self.mat_acc:
             value = f.op(Op.FConvert if self.float_result else Op.SConvert, mat_out,
@@ -545,20 +576,24 @@ class TiledGemmEmitter:
             for acc, i0, j0 in self._blocks():
                 self._store_checked(acc, i0, j0, checked=not t.exact)
             return
-        store = self._store_direct if t.ops is None else self._store_fused
+        def direct() -> None:
+            blocks = self._blocks()
+            if t.ops is None:
+                for acc, i0, j0 in blocks:
+                    self._store_direct(acc, i0, j0)
+                return
+            residual = self._residuals(blocks)
+            for b, (acc, i0, j0) in enumerate(blocks):
+                self._store_fused(acc, i0, j0, residual(b))
+
         if t.exact:  # no workgroup straddles an edge
-            for acc, i0, j0 in self._blocks():
-                store(acc, i0, j0)
+            direct()
             return
         interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
                           s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
         if not t.aligned:  # the general variant checks C/D alignment at run time
             flag = s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(abi.FLAG_DIRECT_CD))
             interior = s.and_(interior, s.f.op(Op.INotEqual, s.bool, flag, s.c(0)))
-
-        def direct() -> None:
-            for acc, i0, j0 in self._blocks():
-                store(acc, i0, j0)
 
         def edge() -> None:
             for acc, i0, j0 in self._blocks():

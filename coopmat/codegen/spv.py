@@ -152,6 +152,7 @@ class GLSLstd450(enum.IntEnum):
     Exp = 27
     Exp2 = 29
     InverseSqrt = 32
+    FMin = 37
     FMax = 40
     FClamp = 43
 

@@ -9,9 +9,13 @@ waits for the other. numpy releases the GIL while it copies, so lanes run in par
 Second way in and out, for C-contiguous arrays on devices with
 VK_EXT_external_memory_host: the array's own pages are imported as device-visible memory
 (the driver pins them) and the device copies straight from or into them, with no host
-copy at all. Which way a transfer takes is `Transfers.mode` ('staging' or 'import'),
-measured on the lent H200 (docs/transfers.md); 'import' falls back to 'staging' where the
-device lacks the extension or the array is not contiguous.
+copy at all. Pinning runs at about a fifth of PCIe's rate on the H200, so a transfer pays
+for it only once: in mode 'auto' (the default) a large contiguous array that owns its
+memory goes through the lanes its first two times, its pages are imported in the
+background after the second, and while the array lives every later transfer from or
+into it is one device copy (_HostPin). Mode 'staging' uses the lanes only; 'import'
+imports every array for every transfer (docs/arrays.md has the measurements). Both fall
+back to the lanes where the device lacks the extension or the array is not contiguous.
 
 On unified-memory devices (lavapipe, integrated GPUs) device buffers are host-visible and
 the lanes copy straight into them.
@@ -27,7 +31,7 @@ import mmap
 import os
 import threading
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -63,13 +67,18 @@ IMPORT_CHUNK_BYTES = 32 << 20
 HOST_ALLOCATION = 0x80  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
 COMMAND_POOL_RESET = 0x2
 ONE_TIME_SUBMIT = 0x1
-MODES = ("staging", "import")
+MODES = ("auto", "staging", "import")
 MODE_ENV = "COOPMAT_TRANSFER"
 # Downloads of at least this many bytes into a new array (Array.numpy()) land in host
 # memory coopmat owns and keeps imported (_PinnedBlock): one DMA, no host copy.
 PINNED_MIN_BYTES = 8 << 20
 # Free pinned blocks kept for reuse per device, in bytes.
 PINNED_KEEP_BYTES = 1 << 30
+# The user's arrays kept imported (mode 'auto') per device, in bytes; the least recently
+# used go first.
+HOST_PIN_KEEP_BYTES = 1 << 30
+# Arrays transferred once, noted (a weakref each) so that a second transfer imports them.
+HOST_PIN_NOTED = 64
 
 _workers: dict[str, ThreadPoolExecutor] = {}
 _workers_lock = threading.Lock()
@@ -237,6 +246,32 @@ class _PinnedBlock:
         return raw
 
 
+class _HostPin:
+    """The pages of a user's array (the ndarray owning them), imported as device memory
+    in the background after a second transfer from or into it went through the lanes
+    (pinning an array used once would only compete with the lanes), and kept
+    until that array is collected (a weakref.finalize on it) or evicted: the next transfer
+    from or into the array is then one device copy, with no host copy. (The weakref also
+    keeps the memory where it is: numpy refuses ndarray.resize on a referenced array.)"""
+
+    def __init__(self, owner: np.ndarray):
+        self.address = owner.ctypes.data
+        self.nbytes = owner.nbytes
+        self.imported: _Imported | None = None
+        self.scheduled = False  # its import was started (at its second transfer)
+        self.refused = False  # the driver would not import it: the lanes serve it
+        self.finalizer: Any = None  # weakref.finalize
+
+
+def _owner(arr: np.ndarray) -> np.ndarray | None:
+    """The ndarray whose memory `arr` views, where numpy allocated it (not a buffer of
+    another object such as an mmap or a coopmat block)."""
+    x = arr
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x if x.base is None and x.flags.owndata else None
+
+
 class Transfers:
     """numpy <-> device buffers for one device."""
 
@@ -267,10 +302,16 @@ class Transfers:
         self._free: list[_PinnedBlock] = []
         self._returned: deque[_PinnedBlock] = deque()
         self._importing: list[Future[None]] = []
+        # Kept imports of user arrays by id of the owning array, least recently used
+        # first. _pin_lock is held from looking one up until its copy is submitted; an
+        # import dropped after that is freed once the copy completes (Stream.defer).
+        self._pins: OrderedDict[int, _HostPin] = OrderedDict()
+        self._dead: deque[tuple[int, _HostPin]] = deque()  # collected arrays' pins
+        self._pin_lock = threading.RLock()
         env = os.environ.get(MODE_ENV, "")
         if env and env not in MODES:
             raise ValueError(f"{MODE_ENV}={env!r}: expected one of {', '.join(MODES)}")
-        self.mode = env or "staging"
+        self.mode = env or "auto"
 
     @property
     def can_import(self) -> bool:
@@ -308,7 +349,14 @@ class Transfers:
                 return
             except (VulkanError, OutOfDeviceMemoryError):
                 pass  # pages the driver will not import: the staging path does it all
+        if mode == "auto":
+            ticket = self._pinned_copy(src, dst, dst_offset, upload=True)
+            if ticket is not None:
+                self.stream.wait(ticket)  # the array may change once this returns
+                return
         self._staged_upload([(src, dst, dst_offset)])
+        if mode == "auto":
+            self._pin_later(src)
 
     def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]], stream: Stream | None = None,
                     waits: Sequence[tuple[Stream, int]] = (),
@@ -325,6 +373,23 @@ class Transfers:
                 self.upload(src, dst, off)
                 if on_job is not None:
                     on_job(j, self.stream.submitted)
+            return
+        if self.mode == "auto" and stream is None and on_job is None:
+            # Arrays kept imported go in one device copy each; the lanes take the rest
+            # together, and their arrays are imported for next time.
+            rest, tickets = [], []
+            for (src, dst), off in zip(jobs, offsets, strict=True):
+                ticket = self._pinned_copy(src, dst, off, upload=True)
+                if ticket is None:
+                    rest.append((src, dst, off))
+                else:
+                    tickets.append(ticket)
+            if rest:
+                self._staged_upload(rest)
+            for src, _, _ in rest:
+                self._pin_later(src)
+            if tickets:
+                self.stream.wait(max(tickets))  # one wait for all the device copies
             return
         self._staged_upload([(src, dst, off) for (src, dst), off in zip(jobs, offsets,
                                                                         strict=True)],
@@ -411,6 +476,18 @@ class Transfers:
                 return
             except (VulkanError, OutOfDeviceMemoryError):
                 pass
+        keep = mode == "auto" and stream is None and not waits
+        copied = self._pinned_copy(dst, src, src_offset, upload=False) if keep else None
+        if copied is not None:
+            self.stream.wait(copied)
+            return
+        self._lane_download(src, src_offset, dst, stream, waits)
+        if keep:
+            self._pin_later(dst)
+
+    def _lane_download(self, src: Buffer, src_offset: int, dst: np.ndarray,
+                       stream: Stream | None, waits: Sequence[tuple[Stream, int]]) -> None:
+        nbytes = dst.nbytes
         flat = dst.reshape(-1).view(np.uint8)
         bounds = [(lo, min(nbytes, lo + CHUNK_BYTES)) for lo in range(0, nbytes, CHUNK_BYTES)]
         lanes = self._lanes_of(Kind.DOWNLOAD, min(len(bounds), lane_count())
@@ -517,6 +594,111 @@ class Transfers:
             block.imported.free()
             block.imported = None
 
+    # -- the user's arrays, kept imported (mode 'auto') ----------------------------------
+    def _pinnable(self, arr: np.ndarray) -> np.ndarray | None:
+        """arr's owning array where keeping it imported is worth it: a large contiguous
+        transfer covering at least half of an owner within the budget."""
+        if not self.can_import or arr.nbytes < PINNED_MIN_BYTES or not arr.flags.c_contiguous:
+            return None
+        owner = _owner(arr)
+        if owner is None or owner.nbytes > 2 * arr.nbytes or owner.nbytes > HOST_PIN_KEEP_BYTES:
+            return None
+        return owner
+
+    def _pinned_copy(self, host: np.ndarray, buf: Buffer, offset: int,
+                     upload: bool) -> int | None:
+        """Submit one device copy between `host` and buf at offset through the kept
+        import of host's array; its ticket, for the caller to wait for before the array
+        may change (upload) or be read (download). None where there is no ready import,
+        or, uploading, where earlier work still runs (the copy would wait for it: the
+        lanes return sooner)."""
+        owner = self._pinnable(host)
+        if owner is None or (upload and self.stream.busy()):
+            return None
+        with self._pin_lock:
+            self._forget_dead()
+            pin = self._pins.get(id(owner))
+            if pin is None or pin.imported is None:
+                return None
+            self._pins.move_to_end(id(owner))
+            imp = pin.imported
+            at = imp.offset + host.ctypes.data - pin.address
+            lane = self._lanes_of(Kind.UPLOAD if upload else Kind.DOWNLOAD, 1)[0]
+            with lane.lock:
+                lane.slot(0)
+                if upload:
+                    ticket = lane.copy(0, imp.buffer, at, buf.handle, offset, host.nbytes,
+                                       "a copy to the device")
+                else:
+                    ticket = lane.copy(0, buf.handle, offset, imp.buffer, at, host.nbytes,
+                                       "a copy from the device")
+        return ticket
+
+    def _pin_later(self, host: np.ndarray) -> None:
+        """After a transfer through the lanes: note host's array the first time; the
+        second time, import it in the background (pinning costs about what the next
+        transfer saves), within HOST_PIN_KEEP_BYTES (least recently used out first)."""
+        owner = self._pinnable(host)
+        if owner is None:
+            return
+        key = id(owner)
+        with self._pin_lock:
+            self._forget_dead()
+            pin = self._pins.get(key)
+            if pin is None:
+                pin = self._pins[key] = _HostPin(owner)
+                # deque.append: safe from any thread, taking no lock (a collection can
+                # run the finalizer in a thread that holds one of ours).
+                pin.finalizer = weakref.finalize(owner, self._dead.append, (key, pin))
+                noted = [(k, p) for k, p in self._pins.items() if not p.scheduled]
+                for old_key, old in noted[:max(0, len(noted) - HOST_PIN_NOTED)]:
+                    self._unpin(old_key, old)
+                return
+            if pin.scheduled:
+                return
+            pin.scheduled = True
+            self._pins.move_to_end(key)
+            kept = sum(p.nbytes for p in self._pins.values() if p.scheduled)
+            for old_key, old in list(self._pins.items()):
+                if kept <= HOST_PIN_KEEP_BYTES or old is pin:
+                    break
+                if old.scheduled:
+                    kept -= old.nbytes
+                    self._unpin(old_key, old)
+
+        def run() -> None:
+            try:
+                imp: _Imported | None = _Imported(self, pin.address, pin.nbytes)
+            except (VulkanError, OutOfDeviceMemoryError):
+                imp = None
+            with self._pin_lock:
+                if self._pins.get(key) is pin:
+                    pin.imported, pin.refused = imp, imp is None
+                    return
+            if imp is not None:  # the array went away meanwhile
+                imp.free()
+        with self._lock:
+            self._importing = [f for f in self._importing if not f.done()]
+            self._importing.append(_pool("import").submit(run))
+
+    def _forget_dead(self) -> None:
+        """Unpin the arrays collected since the last call: before any lookup, as a new
+        array may have a dead one's id and address (but other pages)."""
+        while self._dead:
+            self._unpin(*self._dead.popleft())
+
+    def _unpin(self, key: int, pin: _HostPin) -> None:
+        """Forget a kept import (its array was collected or evicted); the import is freed
+        once the copies submitted so far, which may read or write it, have completed."""
+        with self._pin_lock:
+            if self._pins.get(key) is pin:
+                del self._pins[key]
+            if pin.finalizer is not None:
+                pin.finalizer.detach()
+            imp, pin.imported = pin.imported, None
+        if imp is not None:
+            self.stream.defer(imp.free)
+
     # -- both ways through imported pages --------------------------------------------
     def _imported(self, host: np.ndarray, dev_buf: Buffer, dev_offset: int,
                   upload: bool) -> None:
@@ -580,6 +762,10 @@ class Transfers:
                 self._drop(block)
             self._free.clear()
             self._returned.clear()
+        with self._pin_lock:
+            self._forget_dead()
+            for key, pin in list(self._pins.items()):
+                self._unpin(key, pin)
         for lanes in self._lanes.values():
             for lane in lanes:
                 lane.stream.wait()
