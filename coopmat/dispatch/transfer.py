@@ -259,7 +259,6 @@ class _HostPin:
         self.nbytes = owner.nbytes
         self.imported: _Imported | None = None
         self.scheduled = False  # its import was started (at its second transfer)
-        self.refused = False  # the driver would not import it: the lanes serve it
         self.finalizer: Any = None  # weakref.finalize
 
 
@@ -666,14 +665,14 @@ class Transfers:
                     kept -= old.nbytes
                     self._unpin(old_key, old)
 
-        def run() -> None:
+        def run(owner: np.ndarray = owner) -> None:  # (alive, so are its pages, meanwhile)
             try:
                 imp: _Imported | None = _Imported(self, pin.address, pin.nbytes)
             except (VulkanError, OutOfDeviceMemoryError):
-                imp = None
+                imp = None  # pages the driver will not import: the lanes keep serving it
             with self._pin_lock:
                 if self._pins.get(key) is pin:
-                    pin.imported, pin.refused = imp, imp is None
+                    pin.imported = imp
                     return
             if imp is not None:  # the array went away meanwhile
                 imp.free()
