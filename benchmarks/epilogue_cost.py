@@ -63,9 +63,14 @@ def _form(name: str) -> Callable[[ElementOps, int], int]:
 FORMS = ("exp", "exp2", "div", "rsq", "poly")
 
 
+def _flag(name: str) -> str | None:
+    """The value of --name=VALUE on the command line (the first), or None."""
+    return next((a.split("=", 1)[1] for a in sys.argv if a.startswith(f"--{name}=")), None)
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    form = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--form=")), None)
+    form = _flag("form")
     if form:
         original = ElementOps._activation
 
@@ -75,16 +80,14 @@ def main() -> None:
             return original(self, x)
         ElementOps._activation = patched  # type: ignore[method-assign]
         print(f"silu replaced by the {form!r} form")
-    ahead = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--residual-ahead=")),
-                 None)
+    ahead = _flag("residual-ahead")
     if ahead is not None:
         khr_tiled.RESIDUAL_AHEAD = int(ahead)
         print(f"residuals loaded {ahead} blocks ahead")
     n = int(args[0]) if args else 4096
     rt = runtime()
     rng = np.random.default_rng(0)
-    scale = float(next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--scale=")),
-                       "1"))
+    scale = float(_flag("scale") or 1)
     a, b = ((rng.standard_normal((n, n), dtype=np.float32) * s).astype(np.float16)
             for s in (scale, 1.0))
     bias = rng.standard_normal(n, dtype=np.float32).astype(np.float16)
@@ -99,8 +102,8 @@ def main() -> None:
         ("gelu+res", EpilogueOps(activation=Activation.GELU_TANH, residual=True)),
         ("bias+gelu+res", EpilogueOps(bias=True, activation=Activation.GELU_TANH,
                                       residual=True))]
-    tiles = [None] + [Tile(*map(int, t.split("x"))) for a in sys.argv
-                      if a.startswith("--tiles=") for t in a.split("=", 1)[1].split(",")]
+    tiles = [None] + [Tile(*map(int, t.split("x"))) for t in (_flag("tiles") or "").split(",")
+                      if t]
     for tile in tiles:
         if tile is not None:
             print(f"-- tile {tile.describe()}")

@@ -35,22 +35,14 @@ MiB = 1 << 20
 
 def _median(fn: Callable[[], Any], repeat: int, sync: Callable[[], Any] | None = None
             ) -> float:
-    fn()
-    if sync:
-        sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of fn() (then sync) over `repeat` runs after one warm-up."""
+    return _median_new(lambda: None, lambda _: fn(), repeat, sync)
 
 
 def _median_new(make: Callable[[], Any], fn: Callable[[Any], Any], repeat: int,
                 sync: Callable[[], Any] | None = None) -> float:
-    """Median seconds of fn(make()), timing fn only: new arguments every run."""
+    """Median seconds of fn(make()) (then sync), timing fn only: new arguments every
+    run; the first run, a warm-up, is left out."""
     times = []
     for _ in range(repeat + 1):
         args = make()

@@ -83,12 +83,6 @@ class ElementOps:
     def _ext(self, inst: GLSLstd450, *args: int) -> int:
         return self.s.f.op(Op.ExtInst, self.work, self.glsl, inst, *args)
 
-    def _exp2(self, x: int) -> int:
-        """2^x: on the H200 a kernel using GLSL.std.450 Exp (or Tanh) ran 3.3x (4.2x)
-        slower than with Exp2, which cost nothing measurable (benchmarks/epilogue_cost.py
-        --form). Callers fold log2(e) into their own constants."""
-        return self._ext(GLSLstd450.Exp2, x)
-
     def activate(self, x: int) -> int:
         """The activation of `x` (a scalar of the work type); x itself where there is none."""
         return self._activation(x) if self.ops.activation is not None else x
@@ -114,12 +108,16 @@ class ElementOps:
 
     def _over_one_plus_exp2(self, x: int, power: int) -> int:
         """x / (1 + 2^power), power clamped to EXP2_MAX. Divisors of inf are slow on the
-        H200: at 4096^3 with accumulators of magnitude 64 (half of them past the clamp)
-        gelu_tanh cost +4.8-5.2% over the plain kernel unclamped, +1.6-1.9% clamped
-        (kernels.md). Past the clamp the quotient is below 2^-64 |x| either way (x / inf
-        was -0). NaN stays NaN through x, whichever operand FMin returns for a NaN power."""
+        H200: at 4096^3 with accumulators of magnitude 64 (about half of them past the
+        clamp) gelu_tanh cost +4.8-5.2% over the plain kernel unclamped, +1.1-1.9%
+        clamped (kernels.md). Past the clamp the quotient is below 2^-64 |x| either way
+        (x / inf was -0). NaN stays NaN through x, whichever operand FMin returns for a
+        NaN power. Exp2, not Exp: on the H200 a kernel using GLSL.std.450 Exp (or Tanh)
+        ran 3.3x (4.2x) slower than with Exp2, which cost nothing measurable
+        (benchmarks/epilogue_cost.py --form); callers fold log2(e) into their constants."""
         f, w = self.s.f, self.work
-        e = self._exp2(self._ext(GLSLstd450.FMin, power, self._const(EXP2_MAX)))
+        e = self._ext(GLSLstd450.Exp2, self._ext(GLSLstd450.FMin, power,
+                                                 self._const(EXP2_MAX)))
         return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, self._const(1.0), e))
 
     def apply(self, value: int, value_el: int, row: int, col: int, result_el: int) -> int:

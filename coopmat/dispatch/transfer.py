@@ -349,13 +349,9 @@ class Transfers:
             except (VulkanError, OutOfDeviceMemoryError):
                 pass  # pages the driver will not import: the staging path does it all
         if mode == "auto":
-            ticket = self._pinned_copy(src, dst, dst_offset, upload=True)
-            if ticket is not None:
-                self.stream.wait(ticket)  # the array may change once this returns
-                return
+            self._auto_upload([(src, dst, dst_offset)])
+            return
         self._staged_upload([(src, dst, dst_offset)])
-        if mode == "auto":
-            self._pin_later(src)
 
     def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]], stream: Stream | None = None,
                     waits: Sequence[tuple[Stream, int]] = (),
@@ -374,25 +370,30 @@ class Transfers:
                     on_job(j, self.stream.submitted)
             return
         if self.mode == "auto" and stream is None and on_job is None:
-            # Arrays kept imported go in one device copy each; the lanes take the rest
-            # together, and their arrays are imported for next time.
-            rest, tickets = [], []
-            for (src, dst), off in zip(jobs, offsets, strict=True):
-                ticket = self._pinned_copy(src, dst, off, upload=True)
-                if ticket is None:
-                    rest.append((src, dst, off))
-                else:
-                    tickets.append(ticket)
-            if rest:
-                self._staged_upload(rest)
-            for src, _, _ in rest:
-                self._pin_later(src)
-            if tickets:
-                self.stream.wait(max(tickets))  # one wait for all the device copies
+            self._auto_upload([(src, dst, off) for (src, dst), off in zip(jobs, offsets,
+                                                                         strict=True)])
             return
         self._staged_upload([(src, dst, off) for (src, dst), off in zip(jobs, offsets,
                                                                         strict=True)],
                             stream, waits, on_job)
+
+    def _auto_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]]) -> None:
+        """Mode 'auto': arrays kept imported go in one device copy each, waited for
+        together (the arrays may change once this returns); the lanes take the rest
+        together, and their arrays are noted or imported for next time."""
+        rest, tickets = [], []
+        for src, dst, off in jobs:
+            ticket = self._pinned_copy(src, dst, off, upload=True)
+            if ticket is None:
+                rest.append((src, dst, off))
+            else:
+                tickets.append(ticket)
+        if rest:
+            self._staged_upload(rest)
+        for src, _, _ in rest:
+            self._pin_later(src)
+        if tickets:
+            self.stream.wait(max(tickets))
 
     def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]],
                        stream: Stream | None = None, waits: Sequence[tuple[Stream, int]] = (),
@@ -525,11 +526,8 @@ class Transfers:
             self.download(src, src_offset, raw)
             self._import_later(block)
             return raw
-        lane = self._lanes_of(Kind.DOWNLOAD, 1)[0]
-        with lane.lock:
-            lane.slot(0)
-            ticket = lane.copy(0, src.handle, src_offset, imp.buffer, imp.offset, nbytes,
-                               "a copy from the device")
+        ticket = self._one_copy(src.handle, src_offset, imp.buffer, imp.offset, nbytes,
+                                upload=False)
         try:
             self.stream.wait(ticket)
         except BaseException:
@@ -582,9 +580,23 @@ class Transfers:
                     return
             if imp is not None:  # dropped meanwhile
                 imp.free()
+        self._in_background(run)
+
+    def _in_background(self, run: Callable[[], None]) -> None:
+        """Run an import on the import thread; destroy() waits for it."""
         with self._lock:
             self._importing = [f for f in self._importing if not f.done()]
             self._importing.append(_pool("import").submit(run))
+
+    def _one_copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int,
+                  upload: bool) -> int:
+        """One device copy between buffer handles on a single lane of the compute stream;
+        its ticket."""
+        lane = self._lanes_of(Kind.UPLOAD if upload else Kind.DOWNLOAD, 1)[0]
+        with lane.lock:
+            lane.slot(0)
+            return lane.copy(0, src, src_offset, dst, dst_offset, nbytes,
+                             "a copy to the device" if upload else "a copy from the device")
 
     def _drop(self, block: _PinnedBlock) -> None:
         """Forget a block (its pages stay mapped while an array uses them)."""
@@ -622,16 +634,11 @@ class Transfers:
             self._pins.move_to_end(id(owner))
             imp = pin.imported
             at = imp.offset + host.ctypes.data - pin.address
-            lane = self._lanes_of(Kind.UPLOAD if upload else Kind.DOWNLOAD, 1)[0]
-            with lane.lock:
-                lane.slot(0)
-                if upload:
-                    ticket = lane.copy(0, imp.buffer, at, buf.handle, offset, host.nbytes,
-                                       "a copy to the device")
-                else:
-                    ticket = lane.copy(0, buf.handle, offset, imp.buffer, at, host.nbytes,
-                                       "a copy from the device")
-        return ticket
+            if upload:
+                return self._one_copy(imp.buffer, at, buf.handle, offset, host.nbytes,
+                                      upload=True)
+            return self._one_copy(buf.handle, offset, imp.buffer, at, host.nbytes,
+                                  upload=False)
 
     def _pin_later(self, host: np.ndarray) -> None:
         """After a transfer through the lanes: note host's array the first time; the
@@ -676,9 +683,7 @@ class Transfers:
                     return
             if imp is not None:  # the array went away meanwhile
                 imp.free()
-        with self._lock:
-            self._importing = [f for f in self._importing if not f.done()]
-            self._importing.append(_pool("import").submit(run))
+        self._in_background(run)
 
     def _forget_dead(self) -> None:
         """Unpin the arrays collected since the last call: before any lookup, as a new
