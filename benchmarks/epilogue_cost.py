@@ -5,10 +5,13 @@ and the kernel's SPIR-V size.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--form=NAME]
         [--tiles=128x128x32x2x4x3,...]   (tile_m x tile_n x tile_k x sg_m x sg_n x buf)
-        [--scale=S] [--residual-ahead=K]
+        [--scale=S] [--residual-ahead=K] [--family=khr|nv2]
 
 --residual-ahead=K: khr_tiled.RESIDUAL_AHEAD for this run (a fresh COOPMAT_CACHE_DIR
 for each value: it is not in the kernel cache's key either).
+
+--family=NAME: the kernel family measured (default khr; nv2 where the device has
+VK_NV_cooperative_matrix2 and its per-element operations).
 
 --scale=S: A's elements are S times standard normal ones (default 1: accumulators of
 magnitude about sqrt(N), 64 at N = 4096; 1/sqrt(N) gives magnitude 1, as activations
@@ -22,6 +25,7 @@ cache's key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import sys
 from collections.abc import Callable
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from coopmat.bench import spin_until_steady
 from coopmat.codegen import build_gemm, khr_tiled
 from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.spv import GLSLstd450, Op
@@ -108,16 +113,17 @@ def main() -> None:
         if tile is not None:
             print(f"-- tile {tile.describe()}")
             cases = [c for c in cases if c[0] != "bias"]
-        run_cases(rt, pair, a, b, bias, residual, ref, cases, tile)
+        run_cases(rt, pair, a, b, bias, residual, ref, cases, tile, _flag("family") or "khr")
 
 
 def run_cases(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
               residual: np.ndarray, ref: np.ndarray,
-              cases: list[tuple[str, EpilogueOps | None]], tile: Tile | None) -> None:
+              cases: list[tuple[str, EpilogueOps | None]], tile: Tile | None,
+              family: str) -> None:
     n = a.shape[0]
     base = None
     for label, ops in cases:
-        kw: dict[str, Any] = {"options": Options(family="khr"), "ops": ops,
+        kw: dict[str, Any] = {"options": Options(family=family), "ops": ops,
                               "bias": bias if ops is not None and ops.bias else None,
                               "residual": residual if ops is not None and ops.residual
                               else None}
@@ -129,6 +135,9 @@ def run_cases(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, bias: np.ndarray
         g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, **kw)
         try:
             g.execute()
+            # A fresh pipeline's build idles the GPU for seconds: its clock must come back
+            # before timing (without this, cases built in a cold process measured 2-5x).
+            spin_until_steady(functools.partial(g.execute, transfers=False))
             ts = [g.execute(transfers=False) or float("nan") for _ in range(15)]
             out = np.empty((1, n, n), g.result_dtype)
             g.read(out)

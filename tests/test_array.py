@@ -274,6 +274,55 @@ def test_live_arrays_stay_imported_between_transfers(rt, monkeypatch):
         assert not t._pins
 
 
+def test_numpy_products_of_kept_arrays_wait_once(rt, monkeypatch):
+    """A numpy -> numpy product of kept arrays takes both kept copies (the first one's
+    copy must not send the second to the lanes), and its result, once an imported block
+    is free, is copied into it within the kernel's submission (Transfers.new_download),
+    as is its copy into a kept `out=` array: the call waits once. Sizes are scaled down
+    with the thresholds."""
+    from coopmat.dispatch import gemm, transfer
+
+    monkeypatch.setattr(transfer, "PINNED_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 1 << 20)
+    rng = np.random.default_rng(12)
+    a = rng.integers(-3, 4, (512, 1024)).astype(np.float16)  # 1 MiB each, as is D
+    b = rng.integers(-3, 4, (1024, 512)).astype(np.float16)
+    with discrete(rt):
+        t = rt.transfers
+        if not t.can_import:
+            pytest.skip("the device does not offer VK_EXT_external_memory_host")
+        t.destroy()
+        staged: list[int] = []
+        into_kept: list[bool] = []
+        real_staged, real_new = t._staged_upload, t.new_download
+        monkeypatch.setattr(t, "_staged_upload", lambda jobs, *x, **k: (
+            staged.append(len(jobs)), real_staged(jobs, *x, **k))[1])
+        monkeypatch.setattr(t, "new_download", lambda n: (
+            r := real_new(n), into_kept.append(r is not None))[0])
+        for i in range(4):
+            if i == 3:
+                a[::3] *= -1  # the kept pages' new contents reach the device
+            d = coopmat.matmul(a, b, dtype=np.float32)
+            assert np.array_equal(d, a.astype(np.float64) @ b)
+            del d  # its block returns for the next call
+            _pins_ready(t)
+        assert staged == [2, 2]  # noted, then imported; then both kept copies
+        assert into_kept == [False, True, True, True]  # the first block is imported after
+        # out= a kept array: D's copy into it goes right behind the kernel.
+        out = np.empty((512, 512), np.float32)
+        kept: list[bool] = []
+        real_kept = t.kept_download
+        monkeypatch.setattr(t, "kept_download", lambda *x: (
+            r := real_kept(*x), kept.append(r is not None))[0])
+        for _ in range(4):
+            out[:] = np.nan
+            assert coopmat.matmul(a, b, out=out, dtype=np.float32) is out
+            assert np.array_equal(out, a.astype(np.float64) @ b)
+            _pins_ready(t)
+        assert kept == [False, False, True, True]  # through the lanes twice (noted, imported)
+        t.destroy()
+
+
 def test_views(rt):
     x = _random((6, 8), np.float16)
     arr = coopmat.asarray(x)

@@ -407,3 +407,32 @@ def test_shipped_tuning_tables_name_candidate_tiles(table: Path) -> None:
             assert plan.invocations <= lim.max_compute_work_group_invocations, key
             fits.append(c)
         assert fits, f"{key}: {tile.describe()} is no tune candidate of the pair's configs"
+
+
+@needs_spirv_tools
+def test_spv_numbers_agree_with_spirv_tools() -> None:
+    """Every opcode, capability and GLSL.std.450 number in one kernel of each family,
+    element type pair, fused epilogue, quantized format and helper pass is the one
+    SPIRV-Tools knows by the same name (spirv_checks; an independent oracle: spv.py once
+    gave OpCooperativeMatrixPerElementOpNV the number of OpCooperativeMatrixReduceNV)."""
+    from spirv_checks import assert_valid
+
+    from coopmat.codegen.dequant import dequant_kernel
+    from coopmat.codegen.pack import pack_kernel
+    from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
+    from coopmat.codegen.traits import Activation, EpilogueOps
+    from coopmat.codegen.variants import device_variants
+
+    (record,) = load_records(H200)
+    ops = EpilogueOps(bias=True, activation=Activation.GELU_TANH, residual=True)
+    seen: dict[tuple[str, CT, CT], object] = {}
+    for t in device_variants(record):
+        seen.setdefault((t.family, t.a_type, t.result_type), t)
+    modules = [build_gemm(t).spirv for t in seen.values()]  # type: ignore[arg-type]
+    for (family, _, result), t in seen.items():
+        if family in ("khr", "nv2") and result.is_float:
+            modules.append(build_gemm(replace(t, ops=ops)).spirv)  # type: ignore[type-var]
+    modules += [reduce_kernel(ReduceTraits(CT.FLOAT16, True, ops)).spirv,
+                dequant_kernel("q4_0", CT.FLOAT16).spirv, pack_kernel(True).spirv]
+    for spirv in modules:
+        assert_valid(spirv)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from spirv_checks import assert_valid
 
 import coopmat
 import coopmat.linalg
@@ -23,7 +24,7 @@ from coopmat.codegen.epilogue import ElementOps
 from coopmat.codegen.family import family_for
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import Op
-from coopmat.codegen.tools import find_tool, validate
+from coopmat.codegen.tools import find_tool
 from coopmat.codegen.traits import Activation, EpilogueOps, KhrTraits, Nv2Traits
 from coopmat.codegen.variants import device_variants
 from coopmat.device.enums import ComponentType as CT
@@ -118,7 +119,7 @@ OPS = [EpilogueOps(bias=True, activation=Activation.GELU_TANH, residual=True),
 def test_spirv_val_khr(ops: EpilogueOps) -> None:
     for t in _traits(KhrTraits):
         for tt in (replace(t, ops=ops), replace(t, ops=ops, aligned=True, exact=True)):
-            validate(family_for(tt).generate(tt))
+            assert_valid(family_for(tt).generate(tt))
 
 
 @needs_spirv_val
@@ -127,7 +128,7 @@ def test_spirv_val_nv2_per_element_op(ops: EpilogueOps) -> None:
     for t in _traits(Nv2Traits):
         tt = replace(t, ops=ops)
         spv = family_for(tt).generate(tt)
-        validate(spv)
+        assert_valid(spv)
         words = np.frombuffer(spv, np.uint32)
         assert int(Op.CooperativeMatrixPerElementOpNV) in set((words & 0xFFFF).tolist())
         assert "cooperativeMatrixPerElementOperations" in family_for(tt).describe(tt).features
@@ -162,6 +163,11 @@ def test_policy_passes_ops_into_traits() -> None:
         choose(H200, _problem(pair, ops), Options(family="nv2"))
     tuned = {"float16->float32": ("nv2", _traits(Nv2Traits, 1)[0].tile)}
     assert choose(H200, _problem(pair, ops), tuned=tuned).traits.family == "khr"
+    # The live H200 (driver 580) does list it: the nv2 choice then keeps its epilogue.
+    live = replace(H200, features={**H200.features,
+                                   "cooperativeMatrixPerElementOperations": True})
+    assert choose(live, _problem(pair, ops), tuned=tuned).traits.family == "nv2"
+    assert choose(live, _problem(pair, ops), Options(family="nv2")).traits.ops == ops
 
 
 # -- live -------------------------------------------------------------------------------
@@ -180,6 +186,31 @@ def test_combinations_edge_shape(live_device_info, act, bias, residual) -> None:
     ref, tol, _ = oracle(a, b, bv, act, rv)
     check(d, ref, tol, np.float16)
     assert coopmat.linalg.last_kernel_traits().ops == ops_of(bv, act, rv)
+
+
+NV2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
+                "cooperativeMatrixTensorAddressing", "cooperativeMatrixPerElementOperations")
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_nv2_per_element_epilogue(live_device_info, act, dtype) -> None:
+    """The nv2 family's fused epilogue (OpCooperativeMatrixPerElementOpNV) where the
+    device runs it (no CPU driver does: on the H200 by hand): edge and whole tiles, every
+    operation with and without bias and residual."""
+    if not all(live_device_info.has(f) for f in NV2_FEATURES):
+        pytest.skip("the device lacks VK_NV_cooperative_matrix2's per-element operations")
+    for M, N, K in ((37, 45, 19), (256, 256, 128), (300, 520, 72)):
+        a, b = f16(M, K), f16(K, N)
+        for bias, residual in ((True, True), (True, False), (False, True)):
+            bv = f16(N) if bias else None
+            rv = f16(M, N) if residual else None
+            d = coopmat.matmul(a, b, bias=bv, activation=act, residual=rv, dtype=dtype,
+                               family="nv2")
+            t = coopmat.linalg.last_kernel_traits()
+            assert isinstance(t, Nv2Traits) and t.ops == ops_of(bv, act, rv)
+            ref, tol, _ = oracle(a, b, bv, act, rv)
+            check(d, ref, tol, dtype)
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 33, 8), (17, 16, 1), (64, 64, 64), (70, 130, 40)])

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from spirv_checks import assert_valid
 
 import coopmat
 import coopmat.linalg
 import coopmat.policy.kernel as policy_kernel
 from coopmat.codegen import KhrTraits, Layout
 from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
-from coopmat.codegen.tools import find_tool, validate
+from coopmat.codegen.tools import find_tool
 from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
@@ -231,7 +232,7 @@ def test_reduction_kernels_validate(stored: CT) -> None:
     for has_c in (False, True):
         for ops in (None, EpilogueOps(bias=True, activation=Activation.GELU_TANH),
                     EpilogueOps(activation=Activation.SILU, residual=True)):
-            validate(reduce_kernel(ReduceTraits(stored, has_c, ops)).spirv)
+            assert_valid(reduce_kernel(ReduceTraits(stored, has_c, ops)).spirv)
 
 
 # -- live --------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class Op(enum.IntEnum):
     CooperativeMatrixMulAddKHR = 4459
     CooperativeMatrixLengthKHR = 4460
     # SPV_NV_cooperative_matrix2
-    CooperativeMatrixPerElementOpNV = 5366
+    CooperativeMatrixPerElementOpNV = 5369
     CooperativeMatrixLoadTensorNV = 5367
     CooperativeMatrixStoreTensorNV = 5368
     # SPV_NV_tensor_addressing

@@ -163,13 +163,18 @@ class Executor:
         return rec
 
     def run(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
-            downloads: Sequence[Copy], name: tuple[Any, ...] | None = None) -> float | None:
+            downloads: Sequence[Copy], name: tuple[Any, ...] | None = None,
+            then: Callable[[], int] | None = None) -> float | None:
         """Run one submission and wait for it; returns the dispatches' GPU time in seconds
-        (None where the queue has no timestamps). name: as _recording's."""
+        (None where the queue has no timestamps). name: as _recording's. then: submits
+        more work on this stream right behind it (a copy of the result into the caller's
+        memory, say) and returns its ticket (0: none), waited for with it."""
         with self.lock:
             with self.stream.lock:  # no other submission between busy() and this one
                 rec = self._recording(lambda: (uploads, dispatches, downloads), True, name)
                 ticket = self.stream.submit(rec.cmd, rec.what)
+            if then is not None:
+                ticket = max(ticket, then())
             # Timed runs share one query pair, so they hold the lock until read.
             self.stream.wait(ticket)
             return self._gpu_seconds()

@@ -133,6 +133,7 @@ class PreparedGemm:
             operand_kind, d_kind = upload_kind, download_kind
         self._acquired: list[Buffer] = []
         self._written: list[tuple[Buffer, Staged]] = []  # where each input was staged
+        self._pending = 0  # a ticket of copies still reading the caller's arrays
         try:
             inputs = [(a, sa), (b, sb)] + ([(c, sc)] if c is not None and sc else [])
             # The fused epilogue's operands (bias as 1 x 1 x N), bound after C.
@@ -159,7 +160,9 @@ class PreparedGemm:
                     self.uploads.append(Copy(host, dev_buf, s.nbytes))
                 device_bufs.append(dev_buf)
             if bulk_jobs:
-                rt.transfers.upload_many(bulk_jobs)
+                # Not waited for here: the kernel's submission runs after these copies,
+                # and execute() (or release()) waits for it before the caller returns.
+                self._pending = rt.transfers.upload_many(bulk_jobs, wait=False)
             d_buf = self._take(d_kind, self.d_bytes)
             self.d_host = d_buf if d_kind is download_kind else self._take(
                 download_kind, self.d_bytes)
@@ -212,9 +215,54 @@ class PreparedGemm:
         """Run the kernel; with transfers, also the staging copies in and out. Its
         recording is kept under this GEMM's serial: change no dispatch after the first
         run."""
-        return self.rt.executor.run(self.uploads if transfers else [], self.dispatches,
-                                    self.downloads if transfers else [],
-                                    name=("prepared", self.serial, transfers))
+        try:
+            return self.rt.executor.run(self.uploads if transfers else [], self.dispatches,
+                                        self.downloads if transfers else [],
+                                        name=("prepared", self.serial, transfers))
+        finally:
+            self._pending = 0  # run waited for a later ticket of the same stream
+
+    def execute_into(self, out: np.ndarray) -> float | None:
+        """execute() and read(out) in one: where `out` is kept imported (mode 'auto',
+        Transfers.kept_download), D's copy into it goes right behind the kernel and the
+        call waits once for both."""
+        kept = False
+
+        def then() -> int:
+            nonlocal kept
+            ticket = self.rt.transfers.kept_download(self.d_host, 0, out.reshape(
+                self.shape)) if self.bulk and out.flags.c_contiguous and \
+                out.dtype == self.result_dtype else None
+            kept = ticket is not None
+            return ticket or 0
+
+        try:
+            seconds = self.rt.executor.run(self.uploads, self.dispatches, self.downloads,
+                                           then=then)
+        finally:
+            self._pending = 0
+        if not kept:
+            self.read(out)
+        return seconds
+
+    def execute_new(self) -> tuple[float | None, np.ndarray]:
+        """execute() and read_new() in one: where a kept pinned block is ready
+        (Transfers.new_download), D's copy into it rides in the kernel's submission,
+        so the call waits once instead of twice."""
+        target = self.rt.transfers.new_download(self.d_bytes) if self.bulk else None
+        if target is None:
+            seconds = self.execute()
+            return seconds, self.read_new()
+        try:
+            seconds = self.rt.executor.run(self.uploads, self.dispatches, [
+                Copy(self.d_host, target.dst, self.d_bytes, dst_offset=target.offset)])
+        except BaseException:
+            target.abandon()
+            raise
+        finally:
+            self._pending = 0
+        raw = target.array()
+        return seconds, raw.view(self.result_dtype).reshape(self.shape)
 
     def independent_copies(self, count: int) -> list[Dispatch]:
         """The GEMM dispatch `count` times, each writing its own D (the first the call's
@@ -266,6 +314,9 @@ class PreparedGemm:
         return raw.view(self.result_dtype).reshape(self.shape)
 
     def release(self) -> None:
+        if self._pending:  # never executed: the caller's arrays may change once we return
+            self.rt.stream.wait(self._pending)
+            self._pending = 0
         for buf in self._acquired:
             self.rt.pool.release(buf)
         self._acquired = []
@@ -487,11 +538,10 @@ def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.nd
     g = PreparedGemm(rt, pair, a, b, c, batch, alpha, beta, options=options,
                      bias=bias, residual=residual, ops=ops)
     try:
-        seconds = g.execute()
         if out is None:
-            out = g.read_new()
+            seconds, out = g.execute_new()
         else:
-            g.read(out)
+            seconds = g.execute_into(out)
     finally:
         g.release()
     return GemmResult(seconds, g.traits, g.choice.split_k), out

@@ -206,7 +206,7 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
     return GemmResult(None, traits)
 
 
-def _thread(fn: Callable[[], None], errors: list[BaseException]) -> threading.Thread:
+def _thread(fn: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
     def body() -> None:
         try:
             fn()

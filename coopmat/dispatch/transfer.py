@@ -169,6 +169,23 @@ class _Lane:
         v.vkDestroyCommandPool(self.t.device.handle, self.cmd_pool, None)
 
 
+class NewDownload:
+    """A kept pinned block lent for one result (Transfers.new_download): `dst` at
+    `offset` is where the device copies it; `array()` once that copy has completed,
+    `abandon()` where it never will be used."""
+
+    def __init__(self, dst: Buffer, offset: int, nbytes: int, block: _PinnedBlock,
+                 returned: deque[_PinnedBlock]) -> None:
+        self.dst, self.offset, self.nbytes = dst, offset, nbytes
+        self._block, self._returned = block, returned
+
+    def array(self) -> np.ndarray:
+        return self._block.lend(self.nbytes, self._returned)
+
+    def abandon(self) -> None:
+        self._returned.append(self._block)
+
+
 class _Imported:
     """A host range imported as device memory (VK_EXT_external_memory_host), bound to a
     buffer; `offset` is where the array's first byte lies in it."""
@@ -215,6 +232,9 @@ class _Imported:
         v.vkDestroyBuffer(dev, self.buffer, None)
         if self.memory is not None:
             v.vkFreeMemory(dev, self.memory, None)
+        # A kept recording may copy into this buffer (new_download): recordings are
+        # valid within one of the pool's generations.
+        self.t.pool.generation += 1
 
 
 class _PinnedBlock:
@@ -356,34 +376,45 @@ class Transfers:
     def upload_many(self, jobs: list[tuple[np.ndarray, Buffer]], stream: Stream | None = None,
                     waits: Sequence[tuple[Stream, int]] = (),
                     on_job: Callable[[int, int], None] | None = None,
-                    dst_offsets: Sequence[int] | None = None) -> None:
+                    dst_offsets: Sequence[int] | None = None, wait: bool = True) -> int:
         """upload() of several arrays, their chunks spread over the lanes together, in
         job order (a GEMM's A and B: one array's tail does not leave lanes idle).
         stream: the queue whose lanes copy (default: the compute stream); waits: other
         streams' work the copies wait for; on_job(j, ticket): job j's copies are all
-        submitted, and complete once `stream` reaches ticket."""
+        submitted, and complete once `stream` reaches ticket.
+
+        Returns once the arrays may change. With wait=False, copies still reading an
+        array (mode 'auto''s kept imports) may be in flight: the returned ticket of the
+        compute stream (0: none) must be waited for before the caller returns to its
+        own caller; work submitted on that stream meanwhile runs after them."""
         offsets = list(dst_offsets) if dst_offsets is not None else [0] * len(jobs)
         if self.unified or (self.mode == "import" and stream is None):
             for j, ((src, dst), off) in enumerate(zip(jobs, offsets, strict=True)):
                 self.upload(src, dst, off)
                 if on_job is not None:
                     on_job(j, self.stream.submitted)
-            return
+            return 0
         if self.mode == "auto" and stream is None and on_job is None:
-            self._auto_upload([(src, dst, off) for (src, dst), off in zip(jobs, offsets,
-                                                                         strict=True)])
-            return
+            return self._auto_upload([(src, dst, off) for (src, dst), off
+                                      in zip(jobs, offsets, strict=True)], wait)
         self._staged_upload([(src, dst, off) for (src, dst), off in zip(jobs, offsets,
                                                                         strict=True)],
                             stream, waits, on_job)
+        return 0
 
-    def _auto_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]]) -> None:
-        """Mode 'auto': arrays kept imported go in one device copy each, waited for
-        together (the arrays may change once this returns); the lanes take the rest
-        together, and their arrays are noted or imported for next time."""
+    def _auto_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]],
+                     wait: bool = True) -> int:
+        """Mode 'auto': arrays kept imported go in one device copy each (waited for
+        together unless `wait` is False: then their ticket is returned, as upload_many
+        says); the lanes take the rest together, and their arrays are noted or imported
+        for next time. The kept copies are taken only on an idle device (decided once,
+        before any of them: each would queue behind earlier work, where the lanes start
+        at once), and then for every kept array of the call: A's copy must not send B to
+        the lanes."""
+        idle = not self.stream.busy()
         rest, tickets = [], []
         for src, dst, off in jobs:
-            ticket = self._pinned_copy(src, dst, off, upload=True)
+            ticket = self._pinned_copy(src, dst, off, upload=True) if idle else None
             if ticket is None:
                 rest.append((src, dst, off))
             else:
@@ -392,8 +423,10 @@ class Transfers:
             self._staged_upload(rest)
         for src, _, _ in rest:
             self._pin_later(src)
-        if tickets:
+        if tickets and wait:
             self.stream.wait(max(tickets))
+            return 0
+        return max(tickets, default=0)
 
     def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]],
                        stream: Stream | None = None, waits: Sequence[tuple[Stream, int]] = (),
@@ -485,6 +518,14 @@ class Transfers:
         if keep:
             self._pin_later(dst)
 
+    def kept_download(self, src: Buffer, src_offset: int, dst: np.ndarray) -> int | None:
+        """Submit the copy of dst.nbytes from src into `dst` where dst's array is kept
+        imported (mode 'auto'), after all work submitted so far; its ticket, for the
+        caller to wait for before reading dst. None where it is not (download() then)."""
+        if self.mode != "auto" or self.unified or src.mapped is not None:
+            return None
+        return self._pinned_copy(dst, src, src_offset, upload=False)
+
     def _lane_download(self, src: Buffer, src_offset: int, dst: np.ndarray,
                        stream: Stream | None, waits: Sequence[tuple[Stream, int]]) -> None:
         nbytes = dst.nbytes
@@ -534,6 +575,21 @@ class Transfers:
             self._returned.append(block)
             raise
         return block.lend(nbytes, self._returned)
+
+    def new_download(self, nbytes: int) -> NewDownload | None:
+        """A kept pinned block, already imported, for the caller to record the copy of a
+        new nbytes result into (in its own submission: no separate copy and wait, as
+        download_new makes); None where there is none ready (download_new then)."""
+        if nbytes < PINNED_MIN_BYTES or not self.can_import:
+            return None
+        block = self._take_block(nbytes)
+        imp = block.imported
+        if imp is None:
+            self._returned.append(block)  # download_new takes it again, through the lanes
+            return None
+        dst = Buffer(Kind.DOWNLOAD, imp.size, imp.buffer, None, None,
+                     int(vk().ffi.cast("uintptr_t", imp.buffer)))
+        return NewDownload(dst, imp.offset, nbytes, block, self._returned)
 
     def _take_block(self, nbytes: int) -> _PinnedBlock:
         """The smallest free block of nbytes to 2 nbytes (imported ones first), else a new
@@ -591,11 +647,13 @@ class Transfers:
     def _one_copy(self, src: Any, src_offset: int, dst: Any, dst_offset: int, nbytes: int,
                   upload: bool) -> int:
         """One device copy between buffer handles on a single lane of the compute stream;
-        its ticket."""
+        its ticket. It takes the lane's older command buffer: a GEMM's kept A and B go out
+        back to back, B's submission not waiting for A's copy to complete."""
         lane = self._lanes_of(Kind.UPLOAD if upload else Kind.DOWNLOAD, 1)[0]
         with lane.lock:
-            lane.slot(0)
-            return lane.copy(0, src, src_offset, dst, dst_offset, nbytes,
+            i = 0 if lane.tickets[0] <= lane.tickets[1] else 1
+            lane.slot(i)
+            return lane.copy(i, src, src_offset, dst, dst_offset, nbytes,
                              "a copy to the device" if upload else "a copy from the device")
 
     def _drop(self, block: _PinnedBlock) -> None:
@@ -620,11 +678,9 @@ class Transfers:
                      upload: bool) -> int | None:
         """Submit one device copy between `host` and buf at offset through the kept
         import of host's array; its ticket, for the caller to wait for before the array
-        may change (upload) or be read (download). None where there is no ready import,
-        or, uploading, where earlier work still runs (the copy would wait for it: the
-        lanes return sooner)."""
+        may change (upload) or be read (download). None where there is no ready import."""
         owner = self._pinnable(host)
-        if owner is None or (upload and self.stream.busy()):
+        if owner is None:
             return None
         with self._pin_lock:
             self._forget_dead()

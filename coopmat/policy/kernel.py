@@ -450,8 +450,8 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
             raise ValueError(f"the gemv kernel family cannot run this {problem.M}x"
                              f"{problem.N}x{problem.K} product: {why_not}")
         fam, tile, why = "khr", None, "default"  # a tuned gemv choice that does not fit
-    if fam == "nv2" and problem.ops is not None and (
-            not info.has("cooperativeMatrixPerElementOperations") or not options.family):
+    if fam == "nv2" and problem.ops is not None and \
+            not info.has("cooperativeMatrixPerElementOperations"):
         if options.family == "nv2":
             raise MissingFeatureError(
                 f"a fused epilogue on the nv2 kernel family needs "
