@@ -16,7 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.codegen.spv import Decoration, Op, StorageClass, TensorAddressingOperands
+from coopmat.codegen.spv import (
+    Decoration,
+    GLSLstd450,
+    Op,
+    StorageClass,
+    TensorAddressingOperands,
+)
 
 try:
     import ml_dtypes
@@ -68,6 +74,7 @@ class Nv2Emulator:
         self.bindings: dict[int, int] = {}
         self.builtins: dict[int, int] = {}
         self.body: list[tuple[int, list[int]]] = []
+        self.entry = 0
         in_fn = False
         for op, w in _decode(spirv):
             if op == Op.Function:
@@ -75,8 +82,19 @@ class Nv2Emulator:
             if in_fn:
                 self.body.append((op, w))
                 continue
+            if op == Op.EntryPoint:
+                self.entry = w[1]
             self._declare(op, w)
         self.labels = {w[0]: i for i, (op, w) in enumerate(self.body) if op == Op.Label}
+        # Each function's first instruction and parameters (the per-element function of
+        # the fused epilogue is called by OpCooperativeMatrixPerElementOpNV).
+        self.functions: dict[int, tuple[int, list[int]]] = {}
+        for i, (op, w) in enumerate(self.body):
+            if op == Op.Function:
+                fid = w[1]
+                self.functions[fid] = (i, [])
+            elif op == Op.FunctionParameter:
+                self.functions[fid][1].append(w[1])
         self.loads = {0: 0, 1: 0}  # tensor loads run, by clamp mode (Undefined, Constant)
 
     # -- module-level declarations ------------------------------------------------------
@@ -119,7 +137,8 @@ class Nv2Emulator:
                 self.bindings[w[0]] = w[2]
             elif w[1] == Decoration.BuiltIn:
                 self.builtins[w[0]] = w[2]
-        elif op in (Op.Capability, Op.Extension, Op.MemoryModel, Op.EntryPoint,
+        elif op in (Op.Capability, Op.Extension, Op.ExtInstImport, Op.MemoryModel,
+                    Op.EntryPoint,
                     Op.ExecutionMode, Op.Name, Op.MemberName, Op.MemberDecorate):
             pass
         else:
@@ -198,7 +217,7 @@ class Nv2Emulator:
         """Execute main() for one workgroup; buffers are numpy arrays by binding."""
         self.values: dict[int, Any] = dict(self.consts)
         memory: dict[int, Any] = {}
-        pc = 0
+        pc = self.functions[self.entry][0]
         steps = 0
         while True:
             steps += 1
@@ -237,6 +256,9 @@ class Nv2Emulator:
                 return memory[ptr]
             if ptr in self.builtins:
                 return workgroup
+            if isinstance(v.get(ptr), tuple) and v[ptr][0] == "buffer":
+                _, binding, index = v[ptr]  # a scalar load, or one per element of a tile
+                return buffers[binding][index]  # IndexError: read outside the buffer
             if isinstance(v.get(ptr), tuple) and v[ptr][0] == "push":
                 member = v[ptr][1]
                 raw = push[4 * member:4 * member + 4]
@@ -256,9 +278,12 @@ class Nv2Emulator:
             return v[a[0]][a[1]]
         if op in (Op.IAdd, Op.IMul, Op.ISub):
             x, y = v[a[0]], v[a[1]]
-            if isinstance(x, np.ndarray):
-                f = {Op.IAdd: np.add, Op.IMul: np.multiply, Op.ISub: np.subtract}[op]
+            f = {Op.IAdd: np.add, Op.IMul: np.multiply, Op.ISub: np.subtract}[op]
+            if self.types[rt][0] == "coopmat":
                 return f(x.astype(np.int64), y.astype(np.int64)).astype(x.dtype)
+            if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+                res = f(np.asarray(x, np.int64), np.asarray(y, np.int64)) & MASK
+                return np.where(res >> 31, res - (1 << 32), res) if self.types[rt][2] else res
             res = {Op.IAdd: x + y, Op.IMul: x * y, Op.ISub: x - y}[op] & MASK
             return res - (1 << 32) if self.types[rt][2] and res >> 31 else res
         if op == Op.IEqual:
@@ -270,22 +295,42 @@ class Nv2Emulator:
         if op == Op.ULessThanEqual:
             return (v[a[0]] & MASK) <= (v[a[1]] & MASK)
         if op == Op.LogicalAnd:
-            return bool(v[a[0]]) and bool(v[a[1]])
+            return np.logical_and(v[a[0]], v[a[1]])
         if op == Op.BitwiseAnd:
             return v[a[0]] & v[a[1]] & MASK
         if op in (Op.UDiv, Op.UMod):
             x, y = v[a[0]] & MASK, v[a[1]] & MASK
             return x // y if op == Op.UDiv else x % y
         if op == Op.Select:
+            if isinstance(v[a[0]], np.ndarray):
+                return np.where(v[a[0]], v[a[1]], v[a[2]])
             return v[a[1]] if v[a[0]] else v[a[2]]
         if op == Op.FConvert:
+            if isinstance(v[a[0]], np.ndarray):
+                return v[a[0]].astype(self._elem_dtype(rt))
             return float(np.array(v[a[0]], np.float32).astype(self.dtype(rt)))
         if op == Op.CompositeConstruct:
             return self._splat(rt, v[a[0]])
-        if op in (Op.FAdd, Op.FMul):
-            dt = self.dtype(self.types[rt][1])
-            x, y = v[a[0]].astype(np.float64), v[a[1]].astype(np.float64)
-            return (x + y if op == Op.FAdd else x * y).astype(dt)
+        if op in (Op.FAdd, Op.FMul, Op.FDiv):
+            # Computed in float64 and rounded once: the correctly rounded result.
+            dt = self._elem_dtype(rt)
+            x, y = np.asarray(v[a[0]], np.float64), np.asarray(v[a[1]], np.float64)
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                res = x + y if op == Op.FAdd else x * y if op == Op.FMul else x / y
+            return res.astype(dt)
+        if op == Op.FOrdLessThan:
+            return np.asarray(v[a[0]]) < np.asarray(v[a[1]])
+        if op == Op.ExtInst:
+            inst, args = GLSLstd450(a[1]), [np.asarray(v[x], np.float64) for x in a[2:]]
+            with np.errstate(over="ignore"):
+                if inst == GLSLstd450.Exp2:
+                    return np.exp2(args[0]).astype(self._elem_dtype(rt))
+                if inst == GLSLstd450.FMin:
+                    return np.minimum(args[0], args[1]).astype(self._elem_dtype(rt))
+            raise NotImplementedError(f"GLSL.std.450 {inst.name}")
+        if op == Op.CooperativeMatrixPerElementOpNV:
+            return self._per_element(v[a[0]], a[1], [v[x] for x in a[2:]], buffers, push,
+                                     workgroup)
         if op == Op.MatrixTimesScalar:
             dt = self.dtype(self.types[rt][1])
             return (v[a[0]].astype(np.float64) * float(v[a[1]])).astype(dt)
@@ -331,6 +376,35 @@ class Nv2Emulator:
         if op == Op.CooperativeMatrixLoadTensorNV:
             return self._load_tensor(rt, a, buffers)
         raise NotImplementedError(f"opcode {op}")
+
+    def _elem_dtype(self, type_id: int) -> np.dtype:
+        """The element dtype of a scalar type or of a cooperative matrix type."""
+        kind = self.types[type_id]
+        return self.dtype(kind[1] if kind[0] == "coopmat" else type_id)
+
+    def _per_element(self, mat: np.ndarray, fid: int, extras: list[Any],
+                     buffers: dict[int, np.ndarray], push: bytes,
+                     workgroup: tuple[int, int, int]) -> np.ndarray:
+        """OpCooperativeMatrixPerElementOpNV: the function called on every element, with
+        its row and column in the matrix, the element and the extra operands. Run once on
+        whole arrays of rows, columns and elements (the function is straight-line code:
+        the generator emits no branches there), which is the same per element."""
+        start, params = self.functions[fid]
+        rows, cols = np.meshgrid(np.arange(mat.shape[0], dtype=np.int64),
+                                 np.arange(mat.shape[1], dtype=np.int64), indexing="ij")
+        for pid, value in zip(params, [rows, cols, mat, *extras], strict=True):
+            self.values[pid] = value
+        pc = start
+        while True:
+            op, w = self.body[pc]
+            pc += 1
+            if op in (Op.Function, Op.FunctionParameter, Op.Label):
+                continue
+            if op == Op.ReturnValue:
+                return np.broadcast_to(self.values[w[0]], mat.shape).astype(mat.dtype)
+            assert op not in (Op.Branch, Op.BranchConditional, Op.Return, Op.Store), \
+                f"opcode {op} in a per-element function"
+            self.values[w[1]] = self._compute(op, w, {}, buffers, push, workgroup)
 
     def _load_tensor(self, mat_type: int, a: list[int],
                      buffers: dict[int, np.ndarray]) -> np.ndarray:

@@ -4,7 +4,8 @@ Live tests (khr kernels on the device scripts/test runs, lavapipe in CI) compare
 float64 numpy oracle of that formula (torch's definitions: gelu with approximate="tanh",
 silu = x * sigmoid(x)); the tolerance is the K-term dot-product bound of test_matmul plus
 the result's rounding and a small allowance for the device's tanh/exp. The nv2 kernel
-(no CPU driver runs it) is checked with spirv-val. Codegen and policy tests need no device.
+(no CPU driver runs it) is checked with spirv-val here, on the nv2 emulator in
+test_codegen_nv2, and live where a device runs it. Codegen and policy tests need no device.
 """
 
 from __future__ import annotations
@@ -193,11 +194,13 @@ NV2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDim
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_nv2_per_element_epilogue(live_device_info, act, dtype) -> None:
+@pytest.mark.parametrize("dtype,accumulator", [(np.float16, None), (np.float32, None),
+                                               (np.float16, "float16")])
+def test_nv2_per_element_epilogue(live_device_info, act, dtype, accumulator) -> None:
     """The nv2 family's fused epilogue (OpCooperativeMatrixPerElementOpNV) where the
-    device runs it (no CPU driver does: on the H200 by hand): edge and whole tiles, every
-    operation with and without bias and residual."""
+    device runs it (no CPU driver does: on the H200 by hand; the emulator of
+    test_codegen_nv2 runs it everywhere): edge and whole tiles, every operation with and
+    without bias and residual; a float16 accumulator's epilogue still runs in float32."""
     if not all(live_device_info.has(f) for f in NV2_FEATURES):
         pytest.skip("the device lacks VK_NV_cooperative_matrix2's per-element operations")
     for M, N, K in ((37, 45, 19), (256, 256, 128), (300, 520, 72)):
@@ -206,10 +209,13 @@ def test_nv2_per_element_epilogue(live_device_info, act, dtype) -> None:
             bv = f16(N) if bias else None
             rv = f16(M, N) if residual else None
             d = coopmat.matmul(a, b, bias=bv, activation=act, residual=rv, dtype=dtype,
-                               family="nv2")
+                               accumulator=accumulator, family="nv2")
             t = coopmat.linalg.last_kernel_traits()
             assert isinstance(t, Nv2Traits) and t.ops == ops_of(bv, act, rv)
             ref, tol, _ = oracle(a, b, bv, act, rv)
+            if accumulator == "float16":  # K products summed in float16
+                tol = tol + 1.2 * K * 2.0 ** -11 * (np.abs(a.astype(np.float64))
+                                                    @ np.abs(b.astype(np.float64)))
             check(d, ref, tol, dtype)
 
 

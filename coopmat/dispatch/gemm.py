@@ -314,12 +314,14 @@ class PreparedGemm:
         return raw.view(self.result_dtype).reshape(self.shape)
 
     def release(self) -> None:
-        if self._pending:  # never executed: the caller's arrays may change once we return
-            self.rt.stream.wait(self._pending)
-            self._pending = 0
-        for buf in self._acquired:
-            self.rt.pool.release(buf)
-        self._acquired = []
+        pending, self._pending = self._pending, 0
+        try:
+            if pending:  # never executed: the caller's arrays may change once we return
+                self.rt.stream.wait(pending)
+        finally:
+            for buf in self._acquired:
+                self.rt.pool.release(buf)
+            self._acquired = []
 
 
 @dataclass(frozen=True)
