@@ -59,6 +59,15 @@ class Kind(enum.Enum):
     __hash__ = object.__hash__
 
 
+# Per kind of buffer: (property flags its memory type must have, flags preferred).
+MEMORY_FLAGS: dict[Kind, tuple[int, int]] = {
+    Kind.DEVICE: (DEVICE_LOCAL, 0),
+    Kind.UPLOAD: (HOST_VISIBLE | HOST_COHERENT, 0),
+    Kind.DOWNLOAD: (HOST_VISIBLE | HOST_COHERENT, HOST_CACHED),
+    Kind.SHARED: (DEVICE_LOCAL | HOST_VISIBLE | HOST_COHERENT, HOST_CACHED),
+}
+
+
 @dataclass
 class Buffer:
     kind: Kind
@@ -120,12 +129,7 @@ class MemoryPool:
 
     # -- choosing memory -------------------------------------------------------------
     def _memory_type(self, kind: Kind, type_bits: int) -> int:
-        required, preferred = {
-            Kind.DEVICE: (DEVICE_LOCAL, 0),
-            Kind.UPLOAD: (HOST_VISIBLE | HOST_COHERENT, 0),
-            Kind.DOWNLOAD: (HOST_VISIBLE | HOST_COHERENT, HOST_CACHED),
-            Kind.SHARED: (DEVICE_LOCAL | HOST_VISIBLE | HOST_COHERENT, HOST_CACHED),
-        }[kind]
+        required, preferred = MEMORY_FLAGS[kind]
         candidates = [i for i, (f, _) in enumerate(self._types)
                       if type_bits & (1 << i) and f & required == required]
         if not candidates:
