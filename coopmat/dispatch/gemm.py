@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -211,14 +212,21 @@ class PreparedGemm:
         self._acquired.append(buf)
         return buf
 
-    def execute(self, transfers: bool = True) -> float | None:
+    def execute(self, transfers: bool = True,
+                then: Callable[[], int] | None = None) -> float | None:
         """Run the kernel; with transfers, also the staging copies in and out. Its
         recording is kept under this GEMM's serial: change no dispatch after the first
-        run."""
+        run. then: as Executor.run's."""
+        return self._run(self.uploads if transfers else [],
+                         self.downloads if transfers else [],
+                         ("prepared", self.serial, transfers), then)
+
+    def _run(self, uploads: list[Copy], downloads: list[Copy],
+             name: tuple[Any, ...] | None = None,
+             then: Callable[[], int] | None = None) -> float | None:
         try:
-            return self.rt.executor.run(self.uploads if transfers else [], self.dispatches,
-                                        self.downloads if transfers else [],
-                                        name=("prepared", self.serial, transfers))
+            return self.rt.executor.run(uploads, self.dispatches, downloads, name=name,
+                                        then=then)
         finally:
             self._pending = 0  # run waited for a later ticket of the same stream
 
@@ -236,11 +244,7 @@ class PreparedGemm:
             kept = ticket is not None
             return ticket or 0
 
-        try:
-            seconds = self.rt.executor.run(self.uploads, self.dispatches, self.downloads,
-                                           then=then)
-        finally:
-            self._pending = 0
+        seconds = self.execute(then=then)
         if not kept:
             self.read(out)
         return seconds
@@ -254,13 +258,11 @@ class PreparedGemm:
             seconds = self.execute()
             return seconds, self.read_new()
         try:
-            seconds = self.rt.executor.run(self.uploads, self.dispatches, [
-                Copy(self.d_host, target.dst, self.d_bytes, dst_offset=target.offset)])
+            seconds = self._run(self.uploads, [Copy(self.d_host, target.dst, self.d_bytes,
+                                                    dst_offset=target.offset)])
         except BaseException:
             target.abandon()
             raise
-        finally:
-            self._pending = 0
         raw = target.array()
         return seconds, raw.view(self.result_dtype).reshape(self.shape)
 

@@ -561,20 +561,20 @@ class Transfers:
             self.download(src, src_offset, out)
             return out
         block = self._take_block(nbytes)
-        imp = block.imported
-        if imp is None:
+        target = self._lent(block, nbytes)
+        if target is None:
             raw = block.lend(nbytes, self._returned)
             self.download(src, src_offset, raw)
             self._import_later(block)
             return raw
-        ticket = self._one_copy(src.handle, src_offset, imp.buffer, imp.offset, nbytes,
-                                upload=False)
+        ticket = self._one_copy(src.handle, src_offset, target.dst.handle, target.offset,
+                                nbytes, upload=False)
         try:
             self.stream.wait(ticket)
         except BaseException:
-            self._returned.append(block)
+            target.abandon()
             raise
-        return block.lend(nbytes, self._returned)
+        return target.array()
 
     def new_download(self, nbytes: int) -> NewDownload | None:
         """A kept pinned block, already imported, for the caller to record the copy of a
@@ -583,9 +583,15 @@ class Transfers:
         if nbytes < PINNED_MIN_BYTES or not self.can_import:
             return None
         block = self._take_block(nbytes)
+        target = self._lent(block, nbytes)
+        if target is None:
+            self._returned.append(block)  # download_new takes it again, through the lanes
+        return target
+
+    def _lent(self, block: _PinnedBlock, nbytes: int) -> NewDownload | None:
+        """The block as a device copy's destination, where it is imported already."""
         imp = block.imported
         if imp is None:
-            self._returned.append(block)  # download_new takes it again, through the lanes
             return None
         dst = Buffer(Kind.DOWNLOAD, imp.size, imp.buffer, None, None,
                      int(vk().ffi.cast("uintptr_t", imp.buffer)))
