@@ -1,12 +1,12 @@
 """Decode-shaped GEMM (few rows against a float16 weight): every rows-family tile of the
-sweep (codegen/rows_tiles.py), for the x @ w.T layout (NxK^T) and at most GEMV_MAX_M rows
-every gemv-family tile of its sweep (codegen/gemv_tiles.py), the khr kernel the policy
-would run, and torch, as weight bytes read per second from GPU timestamps over SERIAL
-dispatches back to back (torch: CUDA events over 100 launches), and the time of one
-dispatch alone. `--families` picks the swept ones: rows, gemv, splitk (the khr
-kernel forced to a split-K of S = 2, 4, 8 slices: labels splitk2 etc., both dispatches
-timed) and khrtiles (the khr kernel's few-row tuning candidates, unsplit). Prints the
-best tiles per shape, with the driver's register count where COOPMAT_PIPELINE_STATS=1.
+sweep (codegen/rows_tiles.py), for the x @ w.T layout (NxK^T) and at most GEMV_MAX_M
+rows every gemv-family tile of its sweep (codegen/gemv_tiles.py), the khr kernel the
+policy would run, and torch, as weight bytes read per second from GPU timestamps over
+SERIAL dispatches back to back (torch: CUDA events over 100 launches), and the time of
+one dispatch alone. `--families` picks the swept ones: rows, gemv, splitk (the khr
+kernel forced to a split-K of S = 2, 4, 8 slices: labels splitk2 etc.) and khrtiles (the
+khr kernel's few-row tuning candidates, unsplit). Prints the best tiles per shape, with
+the driver's register count where COOPMAT_PIPELINE_STATS=1.
 
     COOPMAT_PIPELINE_STATS=1 python benchmarks/decode_sweep.py [--ms 1,8,16,64]
         [--shapes 4096x4096,4096x14336] [--top 6] [--json FILE]
@@ -127,8 +127,7 @@ def measure(rt: Any, g: PreparedGemm, label: str, ref: np.ndarray) -> Found:
 def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
                        ref: np.ndarray) -> list[Found]:
     """The khr kernel split over S = 2, 4, 8 slices of K (forced: Options(split_k=S)), each
-    timed like the others: kernel_s times both of its dispatches (the slice GEMM into
-    float32 partials and the reduction into D). Shapes S does not split are skipped."""
+    timed like the others (kernel_s). Shapes S does not split are skipped."""
     out = []
     for S in (2, 4, 8):
         g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
@@ -213,7 +212,7 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                         if split is not None and plan.choice.split_k != split:
                             continue  # the product does not split so
                         temps = plan_temps(rt, plan)
-                        dispatch = _plan_dispatches(plan, a, b, None, d_op, None, None, temps)
+                        dispatch = _plan_dispatches(rt, plan, a, b, None, d_op, None, None, temps)
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue

@@ -419,7 +419,6 @@ def test_spv_numbers_agree_with_spirv_tools() -> None:
 
     from coopmat.codegen.dequant import dequant_kernel
     from coopmat.codegen.pack import pack_kernel
-    from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
     from coopmat.codegen.traits import Activation, EpilogueOps
     from coopmat.codegen.variants import device_variants
 
@@ -432,7 +431,9 @@ def test_spv_numbers_agree_with_spirv_tools() -> None:
     for (family, _, result), t in seen.items():
         if family in ("khr", "nv2") and result.is_float:
             modules.append(build_gemm(replace(t, ops=ops)).spirv)  # type: ignore[type-var]
-    modules += [reduce_kernel(ReduceTraits(CT.FLOAT16, True, ops)).spirv,
+    split = seen[("khr", CT.FLOAT16, CT.FLOAT32)]  # a split-K's counters and atomics
+    modules += [build_gemm(replace(split, split_k=4, has_c=True, ops=ops,  # type: ignore[type-var]
+                                   out_type=CT.FLOAT16)).spirv,
                 dequant_kernel("q4_0", CT.FLOAT16).spirv, pack_kernel(True).spirv]
     for spirv in modules:
         assert_valid(spirv)

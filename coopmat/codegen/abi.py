@@ -3,11 +3,15 @@
 Bindings (descriptor set 0, all storage buffers): A=0, B=1, D=2, C=3 (only with C),
 bias=4 (N elements of D's stored type; with EpilogueOps.bias), residual=5 (M x N in D's
 stored type, addressed exactly like D with ldd and batch_stride_d; with
-EpilogueOps.residual).
+EpilogueOps.residual); a split-K in one dispatch (KhrTraits.split_k = S) adds
+partials=6 (float32 workspace, split_layout) and counters=7 (one u32 a tile, zero between
+dispatches: the kernel leaves them so).
 Push constants, 4 bytes each, in this order (offsets in PUSH_FIELDS):
 M, N, K, lda, ldb, ldc, ldd, batch strides of A, B, C, D, alpha, beta, flags.
 alpha/beta are float32 for float results and int32 for integer ones.
-Workgroup (x, y, z) covers (column tile, row tile, batch).
+Workgroup (x, y, z) covers (column tile, row tile, batch), or (column tile, row tile,
+slice of K) in a split-K, whose batch strides of A and B step from one slice to the next
+and whose C and D are one matrix each.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from coopmat.codegen.traits import (
 
 BINDING_A, BINDING_B, BINDING_D, BINDING_C = 0, 1, 2, 3
 BINDING_BIAS, BINDING_RESIDUAL = 4, 5
+BINDING_PARTIALS, BINDING_COUNTERS = 6, 7
+# Tiles a split-K may have: the counters every split-K of a device shares (4 bytes each).
+SPLIT_K_MAX_TILES = 1 << 14
 
 PUSH_FIELDS = ("M", "N", "K", "lda", "ldb", "ldc", "ldd", "batch_stride_a", "batch_stride_b",
                "batch_stride_c", "batch_stride_d", "alpha", "beta", "flags")
@@ -46,7 +53,24 @@ def bindings(traits: GemmTraits) -> tuple[int, ...]:
     if traits.ops is not None:
         out += [BINDING_BIAS] if traits.ops.bias else []
         out += [BINDING_RESIDUAL] if traits.ops.residual else []
+    if isinstance(traits, KhrTraits) and traits.split_k > 1:
+        out += [BINDING_PARTIALS, BINDING_COUNTERS]
     return tuple(out)
+
+
+def split_layout(traits: KhrTraits, M: int, N: int) -> tuple[int, int, int]:
+    """(tiles, ldp, stride_p) of a split-K's workspace: `tiles` workgroup tiles (one
+    counter each), float32 partials padded to whole tiles, row stride ldp, slice stride
+    stride_p elements, so every workgroup stores its accumulators without bounds checks."""
+    t = traits.tile
+    tiles_x, tiles_y = -(-N // t.tile_n), -(-M // t.tile_m)
+    ldp = tiles_x * t.tile_n
+    return tiles_x * tiles_y, ldp, tiles_y * t.tile_m * ldp
+
+
+def split_workspace_bytes(traits: KhrTraits, M: int, N: int) -> int:
+    """Bytes of a split-K's float32 partials: S slices of split_layout's padded tiles."""
+    return traits.split_k * split_layout(traits, M, N)[2] * 4
 
 
 def cd_alignment_elems(traits: GemmTraits) -> int:

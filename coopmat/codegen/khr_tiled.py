@@ -63,6 +63,8 @@ from coopmat.codegen.spv import (
     Capability,
     CooperativeMatrixLayout,
     CooperativeMatrixUse,
+    MemoryAccess,
+    MemorySemantics,
     Op,
     Scope,
     StorageClass,
@@ -135,7 +137,7 @@ class TiledGemmEmitter:
         self.o_el = scalar_type(mb, t.stored_type)
         self.mat_out = mb.type_coopmat(self.o_el, sub, t.m, t.n,
                                        CooperativeMatrixUse.MatrixAccumulator) \
-            if t.out_matrix else None
+            if t.out_matrix and t.split_k == 1 else None  # a split-K stores D by element
         self.float_result = t.result_type.is_float
         self.alpha_t = mb.type_float(32) if self.float_result else self.r_el
 
@@ -167,6 +169,14 @@ class TiledGemmEmitter:
         self.bias, self.residual = epilogue_buffers(s, t.ops, self.o_el, ob)
         self.scratch = (s.shared_array(self.r_el, t.tile.subgroups * p.scratch_elems, "scratch")
                         if p.scratch_elems else None)
+        if t.split_k > 1:  # the float32 accumulator's partials, the tiles' arrival counts
+            # as vec4s: the finishing workgroup reads four partials of a row at once
+            self.partials = s.storage_buffer(abi.BINDING_PARTIALS,
+                                             s.mb.type_vector(self.r_el, 4), 16, False,
+                                             "partials", restrict=True)
+            self.counters = s.storage_buffer(abi.BINDING_COUNTERS, s.u32, 4, False,
+                                             "counters", restrict=True)
+            self.finishes = s.shared_array(s.u32, 1, "finishes")
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
         s.push_constants(abi.PUSH_FIELDS, types)
 
@@ -179,6 +189,7 @@ class TiledGemmEmitter:
         self.sgid = s.builtin(BuiltIn.SubgroupId, s.u32)
         self.lane = s.builtin(BuiltIn.SubgroupLocalInvocationId, s.u32)
         wx, wy, batch = (s.f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(3))
+        self.wx, self.wy = wx, wy
         # A specialized kernel has its sizes and strides as constants: the compiler folds
         # them into the address arithmetic.
         fixed = dict(zip(abi.SPECIALIZED_FIELDS, t.specialized, strict=True)) \
@@ -188,8 +199,10 @@ class TiledGemmEmitter:
         self.P = P
         self.m0 = s.mul(wy, s.c(tile.tile_m))
         self.n0 = s.mul(wx, s.c(tile.tile_n))
-        self.base_d = s.mul(batch, P["batch_stride_d"])
-        self.base_c = s.mul(batch, P["batch_stride_c"])
+        # A split-K's z is its slice of K; its C and D are one matrix.
+        self.slice = batch
+        self.base_d = s.mul(batch, P["batch_stride_d"]) if t.split_k == 1 else s.c(0)
+        self.base_c = s.mul(batch, P["batch_stride_c"]) if t.split_k == 1 else s.c(0)
         sg_m = s.udiv(self.sgid, s.c(tile.subgroups_n))
         sg_n = s.umod(self.sgid, s.c(tile.subgroups_n))
         wm, wn = tile.tile_m // tile.subgroups_m, tile.tile_n // tile.subgroups_n
@@ -519,27 +532,12 @@ class TiledGemmEmitter:
         s.coop_store_shared(scratch, base, acc, CooperativeMatrixLayout.RowMajor,
                             s.c(t.n))
         s.barrier(Scope.Workgroup)
-        types = Types(self.r_el, self.o_el)
-        eops = self.element_ops
-
         def element(idx: int) -> None:
             gi = s.add(i0, s.udiv(idx, s.c(t.n)))
             gj = s.add(j0, s.umod(idx, s.c(t.n)))
 
             def copy(idx: int = idx, gi: int = gi, gj: int = gj) -> None:
-                def load_c(el: int) -> int:
-                    assert self.C is not None
-                    return s.buffer_load(self.C, s.add(self.base_c,
-                                                       s.add(s.mul(gi, P["ldc"]), gj)))
-
-                acc_v = s.shared_load(scratch, s.add(base, idx))
-                c_loader = load_c if self.C is not None else None
-                if eops is None:
-                    v = self.epilogue.apply(types, acc_v, c_loader, matrix=False)
-                else:
-                    v = eops.apply(self.epilogue.combine(types, acc_v, c_loader, matrix=False),
-                                   self.r_el, gi, gj, self.o_el)
-                s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
+                self._finish_element(s.shared_load(scratch, s.add(base, idx)), gi, gj)
 
             if checked:
                 s.f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), copy)
@@ -549,6 +547,102 @@ class TiledGemmEmitter:
         for e in range(n_el // t.subgroup_size):
             element(s.add(self.lane, s.c(e * t.subgroup_size)))
         s.barrier(Scope.Workgroup)  # the scratch is free for the next block
+
+    def _finish_element(self, acc_v: int, gi: int, gj: int) -> None:
+        """D[gi, gj] from its accumulator value acc_v (the accumulator's type): alpha,
+        beta * C, the fused operations, rounded once to D's type."""
+        s, P = self.s, self.P
+        types = Types(self.r_el, self.o_el)
+
+        def load_c(el: int) -> int:
+            assert self.C is not None
+            return s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(gi, P["ldc"]), gj)))
+
+        c_loader = load_c if self.C is not None else None
+        if self.element_ops is None:
+            v = self.epilogue.apply(types, acc_v, c_loader, matrix=False)
+        else:
+            v = self.element_ops.apply(self.epilogue.combine(types, acc_v, c_loader,
+                                                             matrix=False),
+                                       self.r_el, gi, gj, self.o_el)
+        s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
+
+    def _split_epilogue(self) -> None:
+        """A split-K's end (KhrTraits.split_k = S): store this slice's accumulators to the
+        workspace, count this workgroup's arrival at its tile, and if it is the tile's
+        last (S - 1 arrived before it) sum the S partials of each element of the tile, in
+        slice order, and finish them into D; it also sets the tile's counter back to 0
+        for the next dispatch.
+
+        The partials cross workgroups: their stores make themselves available and their
+        loads make themselves visible at queue-family scope (every workgroup of the
+        dispatch), and the barriers and the atomic add order them (release by the
+        storing workgroup, acquire by the finishing one), as the Vulkan memory model asks.
+        """
+        s, t, P, f = self.s, self.t, self.P, self.s.f
+        tile = t.tile
+        qf = s.c(Scope.QueueFamily)
+        tiles_x = s.udiv(s.add(P["N"], s.c(tile.tile_n - 1)), s.c(tile.tile_n))
+        tiles_y = s.udiv(s.add(P["M"], s.c(tile.tile_m - 1)), s.c(tile.tile_m))
+        # abi.split_layout, in vec4s (tile_n is a multiple of the matrices' n, 8 or more)
+        ldp4 = s.mul(tiles_x, s.c(tile.tile_n // 4))
+        stride_p4 = s.mul(s.mul(tiles_y, s.c(tile.tile_m)), ldp4)
+        store = MemoryAccess.MakePointerAvailable | MemoryAccess.NonPrivatePointer
+        load = MemoryAccess.MakePointerVisible | MemoryAccess.NonPrivatePointer
+        base = s.mul(self.slice, stride_p4)
+        for acc, i0, j0 in self._blocks():  # padded to whole tiles: no bounds to check
+            at = s.add(base, s.add(s.mul(i0, ldp4), s.shr(j0, s.c(2))))
+            f.emit(Op.CooperativeMatrixStoreKHR, s.buffer_ptr(self.partials, at), acc,
+                   s.c(CooperativeMatrixLayout.RowMajor), ldp4, store, qf)
+        sem = s.c(MemorySemantics.AcquireRelease | MemorySemantics.UniformMemory
+                  | MemorySemantics.WorkgroupMemory)
+        f.emit(Op.ControlBarrier, s.c(Scope.Workgroup), qf, sem)
+
+        def arrive() -> None:
+            counter = s.buffer_ptr(self.counters, s.add(s.mul(self.wy, tiles_x), self.wx))
+            before = f.op(Op.AtomicIAdd, s.u32, counter, qf,
+                          s.c(MemorySemantics.AcquireRelease | MemorySemantics.UniformMemory),
+                          s.c(1))
+            last = f.op(Op.IEqual, s.bool, before, s.c(t.split_k - 1))
+            f.if_(last, lambda: f.emit(Op.AtomicStore, counter, qf,
+                                       s.c(MemorySemantics.NONE), s.c(0)))
+            s.shared_store(self.finishes, s.c(0), s.select(s.u32, last, s.c(1), s.c(0)))
+
+        f.if_(f.op(Op.IEqual, s.bool, self.tid, s.c(0)), arrive)
+        f.emit(Op.ControlBarrier, s.c(Scope.Workgroup), qf, sem)
+
+        def finish() -> None:
+            # Four partials of a row at a time: the loads (inside the padded workspace,
+            # unchecked) all issue before any sum is used; only D's side is checked.
+            vec4 = s.mb.type_vector(self.r_el, 4)
+            quads, per_row = tile.tile_m * tile.tile_n // 4, tile.tile_n // 4
+            if quads % self.plan.invocations:
+                raise ValueError(f"a split-K tile of {quads} vec4s does not spread evenly "
+                                 f"over {self.plan.invocations} invocations")
+            for e in range(0, quads, self.plan.invocations):
+                q = s.add(self.tid, s.c(e))
+                row = s.udiv(q, s.c(per_row))
+                col = s.mul(s.umod(q, s.c(per_row)), s.c(4))
+                at = s.add(s.mul(s.add(self.m0, row), ldp4),
+                           s.add(s.shr(self.n0, s.c(2)), s.umod(q, s.c(per_row))))
+                total = None
+                for sl in range(t.split_k):
+                    ptr = s.buffer_ptr(self.partials, s.add(s.mul(s.c(sl), stride_p4), at))
+                    x = f.op(Op.Load, vec4, ptr, load, qf)
+                    total = x if total is None else f.op(Op.FAdd, vec4, total, x)
+                assert total is not None
+                gi = s.add(self.m0, row)
+                for c in range(4):
+                    gj = s.add(self.n0, s.add(col, s.c(c)))
+                    value = f.op(Op.CompositeExtract, self.r_el, total, c)
+
+                    def element(v: int = value, gi: int = gi, gj: int = gj) -> None:
+                        self._finish_element(v, gi, gj)
+
+                    f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), element)
+
+        finishes = s.shared_load(self.finishes, s.c(0))
+        f.if_(f.op(Op.INotEqual, s.bool, finishes, s.c(0)), finish)
 
     def _blocks(self) -> list[tuple[int, int, int]]:
         """(accumulator, row, column) of each of this subgroup's blocks of D."""
@@ -615,7 +709,10 @@ class TiledGemmEmitter:
             for op in (self.A, self.B):
                 op.regs = [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
         self._k_loop()
-        self._epilogue()
+        if self.t.split_k > 1:
+            self._split_epilogue()
+        else:
+            self._epilogue()
         return s.compute_module(p.invocations)
 
 

@@ -83,9 +83,12 @@ class KernelPlan:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
         and every tile's element-wise epilogue where D's type has no listed accumulator
         matrix (KhrTraits.scratch_epilogue); none in the exact variant without it, which
-        has no edge tiles."""
+        has no edge tiles. None in a split-K (KhrTraits.split_k): its accumulators go whole
+        to a workspace padded to whole tiles."""
         t = self.traits
-        return 0 if t.exact and not t.scratch_epilogue else t.m * t.n
+        if t.split_k > 1 or (t.exact and not t.scratch_epilogue):
+            return 0
+        return t.m * t.n
 
     @property
     def stages(self) -> int:
@@ -99,7 +102,8 @@ class KernelPlan:
         a = self.a.shared_units * _unit_bytes(self.a, t.a_type)
         b = self.b.shared_units * _unit_bytes(self.b, t.b_type)
         scratch = self.tile.subgroups * self.scratch_elems * element_bytes(t.result_type)
-        return self.stages * (a + b) + scratch
+        flag = 4 if t.split_k > 1 else 0  # a split-K's "this workgroup finishes the tile"
+        return self.stages * (a + b) + scratch + flag
 
 
 def _unit_bytes(s: StagePlan, t: ComponentType) -> int:

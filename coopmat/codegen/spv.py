@@ -89,6 +89,8 @@ class Op(enum.IntEnum):
     BitFieldSExtract = 202
     BitFieldUExtract = 203
     ControlBarrier = 224
+    AtomicStore = 228
+    AtomicIAdd = 234
     LoopMerge = 246
     SelectionMerge = 247
     Label = 248
@@ -213,6 +215,7 @@ class Scope(enum.IntEnum):
     Workgroup = 2
     Subgroup = 3
     Invocation = 4
+    QueueFamily = 5
 
 
 class MemorySemantics(enum.IntFlag):

@@ -210,6 +210,12 @@ class KhrTraits(GemmTraits):
     b_quant: str | None = None
     b_quant_unit: int = 8
     out_matrix: bool = True
+    # S > 1: a split-K of one product in one dispatch. Workgroup z is slice s of K (A and
+    # B offset by their batch strides); each workgroup stores its float32 accumulators
+    # to a workspace (abi.BINDING_PARTIALS), and the last of a tile's S workgroups to
+    # arrive (a counter per tile, abi.BINDING_COUNTERS) sums the S partials and applies
+    # the epilogue into D (abi.split_layout; khr_tiled._split_epilogue).
+    split_k: int = 1
 
     @property
     def variant(self) -> str:
@@ -249,6 +255,8 @@ class KhrTraits(GemmTraits):
             extra += f"-b{self.b_quant}u{self.b_quant_unit}"
         if not self.out_matrix:  # D stored element by element from the scratch
             extra += "-estore"
+        if self.split_k > 1:
+            extra += f"-split{self.split_k}"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 

@@ -45,11 +45,12 @@ QUERY_RESULT_WAIT = 0x2
 # A cached recording may be submitted again while an earlier submission of it is pending.
 COMMAND_BUFFER_SIMULTANEOUS_USE = 0x4
 RECORDED_CACHE = 64
-# A recording holds up to this many dispatches (repacks of A and B, the GEMM, and a
-# split-K's reduction), each with one descriptor set of at most six storage buffers; the
-# pool is sized for a full cache of such recordings.
+# A recording holds up to this many dispatches (repacks of A and B, the GEMM), each with
+# one descriptor set of at most MAX_BINDINGS storage buffers; the pool is sized for a
+# full cache of such recordings.
 MAX_DISPATCHES = 4
-MAX_BINDINGS = 6  # A, B, D, C, bias, residual (codegen.abi)
+# A, B, D, C, bias, residual, and a split-K's partials and counters (codegen.abi)
+MAX_BINDINGS = 8
 DESCRIPTOR_POOL_FLAGS_FREE = 0x1
 
 

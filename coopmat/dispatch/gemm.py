@@ -23,7 +23,6 @@ from coopmat import codegen
 from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
 from coopmat.codegen.dequant import dequant_kernel
 from coopmat.codegen.pack import pack_kernel
-from coopmat.codegen.reduce import ReduceTraits, reduce_kernel
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.device.enums import ComponentType
 from coopmat.dispatch import tuning
@@ -89,7 +88,7 @@ def _write(x: np.ndarray, s: Staged, dst: np.ndarray) -> None:
 class GemmResult:
     kernel_seconds: float | None
     traits: GemmTraits  # a split-K's: the slice GEMM's
-    split_k: int = 1  # S > 1: the GEMM ran as S slices of K and a reduction
+    split_k: int = 1  # S > 1: the GEMM ran as S slices of K (KhrTraits.split_k)
 
 
 class PreparedGemm:
@@ -177,10 +176,9 @@ class PreparedGemm:
                                                 {0: operand_bufs[step.operand], 1: packed},
                                                 step.push_constants, step.groups))
                 operand_bufs[step.operand] = packed
-            # A split-K GEMM writes its float32 partials to a workspace in device memory;
-            # the reduction reads them and writes D.
-            workspace = self._take(device_kind, plan.reduce.workspace_bytes) \
-                if plan.reduce is not None else None
+            # A split-K writes its float32 partials to a workspace in device memory.
+            workspace = self._take(device_kind, plan.workspace_bytes) \
+                if plan.workspace_bytes else None
         except BaseException:
             self.release()
             raise
@@ -191,12 +189,10 @@ class PreparedGemm:
                                                              - len(extra_bindings):],
                                 strict=True):
             bindings[binding] = buf
-        if plan.reduce is None:
-            self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
-                                            plan.groups))
-        else:
-            assert workspace is not None
-            self.dispatches += split_k_dispatches(plan, plan.reduce, bindings, workspace)
+        if workspace is not None:
+            bindings.update(split_bindings(rt, workspace))
+        self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
+                                        plan.groups))
 
     def load(self, a: np.ndarray, b: np.ndarray) -> None:
         """Stage new A and B (the shapes, strides and dtypes this GEMM was prepared with)
@@ -271,9 +267,9 @@ class PreparedGemm:
         own), so they may run together: for timing dispatches back to back, as
         vk_cooperative_matrix_perf does. Repacks are left out: execute() has already
         written the operands they produce."""
-        if self.plan.reduce is not None:
-            raise ValueError("a split-K GEMM is two dependent dispatches, which cannot run "
-                             "as independent copies; time it with serial_seconds")
+        if self.plan.workspace_bytes:
+            raise ValueError("the workgroups of a split-K GEMM share a workspace and counters "
+                             "that copies would race for; time it with serial_seconds")
         gemm = self.dispatches[-1]
         kind = gemm.buffers[abi.BINDING_D].kind
         return [gemm] + [replace(gemm, buffers={**gemm.buffers,
@@ -281,12 +277,11 @@ class PreparedGemm:
                          for _ in range(count - 1)]
 
     def serial_seconds(self, count: int, submits: int = 3) -> float | None:
-        """GPU seconds per run of the GEMM (its dispatch, or a split-K's GEMM and
-        reduction) run `count` times back to back in one submission, a barrier between
-        each dispatch (the median of `submits` submissions; None without timestamps).
-        Short kernels timed one per submission also carry the queue's start-up; peers
-        time many launches in a row, and so does this. Repacks are left out, as in
-        independent_copies."""
+        """GPU seconds per run of the GEMM's dispatch (a split-K's too) run `count` times
+        back to back in one submission, a barrier between each dispatch (the median of
+        `submits` submissions; None without timestamps). Short kernels timed one per
+        submission also carry the queue's start-up; peers time many launches in a row, and
+        so does this. Repacks are left out, as in independent_copies."""
         work = self.dispatches[len(self.plan.packs):]
         runs = self.rt.executor.run_serial(work * count, submits)
         times = sorted(t for t, _ in runs if t is not None)
@@ -354,44 +349,9 @@ def _pack_step(rt: Runtime, pack: PackChoice, operand: ComponentType) -> PackSte
                     pack.packed_elems * itemsize)
 
 
-@dataclass(frozen=True)
-class ReduceStep:
-    """A split-K's second dispatch (codegen/reduce.py): sums the S float32 partials the
-    GEMM wrote to a workspace of `workspace_bytes` and applies the epilogue into D."""
-
-    pipeline: Pipeline
-    push_constants: bytes
-    groups: tuple[int, int, int]
-    workspace_bytes: int
-
-
-def _reduce_step(rt: Runtime, choice: KernelChoice, pair: TypePair, has_c: bool,
-                 ops: EpilogueOps | None, M: int, N: int, alpha: float | int,
-                 beta: float | int) -> ReduceStep:
-    S = choice.split_k
-    rk = reduce_kernel(ReduceTraits(pair.stored, has_c, ops if ops and ops.fused else None))
-    p = choice.params  # the slice GEMM's: partials row-major, N wide, M x N apart
-    push = rk.push_constants(M, N, S, p.ldd, p.batch_stride_d, N, N, float(alpha),
-                             float(beta) if has_c else 0.0)
-    return ReduceStep(rt.pipelines.get(rk), push, rk.workgroups(M, N), S * M * N * 4)
-
-
-def split_k_dispatches(plan: Plan, reduce: ReduceStep, bindings: dict[int, Buffer],
-                       workspace: Buffer,
-                       offsets: tuple[tuple[int, int], ...] = ()) -> list[Dispatch]:
-    """A split-K's two dispatches from the bindings the unsplit GEMM would have had (A,
-    B, D, and C, bias, residual where given; byte `offsets` per binding where not 0):
-    the GEMM reads A and B and writes the workspace, the reduction reads the workspace
-    (and C, bias, residual) and writes D."""
-    at = dict(offsets)
-    gemm = {b: bindings[b] for b in (abi.BINDING_A, abi.BINDING_B)}
-    gemm[abi.BINDING_D] = workspace
-    rest = {b: buf for b, buf in bindings.items() if b not in (abi.BINDING_A, abi.BINDING_B)}
-    rest[abi.BINDING_A] = workspace  # the partials' binding (reduce.BINDING_PARTIALS)
-    return [Dispatch(plan.pipeline, gemm, plan.push_constants, plan.groups,
-                     tuple((b, at[b]) for b in gemm if b != abi.BINDING_D and at.get(b))),
-            Dispatch(reduce.pipeline, rest, reduce.push_constants, reduce.groups,
-                     tuple((b, at[b]) for b in rest if b != abi.BINDING_A and at.get(b)))]
+def split_bindings(rt: Runtime, workspace: Buffer) -> dict[int, Buffer]:
+    """A split-K's own bindings: its workspace for the partials, the device's counters."""
+    return {abi.BINDING_PARTIALS: workspace, abi.BINDING_COUNTERS: rt.split_counters()}
 
 
 @dataclass(frozen=True)
@@ -408,7 +368,7 @@ class Plan:
     push_constants: bytes
     groups: tuple[int, int, int]
     packs: tuple[PackStep, ...] = ()
-    reduce: ReduceStep | None = None  # a split-K's reduction (choice.split_k > 1)
+    workspace_bytes: int = 0  # a split-K's float32 partials (choice.split_k > 1)
     # Names the plan in recording keys (Executor.submit_keyed): unique in the process,
     # where id() could be reused by a later plan.
     serial: int = field(default_factory=lambda: next(_plan_serials), compare=False,
@@ -505,18 +465,17 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     result_dtype = numpy_dtype(pair.stored)
     d_bytes = batch * M * N * result_dtype.itemsize
     steps = tuple(_pack_step(rt, p, pair.operand) for p in choice.packs)
-    reduce = _reduce_step(rt, choice, pair, sc is not None, ops, M, N, alpha, beta) \
-        if choice.split_k > 1 else None
+    workspace = abi.split_workspace_bytes(choice.traits, M, N) \
+        if isinstance(choice.traits, KhrTraits) and choice.split_k > 1 else 0
     check_fits(rt, [sa.nbytes, sb.nbytes, sc.nbytes if sc else 0, d_bytes,
                     d_bytes if ops is not None and ops.residual else 0,
-                    *(st.nbytes for st in steps),
-                    reduce.workspace_bytes if reduce else 0])
+                    *(st.nbytes for st in steps), workspace])
     kernel = codegen.build_gemm(choice.traits)
-    # A split-K's GEMM is a batch of its S slices (batch is 1 then).
-    gemm_batch = choice.split_k if reduce else batch
+    # A split-K's grid has a z of its S slices (batch is 1 then).
+    gemm_batch = choice.split_k if workspace else batch
     return Plan(choice, rt.pipelines.get(kernel), (sa, sb, sc), (batch, M, N), result_dtype,
                 d_bytes, kernel.push_constants(choice.params),
-                kernel.workgroups(M, N, gemm_batch), steps, reduce)
+                kernel.workgroups(M, N, gemm_batch), steps, workspace)
 
 
 def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
@@ -655,7 +614,7 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
                *_operand_key(residual), *(t.addr for t in temps), *_copies_key(uploads),
                None, *_copies_key(downloads))
         ticket = rt.executor.submit_keyed(
-            key, lambda: (uploads, _plan_dispatches(plan, a, b, c, d, bias, residual, temps),
+            key, lambda: (uploads, _plan_dispatches(rt, plan, a, b, c, d, bias, residual, temps),
                           downloads), waits)
     finally:
         for buf in temps:
@@ -670,8 +629,8 @@ def plan_temps(rt: Runtime, plan: Plan) -> list[Buffer]:
     kind = rt.pool.kinds()[0]
     temps = [rt.pool.acquire(kind, step.nbytes + plan.margins[step.operand])
              for step in plan.packs]
-    if plan.reduce is not None:
-        temps.append(rt.pool.acquire(kind, plan.reduce.workspace_bytes))
+    if plan.workspace_bytes:
+        temps.append(rt.pool.acquire(kind, plan.workspace_bytes))
     return temps
 
 
@@ -684,11 +643,11 @@ def _copies_key(copies: Sequence[Copy]) -> tuple[int, ...]:
                                                  cp.src_offset, cp.dst_offset))
 
 
-def _plan_dispatches(plan: Plan, a: DeviceOperand, b: DeviceOperand,
+def _plan_dispatches(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
                      c: DeviceOperand | None, d: DeviceOperand, bias: DeviceOperand | None,
                      residual: DeviceOperand | None, temps: list[Buffer]) -> list[Dispatch]:
-    """The plan's dispatches: repacks of 8-bit operands (into temps, in order), the GEMM,
-    and a split-K's reduction (its workspace: the last of temps)."""
+    """The plan's dispatches: repacks of 8-bit operands (into temps, in order), then the
+    GEMM (a split-K's workspace: the last of temps)."""
     dispatches: list[Dispatch] = []
     operands = [(a.buffer, a.offset), (b.buffer, b.offset)]
     for step, packed in zip(plan.packs, temps, strict=False):  # K-contiguous first
@@ -696,10 +655,8 @@ def _plan_dispatches(plan: Plan, a: DeviceOperand, b: DeviceOperand,
         dispatches.append(Dispatch(step.pipeline, {0: src, 1: packed}, step.push_constants,
                                    step.groups, ((0, off),) if off else ()))
         operands[step.operand] = (packed, 0)
-    unsplit = gemm_dispatch(plan, operands[0], operands[1], c, d, bias, residual)
-    if plan.reduce is None:
-        dispatches.append(unsplit)
-    else:  # a split-K: the GEMM into a workspace, then the reduction into D
-        dispatches += split_k_dispatches(plan, plan.reduce, unsplit.buffers, temps[-1],
-                                         unsplit.offsets)
+    gemm = gemm_dispatch(plan, operands[0], operands[1], c, d, bias, residual)
+    if plan.workspace_bytes:
+        gemm = replace(gemm, buffers={**gemm.buffers, **split_bindings(rt, temps[-1])})
+    dispatches.append(gemm)
     return dispatches

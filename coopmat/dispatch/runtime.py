@@ -8,11 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coopmat import device as device_layer
+from coopmat.codegen.abi import SPLIT_K_MAX_TILES
 from coopmat.device.logical import Device
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.select import ENV_VAR
 from coopmat.dispatch.executor import Executor
-from coopmat.dispatch.memory import MemoryPool
+from coopmat.dispatch.memory import Buffer, MemoryPool
 from coopmat.dispatch.pipelines import PipelineCache
 from coopmat.dispatch.stream import Stream
 from coopmat.dispatch.transfer import Transfers
@@ -32,11 +33,28 @@ class Runtime:
     down: Stream
     # Called first by destroy(): layers above that hold buffers give them back.
     on_destroy: list[Callable[[], None]] = field(default_factory=list)
+    _counters: Buffer | None = None
+    _counters_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def copy_engines(self) -> bool:
         """Whether copies can run beside kernels (on queues of their own)."""
         return self.up is not self.stream
+
+    def split_counters(self) -> Buffer:
+        """The arrival counters every split-K on this device shares (abi.BINDING_COUNTERS,
+        SPLIT_K_MAX_TILES of them): zeroed once here, and each dispatch leaves them zero
+        (KhrTraits.split_k). Sharing is safe because the stream runs dispatches one after
+        another, a barrier between each."""
+        with self._counters_lock:
+            if self._counters is None:
+                nbytes = 4 * SPLIT_K_MAX_TILES
+                buf = self.pool.acquire(self.pool.kinds()[0], nbytes)
+                # On the compute stream: every later submission's leading barrier orders
+                # its kernels after the fill.
+                self.transfers.fill_zero(buf, 0, nbytes)
+                self._counters = buf
+            return self._counters
 
     @classmethod
     def create(cls, dev: Device) -> Runtime:
@@ -58,6 +76,9 @@ class Runtime:
         self.stream.wait()
         for hook in self.on_destroy:
             hook()
+        if self._counters is not None:
+            self.pool.release(self._counters)
+            self._counters = None
         self.transfers.destroy()
         for copy in {id(s): s for s in (self.up, self.down) if s is not self.stream}.values():
             copy.destroy()

@@ -48,7 +48,7 @@ class SmallCalls:
             seconds = g.execute()
             out = np.empty(g.shape, g.result_dtype)
             g.read(out)
-            return out, GemmResult(seconds, g.traits)
+            return out, GemmResult(seconds, g.traits, g.choice.split_k)
         finally:
             kept.lock.release()
 

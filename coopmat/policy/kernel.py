@@ -31,8 +31,9 @@ The rules, each with its measurement in docs/kernels.md:
   whichever the sizes and strides allow; sizes and strides compiled in for problems of
   SPECIALIZE_MIN_OPS or more (Options.specialize);
 - 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M;
-- split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K into float32
-  partials, then a reduction kernel with the epilogue, codegen/reduce.py): forced by
+- split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K in one
+  dispatch, the last workgroup of each tile summing the float32 partials and applying
+  the epilogue, KhrTraits.split_k): forced by
   Options.split_k where `split_k_violation` allows it (else unsplit); else, while
   SPLIT_K_DEFAULT is on, `split_k_for`: a GPU, the khr family, M <= SMALL_M, batch 1,
   an unsplit grid of at most SPLIT_K_MAX_GROUPS workgroups.
@@ -111,16 +112,26 @@ GEMV_DEFAULT_MAX_M = 4
 # 14336 x 4096: 23.3 against 105 us), so up to GEMV_MAX_M rows.
 GEMV_QUANT_DEFAULT = True
 
-# Split-K for few-row products on the khr family (`split_k_for`). Measured on the H200
-# (decode_sweep.py --families splitk, both dispatches timed back to back; docs/kernels.md):
-# against a 4096 x 4096 float16 weight, whose unsplit few-row grid is 64 workgroups (128 at
-# 32 rows), S = 4 took 14.8 us at M = 8 (unsplit 23.4), S = 4 14.4 at M = 16 (20.8), S = 2
-# 23.5 at M = 32 (31.8); with 14336 columns (224 workgroups) splitting gained at most 7%
-# (M = 16) and lost 25% at M = 8 with S = 2, and at 64 rows (256 workgroups) it lost
-# everywhere. Hence: split only grids of at most SPLIT_K_MAX_GROUPS workgroups.
+# Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
+# workgroup of each tile finishes it (KhrTraits.split_k). For a float B, S by the rows of
+# the few-row tile and the unsplit grid G: (largest G, S) pairs, the first that holds
+# applies, none: unsplit. Measured on the lent H200 (2026-11-23, kernel time, x @ w.T
+# against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, S = 1, 2, 4, 8 each;
+# docs/kernels.md, "Split-K for few-row products"): the 16-row tile ran fastest split 8
+# ways against 4096 columns (G = 64: 13.2 us at 16 rows, 37.7 at 8 rows against the
+# 14336-deep weight) and 2 ways against 14336 columns (G = 224: 38.7-39.9 against 38.5-41.6
+# unsplit); the 32- and 64-row tiles 4 ways against 4096 columns (G = 64; 16.5 and 23.0
+# us) and unsplit against 14336 (32 rows: 50.5 exact, 58.8 split 4). Other tiles (other
+# devices), and a quantized B, keep the workgroup-count rule below.
+SPLIT_K_BY_TILE_ROWS: dict[int, tuple[tuple[int, int], ...]] = {
+    16: ((128, 8), (256, 2)),
+    32: ((128, 4),),
+    64: ((128, 4),),
+}
 SPLIT_K_DEFAULT = True
-# The rule's target: enough workgroups to keep a large GPU's memory system busy (the
-# H200 has 132 SMs; the unsplit few-row grid of a 4096-column weight is 64).
+# The workgroup-count rule (the two-dispatch split-K's, measured on the H200 before
+# 2026-11-23): S nearest SPLIT_K_TARGET_GROUPS / G, G <= SPLIT_K_MAX_GROUPS: enough
+# workgroups to keep a large GPU's memory system busy (the H200 has 132 SMs).
 SPLIT_K_TARGET_GROUPS = 256
 # A quantized B on its 32-row few-row tile (up to 32 rows) dequantizes as it streams, and
 # wants twice the workgroups: measured on the H200 (decode_sweep.py --quant --policy-only,
@@ -213,9 +224,9 @@ class KernelChoice:
     # repack): their buffers must be that much larger (codegen.overread_elems).
     margins: tuple[int, int] = (0, 0)
     why: str = ""  # "tuned", "default" or "forced", for listings and the bench
-    # S > 1: `traits` and `params` are the batched GEMM over S slices of K, writing float32
-    # partials (S x M x N, row-major) that the reduction kernel (codegen/reduce.py) sums
-    # and finishes with the problem's epilogue (alpha, beta and C, the fused operations).
+    # S > 1: `traits` and `params` are the split-K over S slices of K in one dispatch
+    # (KhrTraits.split_k): slice s in workgroups of z = s, whose float32 partials the last
+    # workgroup of each tile sums and finishes with the problem's epilogue.
     split_k: int = 1
 
 
@@ -542,8 +553,8 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
 def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str | None:
     """Why `problem` cannot run as a split-K of S slices, or None where it can: one
     product (batch 1), float32 accumulation with a float result, K a multiple of S (of
-    32 x S for a quantized B: whole blocks a slice), and a reduction grid of M rows the
-    device allows."""
+    32 x S for a quantized B: whole blocks a slice). (split_choice checks the tiles
+    against the counters there are.)"""
     p = problem
     if p.batch != 1:
         return f"it is a batch of {p.batch} products"
@@ -555,33 +566,37 @@ def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str
     if p.b_quant is not None and (p.K // S) % BLOCK_ELEMS:
         return (f"slices of K={p.K} / {S} are not whole {BLOCK_ELEMS}-weight blocks of the "
                 f"quantized B ({p.b_quant})")
-    if p.M > info.limits.max_compute_work_group_count[1]:
-        return f"M={p.M} is more rows than the reduction's grid allows"
     return None
 
 
 def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) -> int:
     """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
-    family, M <= SMALL_M, batch 1, an unsplit grid of G <= SPLIT_K_MAX_GROUPS
-    workgroups: S = the power of two of SPLIT_K_CHOICES nearest ceil(target / G) (on a
-    log scale: powers of two are geometric; ties go to the smaller; target
+    family, M <= SMALL_M, batch 1, unsplit grid G workgroups: for a float B on a tile of
+    SPLIT_K_BY_TILE_ROWS' rows, that table's S for G; otherwise, where G <=
+    SPLIT_K_MAX_GROUPS, S = the power of two of SPLIT_K_CHOICES nearest ceil(target / G)
+    (on a log scale: powers of two are geometric; ties go to the smaller; target
     SPLIT_K_TARGET_GROUPS, or SPLIT_K_TARGET_GROUPS_QUANT for a quantized B on a tile of
-    at most 32 rows), where K % (S * tile_k) == 0 (whole K steps per slice) and
-    K / S >= SPLIT_K_MIN_SLICE; else 1.
+    at most 32 rows). S halves until K % (S * tile_k) == 0 (whole K steps per slice) and
+    K / S >= SPLIT_K_MIN_SLICE; 1: unsplit.
     `traits`: the unsplit kernel's."""
     p = problem
     if is_cpu(info) or not isinstance(traits, KhrTraits) or p.M > SMALL_M or p.batch != 1:
         return 1
     t = traits.tile
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
-    if groups > SPLIT_K_MAX_GROUPS:
+    table = SPLIT_K_BY_TILE_ROWS.get(t.tile_m) if p.b_quant is None else None
+    if table is not None:
+        S = next((s for most, s in table if groups <= most), 1)
+    elif groups > SPLIT_K_MAX_GROUPS:
         return 1
-    quant = p.b_quant is not None and t.tile_m <= 32
-    want = -(-(SPLIT_K_TARGET_GROUPS_QUANT if quant else SPLIT_K_TARGET_GROUPS) // groups)
-    S = min(SPLIT_K_CHOICES, key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
-    if p.K % (S * t.tile_k) or p.K // S < SPLIT_K_MIN_SLICE:
-        return 1
-    return S if split_k_violation(info, p, S) is None else 1
+    else:
+        quant = p.b_quant is not None and t.tile_m <= 32
+        want = -(-(SPLIT_K_TARGET_GROUPS_QUANT if quant else SPLIT_K_TARGET_GROUPS)
+                 // groups)
+        S = min(SPLIT_K_CHOICES, key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
+    while S > 1 and (p.K % (S * t.tile_k) or p.K // S < SPLIT_K_MIN_SLICE):
+        S //= 2  # fewer, longer slices where K does not make S whole ones
+    return S if S > 1 and split_k_violation(info, p, S) is None else 1
 
 
 def slice_problem(problem: Problem, S: int) -> Problem:
@@ -597,6 +612,24 @@ def slice_problem(problem: Problem, S: int) -> Problem:
     return Problem(TypePair(p.pair.operand, ComponentType.FLOAT32), p.M, p.N, Ks,
                    replace(p.a, batch_stride=a_step), replace(p.b, batch_stride=b_step),
                    batch=S, b_quant=p.b_quant)
+
+
+def split_choice(problem: Problem, sliced: KernelChoice, S: int) -> KernelChoice:
+    """The split-K of S in one dispatch, from the choice for its slices (slice_problem):
+    the slices' tile and strides, with the problem's own D type, C, alpha, beta and fused
+    operations, which the last workgroup of each tile applies (KhrTraits.split_k)."""
+    p = problem
+    t = sliced.traits
+    assert isinstance(t, KhrTraits)
+    tiles = abi.split_layout(t, p.M, p.N)[0]
+    if tiles > abi.SPLIT_K_MAX_TILES:
+        raise ValueError(f"a split-K counts arrivals for at most {abi.SPLIT_K_MAX_TILES} "
+                         f"tiles; this product has {tiles}")
+    stored = p.pair.stored
+    traits = replace(t, split_k=S, has_c=p.has_c, ops=p.ops,
+                     out_type=None if stored == t.result_type else stored)
+    params = replace(sliced.params, alpha=p.alpha, beta=p.beta if p.has_c else 0)
+    return replace(sliced, traits=traits, params=params, split_k=S)
 
 
 def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None = None,
@@ -623,8 +656,8 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
             why_not = split_k_violation(info, p, split_k)
             if why_not is not None:
                 raise ValueError(f"no split-K of {split_k} for this product: {why_not}")
-            return replace(_choose(info, slice_problem(p, split_k), options, tuned, traits),
-                           split_k=split_k)
+            return split_choice(p, _choose(info, slice_problem(p, split_k), options, tuned,
+                                           traits), split_k)
         return _choose(info, p, options, tuned, traits)
     choice = _choose(info, p, options, tuned, None)
     if not isinstance(choice.traits, KhrTraits):  # split-K is the khr family's
@@ -636,7 +669,10 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     if S <= 1 or split_k_violation(info, p, S) is not None:
         return _deepened(info, p, options, tuned, choice)
     sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
-    return replace(sliced, split_k=S, why="forced" if options.split_k else choice.why)
+    assert isinstance(sliced.traits, KhrTraits)
+    if abi.split_layout(sliced.traits, p.M, p.N)[0] > abi.SPLIT_K_MAX_TILES:
+        return _deepened(info, p, options, tuned, choice)
+    return replace(split_choice(p, sliced, S), why="forced" if options.split_k else choice.why)
 
 
 def dequantizes_first(info: PhysicalDeviceInfo, problem: Problem, options: Options) -> bool:
