@@ -33,10 +33,10 @@ The rules, each with its measurement in docs/kernels.md:
 - 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M;
 - split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K in one
   dispatch, the last workgroup of each tile summing the float32 partials and applying
-  the epilogue, KhrTraits.split_k): forced by
-  Options.split_k where `split_k_violation` allows it (else unsplit); else, while
-  SPLIT_K_DEFAULT is on, `split_k_for`: a GPU, the khr family, M <= SMALL_M, batch 1,
-  an unsplit grid of at most SPLIT_K_MAX_GROUPS workgroups.
+  the epilogue, KhrTraits.split_k): forced by Options.split_k where
+  `split_k_violation` allows it (else unsplit); else, while SPLIT_K_DEFAULT is on,
+  `split_k_for`: a GPU, the khr family, M <= SMALL_M, batch 1, S by the tile's rows and
+  unsplit grid (SPLIT_K_BY_TILE_ROWS) or by its workgroup count.
 """
 
 from __future__ import annotations
