@@ -249,6 +249,24 @@ def test_forced_split_falls_back_where_it_cannot_run() -> None:
     assert choose(H200, p, Options(split_k=4, family="gemv")).split_k == 1
 
 
+def test_split_needs_a_counter_per_tile() -> None:
+    """A split-K counts arrivals in the device's SPLIT_K_MAX_TILES shared counters: a
+    forced split of a product with more tiles runs unsplit, and the tuner's explicit
+    traits for one get a clear error."""
+    from coopmat.codegen import abi
+
+    p = decode(H200, 32768, 32768, 1024)
+    forced = choose(H200, p, Options(split_k=2))
+    assert forced.split_k == 1
+    sliced = choose(H200, policy_kernel.slice_problem(p, 2)).traits
+    assert isinstance(sliced, KhrTraits)
+    assert abi.split_layout(sliced, p.M, p.N)[0] > abi.SPLIT_K_MAX_TILES
+    with pytest.raises(ValueError, match="counts arrivals for at most"):
+        choose(H200, p, traits=sliced, split_k=2)
+    small = decode(H200, 4096, 4096, 1024)  # fewer tiles: the same force splits
+    assert choose(H200, small, Options(split_k=2)).split_k == 2
+
+
 def test_options_and_environment() -> None:
     assert Options.from_env({}).split_k is None
     assert Options.from_env({SPLIT_K_ENV: "auto"}).split_k is None

@@ -621,19 +621,17 @@ class TiledGemmEmitter:
                                  f"over {self.plan.invocations} invocations")
             for e in range(0, quads, self.plan.invocations):
                 q = s.add(self.tid, s.c(e))
-                row = s.udiv(q, s.c(per_row))
-                col = s.mul(s.umod(q, s.c(per_row)), s.c(4))
-                at = s.add(s.mul(s.add(self.m0, row), ldp4),
-                           s.add(s.shr(self.n0, s.c(2)), s.umod(q, s.c(per_row))))
+                gi = s.add(self.m0, s.udiv(q, s.c(per_row)))
+                quad = s.umod(q, s.c(per_row))  # the vec4's place in its row of the tile
+                at = s.add(s.mul(gi, ldp4), s.add(s.shr(self.n0, s.c(2)), quad))
                 total = None
                 for sl in range(t.split_k):
                     ptr = s.buffer_ptr(self.partials, s.add(s.mul(s.c(sl), stride_p4), at))
                     x = f.op(Op.Load, vec4, ptr, load, qf)
                     total = x if total is None else f.op(Op.FAdd, vec4, total, x)
                 assert total is not None
-                gi = s.add(self.m0, row)
                 for c in range(4):
-                    gj = s.add(self.n0, s.add(col, s.c(c)))
+                    gj = s.add(self.n0, s.add(s.mul(quad, s.c(4)), s.c(c)))
                     value = f.op(Op.CompositeExtract, self.r_el, total, c)
 
                     def element(v: int = value, gi: int = gi, gj: int = gj) -> None:

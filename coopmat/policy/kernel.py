@@ -614,6 +614,16 @@ def slice_problem(problem: Problem, S: int) -> Problem:
                    batch=S, b_quant=p.b_quant)
 
 
+def _split_tiles_violation(traits: KhrTraits, p: Problem) -> str | None:
+    """Why a split-K on `traits`' tile cannot count its tiles' arrivals, or None: more
+    tiles than the device's shared counters (abi.SPLIT_K_MAX_TILES)."""
+    tiles = abi.split_layout(traits, p.M, p.N)[0]
+    if tiles <= abi.SPLIT_K_MAX_TILES:
+        return None
+    return (f"a split-K counts arrivals for at most {abi.SPLIT_K_MAX_TILES} tiles; this "
+            f"product has {tiles}")
+
+
 def split_choice(problem: Problem, sliced: KernelChoice, S: int) -> KernelChoice:
     """The split-K of S in one dispatch, from the choice for its slices (slice_problem):
     the slices' tile and strides, with the problem's own D type, C, alpha, beta and fused
@@ -621,10 +631,9 @@ def split_choice(problem: Problem, sliced: KernelChoice, S: int) -> KernelChoice
     p = problem
     t = sliced.traits
     assert isinstance(t, KhrTraits)
-    tiles = abi.split_layout(t, p.M, p.N)[0]
-    if tiles > abi.SPLIT_K_MAX_TILES:
-        raise ValueError(f"a split-K counts arrivals for at most {abi.SPLIT_K_MAX_TILES} "
-                         f"tiles; this product has {tiles}")
+    why_not = _split_tiles_violation(t, p)
+    if why_not is not None:
+        raise ValueError(why_not)
     stored = p.pair.stored
     traits = replace(t, split_k=S, has_c=p.has_c, ops=p.ops,
                      out_type=None if stored == t.result_type else stored)
@@ -670,7 +679,7 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
         return _deepened(info, p, options, tuned, choice)
     sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
     assert isinstance(sliced.traits, KhrTraits)
-    if abi.split_layout(sliced.traits, p.M, p.N)[0] > abi.SPLIT_K_MAX_TILES:
+    if _split_tiles_violation(sliced.traits, p) is not None:
         return _deepened(info, p, options, tuned, choice)
     return replace(split_choice(p, sliced, S), why="forced" if options.split_k else choice.why)
 
