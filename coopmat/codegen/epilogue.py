@@ -208,6 +208,15 @@ class Epilogue:
         return self._convert(self.combine(types, acc, load_c, matrix=matrix), types.acc,
                              types.out)
 
+    def element(self, types: Types, acc: int, load_c: Callable[[int], int] | None,
+                element_ops: ElementOps | None, row: int, col: int) -> int:
+        """One element of D in D's type: apply's, or with fused operations
+        element_ops.apply on combine's value at (row, col)."""
+        if element_ops is None:
+            return self.apply(types, acc, load_c, matrix=False)
+        return element_ops.apply(self.combine(types, acc, load_c, matrix=False), types.acc,
+                                 row, col, types.out)
+
     def combine(self, types: Types, acc: int, load_c: Callable[[int], int] | None, *,
                 matrix: bool) -> int:
         """alpha * acc (+ beta * C), left in the accumulator type (for ElementOps)."""

@@ -270,14 +270,9 @@ class GemvEmitter:
             assert self.C is not None
             return s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(row, P["ldc"]), col)))
 
-        types = Types(self.f32, self.o_el)
-        c_loader = load_c if self.C is not None else None
-        if self.element_ops is None:
-            value = self.epilogue.apply(types, acc, c_loader, matrix=False)
-        else:
-            value = self.element_ops.apply(
-                self.epilogue.combine(types, acc, c_loader, matrix=False), self.f32, row,
-                col, self.o_el)
+        value = self.epilogue.element(Types(self.f32, self.o_el), acc,
+                                      load_c if self.C is not None else None,
+                                      self.element_ops, row, col)
         s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)), value)
 
     def _reduce_and_store(self) -> None:

@@ -552,19 +552,14 @@ class TiledGemmEmitter:
         """D[gi, gj] from its accumulator value acc_v (the accumulator's type): alpha,
         beta * C, the fused operations, rounded once to D's type."""
         s, P = self.s, self.P
-        types = Types(self.r_el, self.o_el)
 
         def load_c(el: int) -> int:
             assert self.C is not None
             return s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(gi, P["ldc"]), gj)))
 
-        c_loader = load_c if self.C is not None else None
-        if self.element_ops is None:
-            v = self.epilogue.apply(types, acc_v, c_loader, matrix=False)
-        else:
-            v = self.element_ops.apply(self.epilogue.combine(types, acc_v, c_loader,
-                                                             matrix=False),
-                                       self.r_el, gi, gj, self.o_el)
+        v = self.epilogue.element(Types(self.r_el, self.o_el), acc_v,
+                                  load_c if self.C is not None else None, self.element_ops,
+                                  gi, gj)
         s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
 
     def _split_epilogue(self) -> None:
