@@ -19,10 +19,12 @@ most GEMV_MAX_M rows), the khr quantized kernel the policy runs, and torch's pee
 multiplied), as quantized bytes read per second (the blocks: 34/32 or 18/32 bytes a
 weight; torch's peer reads int8 values and float16 scales, so its figure is the time of
 the same product over the format's bytes). With 9 to SMALL_M rows it times the khr kernel
-the policy runs split S = 1, 2, 4, 8 ways (labels splitk1 ...) and the few-row tiles (units
-4 and 8). Past SMALL_M rows it times the khr kernel dequantizing as it stages B ("khr")
-and the weight dequantized into a float16 B by a pass first, then the float kernel
-("first": both dispatches). --policy-only times just the kernels the policy runs (gemv up
+the policy runs split S = 1, 2, 4, 8 ways (labels splitk1 ...) and the few-row tiles (the
+tuning candidates or --tiles, the staging units of --units, each split as --splits
+says: labels khrqS; the exact variant where the tile divides the product). Past SMALL_M
+rows it times the khr kernel dequantizing as it stages B ("khr") and the weight
+dequantized into a float16 B by a pass first, then the float kernel ("first": both
+dispatches). --policy-only times just the kernels the policy runs (gemv up
 to GEMV_MAX_M rows, khr, "first", and those splits), beside the float16 product and torch.
 """
 
@@ -140,7 +142,9 @@ def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
 
 
 def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
-                formats: list[str], top: int, sweep: bool = True) -> list[dict[str, Any]]:
+                formats: list[str], top: int, sweep: bool = True,
+                units: tuple[int, ...] = (4, 8), few_tiles: list[Tile] | None = None,
+                splits: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
     """The quantized sweep (--quant): per format, shape (K, N) and M, the gemv tiles,
     the policy's khr kernel and torch's peer; returns the records. Without `sweep` only
     the policy's kernels of both families (gemv up to GEMV_MAX_M rows)."""
@@ -188,8 +192,15 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                         khr.a_type, khr.result_type, khr.m, khr.n, khr.k, khr.subgroup_size,
                         lim.max_compute_shared_memory_size,
                         lim.max_compute_work_group_invocations, small_m=True)]
-                    cands += [("khrq", dataclasses.replace(khr, tile=t, b_quant_unit=u))
-                              for t in dict.fromkeys(tiles) for u in (4, 8)] if sweep else []
+                    if few_tiles:
+                        tiles = few_tiles
+                    # the exact variant where the tile divides the (sliced) product, as
+                    # the policy's fastest_variant would run it
+                    cands += [(f"khrq{S}", dataclasses.replace(
+                        khr, tile=t, b_quant_unit=u, specialized=(),
+                        exact=not (M % t.tile_m or N % t.tile_n or K // S % t.tile_k)))
+                              for t in dict.fromkeys(tiles) for u in units
+                              for S in splits] if sweep else []
                 if M > SMALL_M:  # prefill: the weight dequantized by a pass of its own first
                     cands.append(("first", None))
                 if M > SMALL_M and sweep:  # the khr quantized kernel's tiles, units, buffering
@@ -198,13 +209,14 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     assert isinstance(khr, KhrTraits)
                     tiles = [khr.tile, Tile(128, 128, 64, 2, 2, 2), Tile(128, 128, 32, 2, 2, 2),
                              Tile(128, 64, 64, 2, 2, 2), Tile(64, 128, 64, 2, 2, 2)]
-                    cands += [("khrq", dataclasses.replace(
+                    cands += [("khrq1", dataclasses.replace(
                         khr, tile=dataclasses.replace(t, buffering=bf), b_quant_unit=u))
-                        for t in dict.fromkeys(tiles) for bf in (2, 3) for u in (4, 8)]
+                        for t in dict.fromkeys(tiles) for bf in (2, 3) for u in units]
                 found = []
                 for label, traits in cands:
                     try:  # "khr": the policy's khr kernel, as x @ q.T on arrays runs it
-                        split = int(label[6:]) if label.startswith("splitk") else None
+                        split = int(label[6:]) if label.startswith("splitk") else \
+                            int(label[4:]) if label.startswith("khrq") else None
                         options = Options(dequant="first") if label == "first" else \
                             Options(family="khr", split_k=split, dequant="fused")
                         plan = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, options,
@@ -250,6 +262,15 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
     return records
 
 
+def parse_tile(text: str) -> Tile:
+    """'16x128x128s1x4' (two buffers) or '...b3': tile_m x tile_n x tile_k, subgroups m x n."""
+    sizes, _, rest = text.partition("s")
+    grid, _, buffering = rest.partition("b")
+    m, n, k = map(int, sizes.split("x"))
+    sg_m, sg_n = map(int, grid.split("x"))
+    return Tile(m, n, k, sg_m, sg_n, int(buffering or 2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="1,8,16,64")
@@ -263,6 +284,12 @@ def main() -> None:
                     help="with --quant: only the policy's gemv and khr kernels, no sweep")
     ap.add_argument("--families", default="rows,gemv",
                     help="swept families besides the policy's and khr's kernels")
+    ap.add_argument("--tiles", default="", help="with --quant: the few-row khr tiles "
+                    "to sweep instead of the tuning candidates, as 16x128x128s1x4[b2]")
+    ap.add_argument("--splits", default="1", help="with --quant: split-K slices of each "
+                    "swept few-row khr tile (labels khrqS)")
+    ap.add_argument("--units", default="4,8",
+                    help="with --quant: the khr kernel's swept staging units (weights)")
     args = ap.parse_args()
     rt = runtime()
     warm_up()  # an idle GPU's clock would slow the first cases
@@ -270,7 +297,10 @@ def main() -> None:
         t_start = time.perf_counter()
         shapes = [(int(k), int(n)) for k, n in (s.split("x") for s in args.shapes.split(","))]
         records = quant_sweep(rt, shapes, [int(m) for m in args.ms.split(",")],
-                              args.quant.split(","), args.top, not args.policy_only)
+                              args.quant.split(","), args.top, not args.policy_only,
+                              tuple(int(u) for u in args.units.split(",")),
+                              [parse_tile(t) for t in args.tiles.split(",")] if args.tiles
+                              else None, tuple(int(x) for x in args.splits.split(",")))
         print(f"sweep took {time.perf_counter() - t_start:.0f} s")
         if args.json:
             with open(args.json, "w") as f:

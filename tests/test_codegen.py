@@ -357,14 +357,21 @@ def test_pack_kernel_validates(wide: bool) -> None:
 
 def test_overread_margin() -> None:
     """Only the exact khr variant with a register look-ahead reads past an operand: one K
-    step of tile_k lines (two with two shared stages)."""
+    step (two with two shared stages) of tile_k lines where K runs along lines, of
+    tile_k elements where K is contiguous (A row-major, B column-major)."""
     from coopmat.codegen import overread_elems
 
     base = next(x for x in _variants(LAVAPIPE) if x.a_type == CT.FLOAT16 and x.exact)
+    row, col = Layout.ROW_MAJOR, Layout.COLUMN_MAJOR
     for buffering, steps in ((1, 0), (2, 1), (3, 2), (4, 1)):
         tr = replace(base, tile=replace(base.tile, buffering=buffering))
-        assert overread_elems(tr, 100) == steps * tr.tile.tile_k * 100
-        assert overread_elems(replace(tr, exact=False), 100) == 0
+        for a_layout, b_layout, lines_a, lines_b in ((row, row, False, True),
+                                                     (col, col, True, False)):
+            t = replace(tr, a_layout=a_layout, b_layout=b_layout)
+            k = steps * tr.tile.tile_k
+            assert overread_elems(t, 100, "a") == k * (100 if lines_a else 1)
+            assert overread_elems(t, 100, "b") == k * (100 if lines_b else 1)
+            assert overread_elems(replace(t, exact=False), 100, "a") == 0
 
 
 @pytest.mark.parametrize("table", sorted(SHIPPED.glob("*.json")), ids=lambda p: p.stem)

@@ -159,8 +159,8 @@ def make_gemm(traits: GemmTraits, M: int, N: int, K: int, *, batch: int = 1,
     A = pack(a, a_col, lda, bs_a, _junk(a_dt))
     B = pack(b, b_col, ldb, 0, _junk(b_dt))
     # The exact variant's look-ahead reads past each operand (abi.overread_elems).
-    A = np.concatenate([A, np.full(overread_elems(traits, lda), _junk(a_dt), a_dt)])
-    B = np.concatenate([B, np.full(overread_elems(traits, ldb), _junk(b_dt), b_dt)])
+    A = np.concatenate([A, np.full(overread_elems(traits, lda, "a"), _junk(a_dt), a_dt)])
+    B = np.concatenate([B, np.full(overread_elems(traits, ldb, "b"), _junk(b_dt), b_dt)])
     sentinel = o_dt.type(77)
     D = np.full((batch - 1) * bs_c + M * ldc, sentinel, o_dt)
     buffers = {BINDING_A: A, BINDING_B: B, BINDING_D: D}

@@ -160,6 +160,27 @@ def test_variants_follow_sizes_and_strides() -> None:
     assert (general.exact, general.aligned) == (False, False)
 
 
+def test_few_row_margin_is_one_step_of_a_row() -> None:
+    """Where K is contiguous (A row-major, B column-major) the exact variant's look-ahead
+    reads past the last row only: a decode step's 16-row x as a device Array (whose
+    allocation keeps MARGIN_PER_LINE a line, at most a MARGIN_SHARE-th of its size) has
+    room for it, so it runs unchecked; K x ld elements would not fit."""
+    from coopmat.array import MARGIN_PER_LINE, MARGIN_SHARE
+
+    pair = resolve(H200, F16, F16)
+    M, N, K = 16, 4096, 4096
+    weight_t = Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
+                       OperandLayout(Layout.COLUMN_MAJOR, K))
+    for problem in (weight_t, row_major(M, N, K, pair)):
+        choice = choose(H200, problem, Options(split_k=1), shipped_h200())
+        t = khr(choice)
+        steps = 2 if t.tile.buffering == 3 else 1
+        assert t.exact and choice.margins[0] == steps * t.tile.tile_k * 2
+        assert choice.margins[0] <= min(MARGIN_PER_LINE * K, M * K * 2 // MARGIN_SHARE)
+        b_lines = problem.b.layout == Layout.ROW_MAJOR  # K along B's lines: tile_k rows
+        assert choice.margins[1] == steps * t.tile.tile_k * 2 * (N if b_lines else 1)
+
+
 def test_no_room_for_the_exact_margin_falls_back() -> None:
     pair = resolve(H200, F16, F16)
     small = replace(H200, limits=replace(H200.limits, max_storage_buffer_range=4096 * 4096 * 2))

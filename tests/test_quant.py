@@ -298,7 +298,11 @@ def test_from_gguf_file(rt, tmp_path):
 VARIANT_CASES = [("q8_0", 1, "general", 8), ("q4_0", 1, "aligned", 4),
                  ("q4_0", 2, "exact", 4), ("q8_0", 2, "exact", 8),
                  ("q8_0", 3, "aligned", 4), ("q4_0", 3, "exact", 8),
-                 ("q8_0", 4, "general", 4), ("q4_0", 4, "aligned", 8)]
+                 ("q8_0", 4, "general", 4), ("q4_0", 4, "aligned", 8),
+                 # whole blocks (plan.BLOCK_UNIT): raw words in registers, decoded when staged
+                 ("q8_0", 1, "general", 32), ("q4_0", 2, "exact", 32),
+                 ("q8_0", 3, "exact", 32), ("q4_0", 4, "general", 32),
+                 ("q4_0", 2, "aligned", 32), ("q8_0", 2, "general", 32)]
 
 
 @pytest.mark.parametrize("fmt,buffering,variant,unit", VARIANT_CASES)

@@ -46,21 +46,20 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
         assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (128, 64, 64)
         assert t.b_quant_unit == policy_kernel.QUANT_GENERAL_UNIT[fmt]
         assert choice.split_k == 1
-    else:  # narrow and deep, four subgroups; split by the float rule where the grid is small
-        rows = 32 if M <= 32 else 64
-        assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (rows, 32, 128)
-        assert (t.tile.subgroups_m, t.tile.subgroups_n) == (2, 2)
+    else:  # 64 columns, four blocks deep, four subgroups; split by the float table
+        assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (M, 64, 128)
+        assert (t.tile.subgroups_m, t.tile.subgroups_n) == ((1, 4) if M == 16 else (2, 2))
         unsplit = choose(h200, _problem(h200, M, 4096, 4096, fmt), Options(split_k=1))
         assert choice.split_k == split_k_for(h200, _problem(h200, M, 4096, 4096, fmt),
                                              unsplit.traits) > 1
         assert choice.params.K == 4096 // choice.split_k and choice.params.ldb == 4096
         assert choice.params.batch_stride_b == 4096 // choice.split_k
-        # 128 workgroups unsplit: 4 slices on the 32-row tile (measured), 2 on the 64-row
-        assert choice.split_k == (4 if rows == 32 else 2)
+        # 64 workgroups unsplit: 8 slices on the 16-row tile (measured), 4 on the others
+        assert choice.split_k == (8 if M == 16 else 4)
         deep = choose(h200, _problem(h200, M, 4096, 14336, fmt))
         assert deep.split_k == choice.split_k and deep.params.K == 14336 // deep.split_k
-        wide = choose(h200, _problem(h200, M, 14336, 4096, fmt))  # 448 workgroups or more
-        assert wide.split_k == 1 and wide.traits.tile == t.tile
+        wide = choose(h200, _problem(h200, M, 14336, 4096, fmt))  # 224 workgroups
+        assert wide.split_k == (2 if M == 16 else 1) and wide.traits.tile == t.tile
     if t.exact:
         steps = 2 if t.tile.buffering == 3 else 1
         assert choice.margins[1] == overread_bytes(FORMATS[fmt], t.tile.tile_k, steps)

@@ -95,8 +95,9 @@ def test_rule_on_h200_decode_shapes() -> None:
 
 
 def test_rule_elsewhere_counts_workgroups() -> None:
-    """Tiles the table does not list, and a quantized B: S = the power of two nearest
-    ceil(target / G) for an unsplit grid of G <= SPLIT_K_MAX_GROUPS workgroups."""
+    """Tiles the table does not list: S = the power of two nearest ceil(target / G) for an
+    unsplit grid of G <= SPLIT_K_MAX_GROUPS workgroups. A quantized B's few-row tiles are
+    the table's."""
     for M, N, K in ((8, 4096, 4096), (16, 2048, 4096), (8, 14336, 4096), (8, 1024, 8192)):
         p = decode(H200, M, N, K)
         traits = unsplit(H200, p)
@@ -109,17 +110,15 @@ def test_rule_elsewhere_counts_workgroups() -> None:
             S //= 2
         ok = groups <= policy_kernel.SPLIT_K_MAX_GROUPS
         assert split_k_for(H200, p, traits) == (S if ok else 1), (M, N, K)
-    q = decode(H200, 16, 4096, 4096, b_quant="q8_0")
-    traits = unsplit(H200, q)
-    groups = -(-16 // traits.tile.tile_m) * -(-4096 // traits.tile.tile_n)
-    target = policy_kernel.SPLIT_K_TARGET_GROUPS_QUANT if traits.tile.tile_m <= 32 else \
-        policy_kernel.SPLIT_K_TARGET_GROUPS
-    if groups <= policy_kernel.SPLIT_K_MAX_GROUPS:
-        want = -(-target // groups)
-        S = min((2, 4, 8), key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
-        assert split_k_for(H200, q, traits) == S
-    else:
-        assert split_k_for(H200, q, traits) == 1
+    # a quantized B on its few-row tiles: the table, as a float B
+    for M, N, K in ((16, 4096, 4096), (16, 14336, 4096), (64, 4096, 14336), (64, 14336, 4096)):
+        q = decode(H200, M, N, K, b_quant="q8_0")
+        traits = unsplit(H200, q)
+        t = traits.tile
+        groups = -(-M // t.tile_m) * -(-N // t.tile_n)
+        table = policy_kernel.SPLIT_K_BY_TILE_ROWS[t.tile_m]
+        assert split_k_for(H200, q, traits) == next((s for most, s in table
+                                                     if groups <= most), 1), (M, N, K)
 
 
 def test_unsplit_few_row_products_stream_deeper() -> None:
@@ -149,7 +148,7 @@ def test_unsplit_few_row_products_stream_deeper() -> None:
     assert split.split_k > 1 and split.traits.tile.tile_k == 128
     assert pick(32, 14336, 4096).traits.tile.tile_k == 128
     quant = pick(16, 14336, 4096, b_quant="q8_0")
-    assert quant.traits.tile.tile_k == 128 and quant.traits.tile.tile_n == 32
+    assert quant.traits.tile.tile_k == 128 and quant.traits.tile.tile_n == 64
 
 
 def test_deeper_step_fits_without_margins() -> None:

@@ -126,17 +126,20 @@ def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
             and p.K % t.tile_k == 0)
 
 
-def overread_elems(traits: GemmTraits, ld: int) -> int:
-    """Elements past an operand's last one that its kernel may read, for an operand read
-    with leading dimension `ld`: the buffer must extend that far (the values are never
-    used). The exact variant's register look-ahead runs one K step past K (two with two
-    shared stages) without bounds checks: tile_k more lines where lines run along K,
-    tile_k more elements of the last line where K is contiguous; tile_k * ld covers both.
-    """
+def overread_elems(traits: GemmTraits, ld: int, operand: str) -> int:
+    """Elements past operand `operand`'s ("a" or "b") last one that its kernel may read,
+    for that operand read with leading dimension `ld`: the buffer must extend that far
+    (the values are never used). The exact variant's register look-ahead runs one K step
+    past K (two with two shared stages) without bounds checks: where K runs along lines
+    (A column-major, B row-major) that is tile_k more lines of ld elements; where K is
+    contiguous, each line's look-ahead lands in the next line, and the last line's runs
+    tile_k elements past its K (so a few-row A needs no more than that)."""
     t = traits.tile
     if not isinstance(traits, KhrTraits) or not traits.exact or t.buffering == 1:
         return 0
-    return (2 if t.buffering == 3 else 1) * t.tile_k * ld
+    layout = traits.a_layout if operand == "a" else traits.b_layout
+    k_contiguous = layout == (Layout.ROW_MAJOR if operand == "a" else Layout.COLUMN_MAJOR)
+    return (2 if t.buffering == 3 else 1) * t.tile_k * (1 if k_contiguous else ld)
 
 
 def rows_b_alignment_elems(traits: RowsTraits) -> int:
@@ -232,7 +235,7 @@ def overread_bytes_b(traits: GemmTraits, ldb: int, itemsize: int) -> int:
     kernel reads no block past the last (gemv_quant.py)."""
     fmt_name = b_quant(traits)
     if fmt_name is None:
-        return overread_elems(traits, ldb) * itemsize
+        return overread_elems(traits, ldb, "b") * itemsize
     from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
     from coopmat.quant_formats import quant_format
 

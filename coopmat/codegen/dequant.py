@@ -114,7 +114,7 @@ def _emit(traits: DequantTraits) -> bytes:
     n, k = s.udiv(unit, per_row), s.mul(s.umod(unit, per_row), s.c(UNIT))
 
     def body() -> None:
-        vec = reader.load(n, k, None)  # one 16-byte vector: UNIT 16-bit values
+        vec, = reader.load(n, k, None)  # one 16-byte vector: UNIT 16-bit values
         s.buffer_store(dst, s.udiv(s.add(s.mul(n, P["ld"]), k), s.c(UNIT)), vec)
 
     f.if_(s.lt(n, P["N"]), body)

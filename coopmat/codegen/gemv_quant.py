@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from coopmat.codegen import abi
 from coopmat.codegen.gemv import GemvEmitter
-from coopmat.codegen.quant import funnel, read_words, row_bytes, scale
+from coopmat.codegen.quant import block_words, funnel, read_words, row_bytes, scale
 from coopmat.codegen.shader import Buffer
 from coopmat.codegen.spv import Op
 from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits
@@ -58,9 +58,7 @@ class QuantGemvEmitter(GemvEmitter):
         super().__init__(t)
         assert t.b_quant is not None
         self.fmt = quant_format(t.b_quant)
-        # Words that cover a block from the word holding its first byte: 36 or 20 bytes
-        # for 34 or 18, whether the block starts at bit 0 or 16 of that word.
-        self.block_words = self.fmt.block_bytes // 4 + 1
+        self.block_words = block_words(self.fmt)
 
     # -- B: blocks as 32-bit words ---------------------------------------------------------
     def _b_buffer(self) -> Buffer:

@@ -228,6 +228,10 @@ class TiledGemmEmitter:
         if t.b_quant is not None:
             self.quant = QuantReader(s, quant_format(t.b_quant), B.buf, self.b_el, B.unit,
                                      t.b_quant_unit, B.ld, B.base)
+        # Invocation i's r-th unit of a quantized B is unit i + r x invocations of the
+        # tile, lines (B's columns) of tile_k / b_quant_unit units.
+        self.quant_units = (B.stage.total_units * B.stage.unit_elems // t.b_quant_unit
+                            // B.stage.invocations)
 
     # -- global -> registers -> shared --------------------------------------------------
     def _unit_coords(self, op: _Operand, r: int) -> tuple[int, int]:
@@ -242,11 +246,6 @@ class TiledGemmEmitter:
         """Load one unit of the operand's tile at K offset k0, zero outside the matrix."""
         s, st = self.s, op.stage
         line, col = self._unit_coords(op, r)
-        if self.quant is not None and op is self.B:  # dequantized from its blocks
-            n, k = s.add(op.outer0, line), s.add(k0, col)
-            inside = None if self.t.exact else s.and_(s.lt(n, op.outer_limit),
-                                                      s.lt(k, op.inner_limit))
-            return self.quant.load(n, k, inside)
         if op.k_is_inner:
             outer, inner = s.add(op.outer0, line), s.add(k0, col)
         else:
@@ -260,6 +259,43 @@ class TiledGemmEmitter:
         safe = s.select(s.u32, inside, index, s.c(0))
         value = s.buffer_load(op.buf, safe)
         return s.select(op.unit, inside, value, op.zero)
+
+    def _quant_coords(self, r: int) -> tuple[int, int, int, int]:
+        """(n, k offset within the K step, line, unit column in shared memory) of this
+        invocation's r-th unit of a quantized B."""
+        s, B, q = self.s, self.B, self.t.b_quant_unit
+        per_line = self.t.tile.tile_k // q
+        g = s.add(self.tid, s.c(r * B.stage.invocations))
+        line, col = s.udiv(g, s.c(per_line)), s.mul(s.umod(g, s.c(per_line)), s.c(q))
+        return s.add(B.outer0, line), col, line, s.udiv(col, s.c(B.stage.unit_elems))
+
+    def _quant_fetch(self, k0: int, r: int) -> list[int]:
+        """The raw words of this invocation's r-th unit of B's tile at K offset k0."""
+        s, B = self.s, self.B
+        assert self.quant is not None
+        n, col, _, _ = self._quant_coords(r)
+        k = s.add(k0, col)
+        inside = None if self.t.exact else s.and_(s.lt(n, B.outer_limit),
+                                                  s.lt(k, B.inner_limit))
+        return self.quant.fetch(n, k, inside)
+
+    def _stage_quant(self, k0: int) -> None:
+        """A quantized B's units of the K step at k0 -> shared memory, decoded from the
+        raw words the prefetch left in registers (or loaded now, without buffering)."""
+        s, B = self.s, self.B
+        assert self.quant is not None
+        per = self.quant.fetched_words
+        for r in range(self.quant_units):
+            if B.regs:
+                words = [s.f.op(Op.Load, s.u32, v) for v in B.regs[r * per:(r + 1) * per]]
+            else:
+                words = self._quant_fetch(k0, r)
+            n, col, line, unit_col = self._quant_coords(r)
+            first = s.add(s.mul(line, s.c(B.stage.stride_units)), unit_col)
+            if B.write_off is not None:
+                first = s.add(B.write_off, first)
+            for i, unit in enumerate(self.quant.decode(words, n, s.add(k0, col))):
+                s.shared_store(B.shared, s.add(first, s.c(i)) if i else first, unit)
 
     def _shared_index(self, op: _Operand, r: int) -> int:
         s, st = self.s, op.stage
@@ -275,12 +311,19 @@ class TiledGemmEmitter:
         never stored. A guard here (a select or a branch on k0) cost 7% at 8192^3 f16 on
         the H200: the look-ahead addresses stop being plain induction variables."""
         for op in (self.A, self.B):
-            for r, reg in enumerate(op.regs):
-                self.s.f.emit(Op.Store, reg, self._global_unit(op, k0, r))
+            if op is self.B and self.quant is not None:  # raw words: decoded when staged
+                values = [w for r in range(self.quant_units) for w in self._quant_fetch(k0, r)]
+            else:
+                values = [self._global_unit(op, k0, r) for r in range(len(op.regs))]
+            for reg, value in zip(op.regs, values, strict=True):
+                self.s.f.emit(Op.Store, reg, value)
 
     def _stage_to_shared(self, k0: int) -> None:
         s = self.s
         for op in (self.A, self.B):
+            if op is self.B and self.quant is not None:
+                self._stage_quant(k0)
+                continue
             for r in range(op.stage.units_per_invocation):
                 if op.regs:
                     value = s.f.op(Op.Load, op.unit, op.regs[r])
@@ -701,6 +744,9 @@ class TiledGemmEmitter:
         if p.tile.buffering in (2, 3, 4):
             for op in (self.A, self.B):
                 op.regs = [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
+            if self.quant is not None:  # raw words, decoded when staged
+                self.B.regs = [s.f.local(s.u32)
+                               for _ in range(self.quant_units * self.quant.fetched_words)]
         self._k_loop()
         if self.t.split_k > 1:
             self._split_epilogue()

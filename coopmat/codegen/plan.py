@@ -137,13 +137,17 @@ def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_g
                      pad_units=max(1, SHARED_PAD_BYTES // unit_bytes), invocations=invocations)
 
 
-QUANT_UNITS = (4, 8)  # weights per staged unit of a quantized B: a uvec2 or uvec4 of f16
+# Weights per staged unit of a quantized B: a uvec2 or uvec4 of f16, or a whole block
+# (BLOCK_UNIT), whose raw words an invocation keeps in registers while they load and
+# dequantizes into four uvec4 units as it stores them to shared memory.
+BLOCK_UNIT = 32
+QUANT_UNITS = (4, 8, BLOCK_UNIT)
 
 
 def _quant_stage(t: KhrTraits, invocations: int) -> StagePlan:
     """A quantized B's stage: the same shared layout as the aligned variant's column-major
-    B (lines along N, K contiguous, units of b_quant_unit 16-bit elements), whatever the
-    variant, since each unit is dequantized from one block into one vector."""
+    B (lines along N, K contiguous, units of b_quant_unit 16-bit elements; of 8 for whole
+    blocks), whatever the variant, since each unit is dequantized from one block."""
     from coopmat.quant_formats import BLOCK_ELEMS, quant_format
 
     quant_format(t.b_quant or "")
@@ -152,11 +156,18 @@ def _quant_stage(t: KhrTraits, invocations: int) -> StagePlan:
         raise ValueError("a quantized B is column-major (row n of the N x K weight)")
     if element_bytes(t.b_type) != 2:
         raise ValueError("a quantized B dequantizes to a 16-bit operand type")
-    if q not in QUANT_UNITS or t.k % q:
-        raise ValueError(f"b_quant_unit={q} must be one of {QUANT_UNITS} and divide K={t.k}")
+    if q not in QUANT_UNITS or t.k % min(q, 8):
+        raise ValueError(f"b_quant_unit={q} must be one of {QUANT_UNITS}, its shared "
+                         f"unit ({min(q, 8)} weights) dividing K={t.k}")
     if t.tile.tile_k % BLOCK_ELEMS:
         raise ValueError(f"tile_k={t.tile.tile_k} must be a multiple of the quantized "
                          f"block ({BLOCK_ELEMS} weights)")
+    if q == BLOCK_UNIT:
+        blocks = t.tile.tile_n * t.tile.tile_k // BLOCK_ELEMS
+        if blocks % invocations:
+            raise ValueError(f"B tile of {blocks} blocks does not split evenly over "
+                             f"{invocations} invocations ({t.tile.describe()})")
+        q = 8
     words = q * 2 // 4
     return StagePlan(lines=t.tile.tile_n, inner=t.tile.tile_k, unit_elems=q,
                      unit_words=words, pad_units=max(1, SHARED_PAD_BYTES // (4 * words)),

@@ -31,6 +31,13 @@ def overread_bytes(fmt: QuantFormat, tile_k: int, steps: int) -> int:
     return steps * (tile_k // BLOCK_ELEMS) * fmt.block_bytes + QUANT_PAD_BYTES
 
 
+def block_words(fmt: QuantFormat) -> int:
+    """32-bit words that cover a block from the word holding its first (even) byte: 9
+    (36 bytes for q8_0's 34) or 5 (20 for q4_0's 18), whether it starts at bit 0 or 16;
+    they end at most 2 bytes past the block."""
+    return fmt.block_bytes // 4 + 1
+
+
 def row_bytes(s: ShaderContext, fmt: QuantFormat, k: int) -> int:
     """Bytes of one row of the weight (B's column): K / 32 blocks (`k`: K, a runtime
     value; ldb is K for a weight, in weights)."""
@@ -121,47 +128,88 @@ class QuantReader:
     def _op(self, op: Op, a: int, b: int) -> int:
         return self.s.f.op(op, self.s.u32, a, b)
 
-    def load(self, n: int, k: int, inside: int | None) -> int:
-        """The unit of weights k .. k + unit - 1 of row n (k a multiple of the unit), as
-        a vector of packed operand values; zero where `inside` (a bool id) is false."""
-        s, f, fmt = self.s, self.s.f, self.fmt
+    def _block(self, n: int, k: int, inside: int | None) -> int:
+        """The byte where the block holding weight k of row n starts; block 0 (always
+        there) where `inside` (a bool id) is false."""
+        s = self.s
         block = s.add(s.add(s.mul(n, self.row_bytes), self.base_bytes),
-                      s.mul(s.shr(k, s.c(5)), s.c(fmt.block_bytes)))
-        if inside is not None:  # out of the matrix: read block 0 (always there), then zero
-            block = s.select(s.u32, inside, block, s.c(0))
-        j = self._op(Op.BitwiseAnd, k, s.c(BLOCK_ELEMS - 1))  # first weight's index
-        scale_word = s.buffer_load(self.buf, s.shr(block, s.c(2)))
-        # The unit's bytes: q8_0 one a weight; q4_0 one for weights j and j + 16.
-        data_off = self._op(Op.BitwiseAnd, j, s.c(15)) if fmt.nibbles else j
-        p = s.add(block, s.add(s.c(SCALE_BYTES), data_off))
-        # Funnel: run i is bytes p + 4i .. p + 4i + 3.
-        runs = funnel(s, *read_words(s, self.buf, p, self.unit // 4 + 1))
-        # Weight e's field, read unsigned, at bit 8 (e % 4) of runs[e // 4]: q4_0's
-        # nibbles shifted down by 0 or 4, q8_0's bytes with their sign bits flipped.
-        if fmt.nibbles:
-            nibble_shift = self._op(Op.ShiftLeftLogical, s.shr(j, s.c(4)), s.c(2))
-            runs = [s.shr(r, nibble_shift) for r in runs]
+                      s.mul(s.shr(k, s.c(5)), s.c(self.fmt.block_bytes)))
+        return block if inside is None else s.select(s.u32, inside, block, s.c(0))
+
+    @property
+    def whole_blocks(self) -> bool:
+        return self.unit == BLOCK_ELEMS
+
+    @property
+    def fetched_words(self) -> int:
+        """Words `fetch` returns a unit: a whole block's words (its scale in the first),
+        or the unit's data words and its scale's word."""
+        return block_words(self.fmt) if self.whole_blocks else self.unit // 4 + 2
+
+    def fetch(self, n: int, k: int, inside: int | None) -> list[int]:
+        """The raw words of the unit of weights k .. k + unit - 1 of row n (k a multiple
+        of the unit): only loads, so that they can stay in flight in registers until
+        `decode` (a K step later in the khr kernel's prefetch). Where `inside` (a bool
+        id) is false, block 0 is read and the scale's word is zero: d = 0 makes every
+        weight decode to zero."""
+        s, fmt = self.s, self.fmt
+        block = self._block(n, k, inside)
+        if self.whole_blocks:  # the words from the one holding the block's first byte
+            words = read_words(s, self.buf, block, block_words(fmt))[0]
         else:
+            j = self._op(Op.BitwiseAnd, k, s.c(BLOCK_ELEMS - 1))  # first weight's index
+            # The unit's bytes: q8_0 one a weight; q4_0 one for weights j and j + 16.
+            data_off = self._op(Op.BitwiseAnd, j, s.c(15)) if fmt.nibbles else j
+            p = s.add(block, s.add(s.c(SCALE_BYTES), data_off))
+            words = [*read_words(s, self.buf, p, self.unit // 4 + 1)[0],
+                     s.buffer_load(self.buf, s.shr(block, s.c(2)))]
+        scale_at = 0 if self.whole_blocks else len(words) - 1
+        if inside is not None:
+            words[scale_at] = s.select(s.u32, inside, words[scale_at], s.c(0))
+        return words
+
+    def decode(self, words: list[int], n: int, k: int) -> list[int]:
+        """`fetch`'s words for (n, k) -> the unit as vectors of 8 (or unit) packed operand
+        values (unit_type), in K order: one, or BLOCK_ELEMS // 8 for a whole block."""
+        s, f, fmt = self.s, self.s.f, self.fmt
+        sh = half_shift(s, self._block(n, k, None))  # where d sits in its word
+        if self.whole_blocks:  # the data start 16 bits after d
+            scale_word, count = words[0], BLOCK_ELEMS
+            runs = funnel(s, words, sh, self._op(Op.ISub, s.c(16), sh), skip_half=True)
+            if fmt.nibbles:  # low nibbles are weights 0..15, high nibbles 16..31
+                runs = runs + [s.shr(r, s.c(4)) for r in runs]
+        else:  # the data start at a multiple of 4 bytes past d's end: 16 bits from sh
+            scale_word, count = words[-1], self.unit
+            runs = funnel(s, words[:-1], self._op(Op.BitwiseXor, sh, s.c(16)), sh)
+            if fmt.nibbles:  # weights j.. are low nibbles below 16, high ones from 16
+                j = self._op(Op.BitwiseAnd, k, s.c(BLOCK_ELEMS - 1))
+                nibble_shift = self._op(Op.ShiftLeftLogical, s.shr(j, s.c(4)), s.c(2))
+                runs = [s.shr(r, nibble_shift) for r in runs]
+        # Weight e's field, read unsigned, at bit 8 (e % 4) of runs[e // 4]: q4_0's
+        # nibbles, q8_0's bytes with their sign bits flipped.
+        if not fmt.nibbles:
             runs = [self._op(Op.BitwiseXor, r, s.c(0x80808080)) for r in runs]
         if self.packed:
-            packed = self._pairs(runs, scale_word, half_shift(s, block))
+            packed = self._pairs(runs, scale_word, sh, count)
         else:
-            packed = self._singles(runs, scale(s, scale_word, half_shift(s, block)))
-        vec = f.op(Op.CompositeConstruct, self.unit_type, *packed) if len(packed) > 1 \
-            else packed[0]
-        if inside is not None:
-            vec = s.select(self.unit_type, inside, vec, self.zero)
-        return vec
+            packed = self._singles(runs, scale(s, scale_word, sh), count)
+        per = 4 if self.whole_blocks else len(packed)
+        return [f.op(Op.CompositeConstruct, self.unit_type, *packed[i:i + per])
+                if per > 1 else packed[i] for i in range(0, len(packed), per)]
 
-    def _pairs(self, runs: list[int], scale_word: int, sh: int) -> list[int]:
-        """Packed float16 words of weights (e, e + 1): both fields placed at bits 0 and
-        16 under float16 1024's bits, minus 1024 + zero point, times (d, d)."""
+    def load(self, n: int, k: int, inside: int | None) -> list[int]:
+        """`decode` of `fetch`: the unit's vectors at once."""
+        return self.decode(self.fetch(n, k, inside), n, k)
+
+    def _pairs(self, runs: list[int], scale_word: int, sh: int, count: int) -> list[int]:
+        """Packed float16 words of weights (e, e + 1), e < count: both fields placed at
+        bits 0 and 16 under float16 1024's bits, minus 1024 + zero point, times (d, d)."""
         s, f, mask = self.s, self.s.f, self.fmt.field_mask
         d = f.op(Op.Bitcast, self.h2, s.shr(scale_word, sh))  # d in its low half
         dd = f.op(Op.VectorShuffle, self.h2, d, d, 0, 0)
         magic = s.c(F16_MAGIC << 16 | F16_MAGIC)
         out = []
-        for e in range(0, self.unit, 2):
+        for e in range(0, count, 2):
             run, bit = runs[e // 4], 8 * (e % 4)
             y = s.shr(run, s.c(bit)) if bit else run  # weight e at bit 0, e + 1 at bit 8
             lo = self._op(Op.BitwiseAnd, y, s.c(mask))
@@ -173,12 +221,13 @@ class QuantReader:
             out.append(f.op(Op.Bitcast, s.u32, w))
         return out
 
-    def _singles(self, runs: list[int], d: int) -> list[int]:
-        """Packed words of weights made one at a time in float32 (2^23's bits), times d
-        (exact in float32: 8 x 11 significant bits), rounded once to the operand type."""
+    def _singles(self, runs: list[int], d: int, count: int) -> list[int]:
+        """Packed words of weights e < count made one at a time in float32 (2^23's bits),
+        times d (exact in float32: 8 x 11 significant bits), rounded once to the operand
+        type."""
         s, f, mask = self.s, self.s.f, self.fmt.field_mask
         values = []
-        for e in range(self.unit):
+        for e in range(count):
             run, bit = runs[e // 4], 8 * (e % 4)
             u = self._op(Op.BitwiseAnd, s.shr(run, s.c(bit)) if bit else run, s.c(mask))
             w = f.op(Op.FSub, self.f32,
@@ -187,4 +236,4 @@ class QuantReader:
             values.append(f.op(Op.FConvert, self.operand_el, f.op(Op.FMul, self.f32, w, d)))
         return [f.op(Op.Bitcast, s.u32,
                      f.op(Op.CompositeConstruct, self.v2op, values[i], values[i + 1]))
-                for i in range(0, self.unit, 2)]
+                for i in range(0, count, 2)]

@@ -231,16 +231,18 @@ def deep_few_row_tile(tile: Tile, m: int, n: int, k: int) -> Tile:
 def quant_few_row_tile(tile: Tile, M: int, a_type: ComponentType, result_type: ComponentType,
                        m: int, n: int, k: int, subgroup_size: int, max_shared_memory: int,
                        max_invocations: int) -> Tile:
-    """The khr tile for a quantized B with at most SMALL_M rows on a GPU: 2 x 2 subgroups
-    of 1 x 1 matrices (2 x 1 past 2 m rows), 128 elements of K (four blocks) a step, two
-    buffers; `tile` where that does not fit. Narrow and deep, so that many workgroups of
-    four subgroups share the dequantization and keep blocks in flight. Measured on the
-    H200 (benchmarks/decode_sweep.py --quant, 2026-11-22, kernel time, against the few-row
-    default of 32 x 64 x 64 and 2 subgroups): 16 x 4096 @ (14336 x 4096)^T q8_0 63.0
-    against 103.5 us, q4_0 56.0 against 88.9 (the best of 70 swept tiles 62.4 and 54.1);
-    64 rows q8_0 110.3 against 133.6 (4096^2: 39.8, the best swept)."""
-    rows = 2 * m if M <= 2 * m else 4 * m
-    few = Tile(rows, 2 * n, 128, 2, 2, 2)
+    """The khr tile for a quantized B with at most SMALL_M rows on a GPU: 4 n columns, 128
+    elements of K (four blocks) a step, two buffers; m rows on 1 x 4 subgroups up to m
+    rows, 2 m or 4 m rows on 2 x 2 past that (the tiles the float product runs on the
+    H200: its tuned few-row tile, and the covering ones); `tile` where that does not fit.
+    Measured on the H200 (benchmarks/decode_sweep.py --quant --tiles, 2026-11-23, kernel
+    time, the exact variant, split as the float table says), against the 32 x 32 x 128
+    tile it replaced: 16 x 4096 @ (14336 x 4096)^T q8_0 44.6 against 62.3 us, q4_0 41.3
+    against 53.4; 64 rows 68.6 against 96.3 and 60.8 against 91.0; at 32 rows level."""
+    if M <= m:
+        few = Tile(m, 4 * n, 128, 1, 4, 2)
+    else:
+        few = Tile(2 * m if M <= 2 * m else 4 * m, 4 * n, 128, 2, 2, 2)
     if 128 % k or not _fits(few, a_type, result_type, m, n, k, subgroup_size,
                             max_shared_memory, max_invocations):
         return tile

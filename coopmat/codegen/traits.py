@@ -206,7 +206,8 @@ class KhrTraits(GemmTraits):
     specialized: tuple[int, ...] = ()
     # Quantized B (coopmat/quant_formats.py name, e.g. "q8_0"): B is column-major GGUF
     # blocks, dequantized to b_type as it is staged into shared memory, b_quant_unit
-    # weights (4 or 8, within one block) per invocation and unit. None: plain B.
+    # weights (4 or 8 within one block, or 32: a whole block) per invocation and unit.
+    # None: plain B.
     b_quant: str | None = None
     b_quant_unit: int = 8
     out_matrix: bool = True

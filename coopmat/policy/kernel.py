@@ -113,16 +113,18 @@ GEMV_DEFAULT_MAX_M = 4
 GEMV_QUANT_DEFAULT = True
 
 # Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
-# workgroup of each tile finishes it (KhrTraits.split_k). For a float B, S by the rows of
-# the few-row tile and the unsplit grid G: (largest G, S) pairs, the first that holds
+# workgroup of each tile finishes it (KhrTraits.split_k). S by the rows of the few-row
+# tile and the unsplit grid G: (largest G, S) pairs, the first that holds
 # applies, none: unsplit. Measured on the lent H200 (2026-11-23, kernel time, x @ w.T
 # against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, S = 1, 2, 4, 8 each;
 # docs/kernels.md, "Split-K for few-row products"): the 16-row tile ran fastest split 8
 # ways against 4096 columns (G = 64: 13.2 us at 16 rows, 37.7 at 8 rows against the
 # 14336-deep weight) and 2 ways against 14336 columns (G = 224: 38.7-39.9 against 38.5-41.6
 # unsplit); the 32- and 64-row tiles 4 ways against 4096 columns (G = 64; 16.5 and 23.0
-# us) and unsplit against 14336 (32 rows: 50.5 exact, 58.8 split 4). Other tiles (other
-# devices), and a quantized B, keep the workgroup-count rule below.
+# us) and unsplit against 14336 (32 rows: 50.5 exact, 58.8 split 4). A quantized B on the
+# same tiles (tiles.quant_few_row_tile) ran fastest with the same S, or within 3% of it
+# (decode_sweep.py --quant --tiles --splits 1,2,4,8, 2026-11-23). Other tiles (other
+# devices) keep the workgroup-count rule below.
 SPLIT_K_BY_TILE_ROWS: dict[int, tuple[tuple[int, int], ...]] = {
     16: ((128, 8), (256, 2)),
     32: ((128, 4),),
@@ -133,12 +135,6 @@ SPLIT_K_DEFAULT = True
 # 2026-11-23): S nearest SPLIT_K_TARGET_GROUPS / G, G <= SPLIT_K_MAX_GROUPS: enough
 # workgroups to keep a large GPU's memory system busy (the H200 has 132 SMs).
 SPLIT_K_TARGET_GROUPS = 256
-# A quantized B on its 32-row few-row tile (up to 32 rows) dequantizes as it streams, and
-# wants twice the workgroups: measured on the H200 (decode_sweep.py --quant --policy-only,
-# 2026-11-22, kernel time), 16 and 32 rows split 4 ways against 2 (what 256 gave): 4096^2
-# 20.3-21.8 us against 22.7-23.6 (two runs), 14336-deep 4096 columns 52.8-61.1 against
-# 62.1-86.9. At 64 rows (the 64-row tile) 4 ways was slower than 2 and the target stays.
-SPLIT_K_TARGET_GROUPS_QUANT = 512
 SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
 # Slices shorter than this leave each workgroup too little of K to stream.
@@ -571,12 +567,11 @@ def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str
 
 def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) -> int:
     """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
-    family, M <= SMALL_M, batch 1, unsplit grid G workgroups: for a float B on a tile of
+    family, M <= SMALL_M, batch 1, unsplit grid G workgroups: on a tile of
     SPLIT_K_BY_TILE_ROWS' rows, that table's S for G; otherwise, where G <=
-    SPLIT_K_MAX_GROUPS, S = the power of two of SPLIT_K_CHOICES nearest ceil(target / G)
-    (on a log scale: powers of two are geometric; ties go to the smaller; target
-    SPLIT_K_TARGET_GROUPS, or SPLIT_K_TARGET_GROUPS_QUANT for a quantized B on a tile of
-    at most 32 rows). S halves until K % (S * tile_k) == 0 (whole K steps per slice) and
+    SPLIT_K_MAX_GROUPS, S = the power of two of SPLIT_K_CHOICES nearest ceil(
+    SPLIT_K_TARGET_GROUPS / G) (on a log scale: powers of two are geometric; ties go to
+    the smaller). S halves until K % (S * tile_k) == 0 (whole K steps per slice) and
     K / S >= SPLIT_K_MIN_SLICE; 1: unsplit.
     `traits`: the unsplit kernel's."""
     p = problem
@@ -584,15 +579,13 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
         return 1
     t = traits.tile
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
-    table = SPLIT_K_BY_TILE_ROWS.get(t.tile_m) if p.b_quant is None else None
+    table = SPLIT_K_BY_TILE_ROWS.get(t.tile_m)
     if table is not None:
         S = next((s for most, s in table if groups <= most), 1)
     elif groups > SPLIT_K_MAX_GROUPS:
         return 1
     else:
-        quant = p.b_quant is not None and t.tile_m <= 32
-        want = -(-(SPLIT_K_TARGET_GROUPS_QUANT if quant else SPLIT_K_TARGET_GROUPS)
-                 // groups)
+        want = -(-SPLIT_K_TARGET_GROUPS // groups)
         S = min(SPLIT_K_CHOICES, key=lambda s: (abs(math.log2(s) - math.log2(want)), s))
     while S > 1 and (p.K % (S * t.tile_k) or p.K // S < SPLIT_K_MIN_SLICE):
         S //= 2  # fewer, longer slices where K does not make S whole ones
@@ -758,7 +751,7 @@ def _choose(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned
     if traits is None:
         traits, why = default_traits(info, p, a.layout, b.layout, params, options, tuned)
     item = p.pair.operand.bits // 8
-    margins = (abi.overread_elems(traits, a.ld) * item,
+    margins = (abi.overread_elems(traits, a.ld, "a") * item,
                abi.overread_bytes_b(traits, b.ld, item))
     sizes = (_elems(p, a, 0), _elems(p, b, 1))
     too_big = max(sizes[0] * item + margins[0], sizes[1] * item + margins[1]) > \
