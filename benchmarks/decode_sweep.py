@@ -188,12 +188,10 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                                       Options(family="khr", split_k=1)).traits
                     assert isinstance(khr, KhrTraits)
                     lim = info.limits
-                    tiles = [quant_tile(t) for t in tune_candidates(
+                    tiles = few_tiles or [quant_tile(t) for t in tune_candidates(
                         khr.a_type, khr.result_type, khr.m, khr.n, khr.k, khr.subgroup_size,
                         lim.max_compute_shared_memory_size,
                         lim.max_compute_work_group_invocations, small_m=True)]
-                    if few_tiles:
-                        tiles = few_tiles
                     # the exact variant where the tile divides the (sliced) product, as
                     # the policy's fastest_variant would run it
                     cands += [(f"khrq{S}", dataclasses.replace(

@@ -303,12 +303,19 @@ VARIANT_CASES = [("q8_0", 1, "general", 8), ("q4_0", 1, "aligned", 4),
                  ("q8_0", 1, "general", 32), ("q4_0", 2, "exact", 32),
                  ("q8_0", 3, "exact", 32), ("q4_0", 4, "general", 32),
                  ("q4_0", 2, "aligned", 32), ("q8_0", 2, "general", 32)]
+# One block per K step (tile_k 32): consecutive steps' blocks start 34 or 18 bytes apart,
+# so at bit 0 and 16 of their words in turn; with two shared stages the registers hold
+# the step after the one being multiplied.
+ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
+                  ("q4_0", 2, "aligned", 4)]
 
 
-@pytest.mark.parametrize("fmt,buffering,variant,unit", VARIANT_CASES)
-def test_kernel_variants(rt, fmt, buffering, variant, unit):
+@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k",
+                         [(*c, 64) for c in VARIANT_CASES] + [(*c, 32) for c in ODD_STEP_CASES])
+def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k):
     """Buffering modes, variants and unit sizes the policy does not pick on this device,
-    with a tile 64 deep (two blocks per K step); edge tiles for the checked variants."""
+    with a tile 64 deep (two blocks per K step) or 32 (one); edge tiles for the checked
+    variants."""
     from coopmat.codegen import GemmParams, Layout, build_gemm
     from coopmat.dispatch.executor import Dispatch
     from coopmat.policy import choose
@@ -321,7 +328,7 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit):
     problem = Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
                       OperandLayout(Layout.COLUMN_MAJOR, K), b_quant=fmt)
     base = choose(info, problem).traits
-    tile = replace(base.tile, tile_k=64, buffering=buffering)
+    tile = replace(base.tile, tile_k=tile_k, buffering=buffering)
     traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
                      exact=variant == "exact", specialized=())
     choice = choose(info, problem, traits=traits)

@@ -71,6 +71,24 @@ def unsplit(info, problem: Problem) -> KhrTraits:
 
 # -- policy ------------------------------------------------------------------------------
 
+def test_forced_split_with_explicit_traits() -> None:
+    """Options.split_k splits given khr traits (the tuner's, the sweep's) as it splits the
+    policy's own, where the product allows it; elsewhere, and for other families, they
+    run unsplit rather than fail."""
+    p = decode(H200, 16, 4096, 4096)
+    traits = unsplit(H200, p)
+    split = choose(H200, p, Options(split_k=4), traits=traits)
+    assert split.split_k == 4 and isinstance(split.traits, KhrTraits)
+    assert split.traits.split_k == 4 and split.params.K == 1024
+    batched = decode(H200, 16, 4096, 4096, batch=2)
+    assert choose(H200, batched, Options(split_k=4), traits=traits).split_k == 1
+    gemv = choose(H200, decode(H200, 1, 4096, 4096), Options(family="gemv")).traits
+    assert choose(H200, decode(H200, 1, 4096, 4096), Options(split_k=4),
+                  traits=gemv).split_k == 1
+    with pytest.raises(ValueError, match="no split-K of 4"):  # asked for by argument
+        choose(H200, batched, traits=traits, split_k=4)
+
+
 def test_rule_on_h200_decode_shapes() -> None:
     """On the H200's tuned few-row tiles (16, 32 or 64 rows): S from the measured table
     (SPLIT_K_BY_TILE_ROWS) for the three weights it was measured on, as x @ w.T."""

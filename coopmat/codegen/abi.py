@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import replace
+from typing import Literal
 
 from coopmat.codegen.plan import element_bytes, plan_kernel, vector_elems
 from coopmat.codegen.traits import (
@@ -126,7 +127,7 @@ def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
             and p.K % t.tile_k == 0)
 
 
-def overread_elems(traits: GemmTraits, ld: int, operand: str) -> int:
+def overread_elems(traits: GemmTraits, ld: int, operand: Literal["a", "b"]) -> int:
     """Elements past operand `operand`'s ("a" or "b") last one that its kernel may read,
     for that operand read with leading dimension `ld`: the buffer must extend that far
     (the values are never used). The exact variant's register look-ahead runs one K step

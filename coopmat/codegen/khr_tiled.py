@@ -269,12 +269,10 @@ class TiledGemmEmitter:
         line, col = s.udiv(g, s.c(per_line)), s.mul(s.umod(g, s.c(per_line)), s.c(q))
         return s.add(B.outer0, line), col, line, s.udiv(col, s.c(B.stage.unit_elems))
 
-    def _quant_fetch(self, k0: int, r: int) -> list[int]:
-        """The raw words of this invocation's r-th unit of B's tile at K offset k0."""
+    def _quant_fetch(self, n: int, k: int) -> list[int]:
+        """The raw words of a quantized B's unit at (n, k) (`_quant_coords`)."""
         s, B = self.s, self.B
         assert self.quant is not None
-        n, col, _, _ = self._quant_coords(r)
-        k = s.add(k0, col)
         inside = None if self.t.exact else s.and_(s.lt(n, B.outer_limit),
                                                   s.lt(k, B.inner_limit))
         return self.quant.fetch(n, k, inside)
@@ -286,15 +284,16 @@ class TiledGemmEmitter:
         assert self.quant is not None
         per = self.quant.fetched_words
         for r in range(self.quant_units):
+            n, col, line, unit_col = self._quant_coords(r)
+            k = s.add(k0, col)
             if B.regs:
                 words = [s.f.op(Op.Load, s.u32, v) for v in B.regs[r * per:(r + 1) * per]]
             else:
-                words = self._quant_fetch(k0, r)
-            n, col, line, unit_col = self._quant_coords(r)
+                words = self._quant_fetch(n, k)
             first = s.add(s.mul(line, s.c(B.stage.stride_units)), unit_col)
             if B.write_off is not None:
                 first = s.add(B.write_off, first)
-            for i, unit in enumerate(self.quant.decode(words, n, s.add(k0, col))):
+            for i, unit in enumerate(self.quant.decode(words, n, k)):
                 s.shared_store(B.shared, s.add(first, s.c(i)) if i else first, unit)
 
     def _shared_index(self, op: _Operand, r: int) -> int:
@@ -312,13 +311,18 @@ class TiledGemmEmitter:
         the H200: the look-ahead addresses stop being plain induction variables."""
         for op in (self.A, self.B):
             if op is self.B and self.quant is not None:  # raw words: decoded when staged
-                values = [w for r in range(self.quant_units) for w in self._quant_fetch(k0, r)]
+                coords = [self._quant_coords(r) for r in range(self.quant_units)]
+                values = [w for n, col, _, _ in coords
+                          for w in self._quant_fetch(n, self.s.add(k0, col))]
             else:
                 values = [self._global_unit(op, k0, r) for r in range(len(op.regs))]
             for reg, value in zip(op.regs, values, strict=True):
                 self.s.f.emit(Op.Store, reg, value)
 
     def _stage_to_shared(self, k0: int) -> None:
+        """Shared memory <- K step k0: from the registers where the prefetch filled them
+        (a quantized B's are decoded here, and where its scale sits depends on k0), else
+        loaded now."""
         s = self.s
         for op in (self.A, self.B):
             if op is self.B and self.quant is not None:
@@ -423,7 +427,7 @@ class TiledGemmEmitter:
             self._set_stage(phase)
             # Registers hold K step k0 + tile_k; the stage they go to was last read by the
             # previous step's multiply, which the barrier ending that step has ordered.
-            self._stage_to_shared(k0)
+            self._stage_to_shared(s.add(k0, tk))
             self._prefetch(s.add(k0, s.c(2 * tile.tile_k)))
             self._multiply()
             s.barrier(Scope.Workgroup)  # this step's stores visible, its reads done

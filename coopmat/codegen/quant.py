@@ -116,7 +116,6 @@ class QuantReader:
         # rounding of (w * d) is the float32 product's rounded once.
         self.packed = operand_el == f16
         self.v2op = mb.type_vector(operand_el, 2)
-        self.zero = mb.const_null(unit_type)
         self.row_bytes = row_bytes(s, fmt, ldb)
         self.base_bytes = row_bytes(s, fmt, base)
         if self.packed:

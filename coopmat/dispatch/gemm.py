@@ -456,9 +456,8 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     batch, M, N, K = shape
     info = rt.device.info
     problem = problem_of(pair, sa, sb, sc, M, N, K, batch, alpha, beta, ops)
-    # Explicit traits are a split-K's slice kernel where Options.split_k asks for one.
     choice = choose(info, problem, options, tuning.choices(info) if options.tuning else {},
-                    traits, split_k=options.split_k or 1 if traits is not None else 1)
+                    traits)
     if not margins_ok and isinstance(choice.traits, KhrTraits) and choice.traits.exact:
         choice = choose(info, problem, options, {}, replace(choice.traits, exact=False),
                         split_k=choice.split_k)

@@ -639,7 +639,8 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
            split_k: int = 1) -> KernelChoice:
     """The kernel for `problem` on `info`. With `traits` (the tuner's candidates), those
     traits run: only repacks, parameters and margins are derived; with `split_k` S > 1
-    too, `traits` are the slice GEMM's of a split-K of S (the problem must allow it).
+    too, `traits` are the slice GEMM's of a split-K of S (the problem must allow it), and
+    so they are for Options.split_k's S where the problem allows it (khr traits).
     Without `traits`, a split-K where Options.split_k forces one (and the problem allows
     it) or the rule chooses one (SPLIT_K_DEFAULT)."""
     options = options or Options()
@@ -654,6 +655,11 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
         raise ValueError(f"the {p.ops.activation.value} activation needs a float result, "
                          f"not {p.pair.describe_result()}")
     if traits is not None:
+        forced = options.split_k or 1
+        if split_k == 1 and forced > 1 and isinstance(traits, KhrTraits) and \
+                split_k_violation(info, p, forced) is None and \
+                _split_tiles_violation(traits, p) is None:
+            split_k = forced  # as without traits: where the product allows it
         if split_k > 1:
             why_not = split_k_violation(info, p, split_k)
             if why_not is not None:
