@@ -329,6 +329,11 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k):
                       OperandLayout(Layout.COLUMN_MAJOR, K), b_quant=fmt)
     base = choose(info, problem).traits
     tile = replace(base.tile, tile_k=tile_k, buffering=buffering)
+    # Enough units of B for every invocation: a 64-column tile one block deep has only 64
+    # whole-block units, fewer than a GPU's 128 invocations.
+    invocations = tile.subgroups_m * tile.subgroups_n * base.subgroup_size
+    if (tile.tile_n * tile_k // unit) % invocations:
+        tile = replace(tile, tile_n=invocations * unit // tile_k)
     traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
                      exact=variant == "exact", specialized=())
     choice = choose(info, problem, traits=traits)

@@ -45,8 +45,8 @@ from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits
 from coopmat.quant_formats import BLOCK_ELEMS, quant_format
 
 # One block of a column as loaded: its words (from the one holding the block's first
-# byte), the scale's bit in the first word (0 or 16) and 16 minus that.
-_Block = tuple[list[int], int, int]
+# byte), the scale's bit in the first word (0 or 16).
+_Block = tuple[list[int], int]
 # One load step: the R rows of A (four 16-byte units each) and the C columns' blocks.
 _Loaded = tuple[list[list[int]], list[_Block]]
 
@@ -88,8 +88,8 @@ class QuantGemvEmitter(GemvEmitter):
         a = [[s.buffer_load(self.A, s.add(row, s.add(a_at, s.c(i)))) for i in range(_A_UNITS)]
              for row in self.a_row]
         if valid is not None:
-            b = [([s.select(s.u32, valid, words[0], s.c(0)), *words[1:]], sh, inv)
-                 for words, sh, inv in b]
+            b = [([s.select(s.u32, valid, words[0], s.c(0)), *words[1:]], sh)
+                 for words, sh in b]
             a = [[s.select(self.uvec4, valid, x, self.zero_unit) for x in units]
                  for units in a]
         return a, b
@@ -99,9 +99,9 @@ class QuantGemvEmitter(GemvEmitter):
         """(d, the block's 32 weights as 8 float32 vec4s in `_widen`'s order of A's
         elements: unit i's vec4 h holds weights 8 i + _widened(h))."""
         s, f = self.s, self.s.f
-        words, sh, inv = block
+        words, sh = block
         d = scale(s, words[0], sh)
-        runs = funnel(s, words, sh, inv, skip_half=True)  # the bytes after d
+        runs = funnel(s, words, sh, skip_half=True)  # the bytes after d
         width = self.fmt.bits
         if self.fmt.nibbles:  # nibble n -> the 4-bit two's complement of n - 8
             runs = [f.op(Op.BitwiseXor, s.u32, r, s.c(0x88888888)) for r in runs]

@@ -51,34 +51,29 @@ def half_shift(s: ShaderContext, byte: int) -> int:
 
 
 def read_words(s: ShaderContext, buf: Buffer, byte: int,
-               count: int) -> tuple[list[int], int, int]:
-    """(words, sh, inv): `count` consecutive words of `buf` from the one holding even
-    address `byte`, with sh = half_shift(byte) and inv = 16 - sh for `funnel`."""
-    sh = half_shift(s, byte)
-    inv = s.f.op(Op.ISub, s.u32, s.c(16), sh)
+               count: int) -> tuple[list[int], int]:
+    """(words, sh): `count` consecutive words of `buf` from the one holding even address
+    `byte`, with sh = half_shift(byte) for `funnel`."""
     first = s.shr(byte, s.c(2))
-    return [s.buffer_load(buf, s.add(first, s.c(i))) for i in range(count)], sh, inv
+    return ([s.buffer_load(buf, s.add(first, s.c(i))) for i in range(count)],
+            half_shift(s, byte))
 
 
-def funnel(s: ShaderContext, words: list[int], sh: int, inv: int,
-           skip_half: bool = False) -> list[int]:
-    """The len(words) - 1 32-bit runs that start `sh` bits (0 or 16, a runtime value; inv
-    = 16 - sh) into words[0], or 16 bits further with skip_half: run i holds bits
-    o + 32 i .. o + 32 i + 31 of the words laid end to end (o = sh, or sh + 16). Each
-    half shifts in two steps so that no shift amount reaches 32 (undefined) when sh is 0
-    or 16."""
+def funnel(s: ShaderContext, words: list[int], sh: int, skip_half: bool = False) -> list[int]:
+    """The len(words) - 1 32-bit runs that start `sh` bits (0 or 16, a runtime value) into
+    words[0], or 16 bits further with skip_half: run i holds bits o + 32 i .. o + 32 i + 31
+    of the words laid end to end (o = sh, or sh + 16). o is 0, 16 or 32, so a run is
+    words[i], the middle of words[i] and words[i + 1] (shifts by the constant 16, one
+    funnel shift on NVIDIA), or words[i + 1]: one select picks, where shifts by the
+    runtime amount took four operations a run."""
     f = s.f
-
-    def shl(a: int, b: int) -> int:
-        return f.op(Op.ShiftLeftLogical, s.u32, a, b)
-
+    # The middle where o = 16: sh = 16 without skip_half, sh = 0 with it.
+    at_middle = f.op(Op.IEqual if skip_half else Op.INotEqual, s.bool, sh, s.c(0))
     runs = []
     for lo, hi in zip(words[:-1], words[1:], strict=True):
-        if skip_half:
-            low, high = s.shr(s.shr(lo, s.c(16)), sh), shl(hi, inv)
-        else:
-            low, high = s.shr(lo, sh), shl(shl(hi, s.c(16)), inv)
-        runs.append(f.op(Op.BitwiseOr, s.u32, low, high))
+        middle = f.op(Op.BitwiseOr, s.u32, s.shr(lo, s.c(16)),
+                      f.op(Op.ShiftLeftLogical, s.u32, hi, s.c(16)))
+        runs.append(s.select(s.u32, at_middle, middle, hi if skip_half else lo))
     return runs
 
 
@@ -174,12 +169,12 @@ class QuantReader:
         sh = half_shift(s, self._block(n, k, None))  # where d sits in its word
         if self.whole_blocks:  # the data start 16 bits after d
             scale_word, count = words[0], BLOCK_ELEMS
-            runs = funnel(s, words, sh, self._op(Op.ISub, s.c(16), sh), skip_half=True)
+            runs = funnel(s, words, sh, skip_half=True)
             if fmt.nibbles:  # low nibbles are weights 0..15, high nibbles 16..31
                 runs = runs + [s.shr(r, s.c(4)) for r in runs]
         else:  # the data start at a multiple of 4 bytes past d's end: 16 bits from sh
             scale_word, count = words[-1], self.unit
-            runs = funnel(s, words[:-1], self._op(Op.BitwiseXor, sh, s.c(16)), sh)
+            runs = funnel(s, words[:-1], self._op(Op.BitwiseXor, sh, s.c(16)))
             if fmt.nibbles:  # weights j.. are low nibbles below 16, high ones from 16
                 j = self._op(Op.BitwiseAnd, k, s.c(BLOCK_ELEMS - 1))
                 nibble_shift = self._op(Op.ShiftLeftLogical, s.shr(j, s.c(4)), s.c(2))
@@ -201,23 +196,27 @@ class QuantReader:
         return self.decode(self.fetch(n, k, inside), n, k)
 
     def _pairs(self, runs: list[int], scale_word: int, sh: int, count: int) -> list[int]:
-        """Packed float16 words of weights (e, e + 1), e < count: both fields placed at
-        bits 0 and 16 under float16 1024's bits, minus 1024 + zero point, times (d, d)."""
+        """Packed float16 words of weights (e, e + 1), e < count (4 per run, their fields
+        at bits 0, 8, 16, 24): fields 0 and 2 of a run masked in place and fields 1 and 3
+        shifted down by 8 give two words of two fields each under float16 1024's bits,
+        minus 1024 + zero point, times (d, d); a shuffle of the two puts them back in K
+        order. Four weights cost eight operations and two shuffles."""
         s, f, mask = self.s, self.s.f, self.fmt.field_mask
+        assert count == 4 * len(runs)
         d = f.op(Op.Bitcast, self.h2, s.shr(scale_word, sh))  # d in its low half
         dd = f.op(Op.VectorShuffle, self.h2, d, d, 0, 0)
-        magic = s.c(F16_MAGIC << 16 | F16_MAGIC)
-        out = []
-        for e in range(0, count, 2):
-            run, bit = runs[e // 4], 8 * (e % 4)
-            y = s.shr(run, s.c(bit)) if bit else run  # weight e at bit 0, e + 1 at bit 8
-            lo = self._op(Op.BitwiseAnd, y, s.c(mask))
-            hi = self._op(Op.BitwiseAnd, self._op(Op.ShiftLeftLogical, y, s.c(8)),
-                          s.c(mask << 16))
+        magic, both = s.c(F16_MAGIC << 16 | F16_MAGIC), s.c(mask << 16 | mask)
+
+        def weights(fields: int) -> int:  # fields at bits 0 and 16 -> (w, w') in float16
             h = f.op(Op.Bitcast, self.h2,
-                     self._op(Op.BitwiseOr, self._op(Op.BitwiseOr, lo, hi), magic))
-            w = f.op(Op.FMul, self.h2, f.op(Op.FSub, self.h2, h, self.offset), dd)
-            out.append(f.op(Op.Bitcast, s.u32, w))
+                     self._op(Op.BitwiseOr, self._op(Op.BitwiseAnd, fields, both), magic))
+            return f.op(Op.FMul, self.h2, f.op(Op.FSub, self.h2, h, self.offset), dd)
+
+        out = []
+        for run in runs:
+            even, odd = weights(run), weights(s.shr(run, s.c(8)))  # (w0, w2), (w1, w3)
+            out += [f.op(Op.Bitcast, s.u32, f.op(Op.VectorShuffle, self.h2, even, odd, *ix))
+                    for ix in ((0, 2), (1, 3))]
         return out
 
     def _singles(self, runs: list[int], d: int, count: int) -> list[int]:

@@ -14,10 +14,10 @@ The rules, each with its measurement in docs/kernels.md:
   preconditions hold, else khr), else khr;
 - quantized B (Problem.b_quant; docs/quantized.md): khr or gemv only, forced by Options
   (other families are an error); else gemv where `gemv_quant_by_default` says so
-  (GEMV_QUANT_DEFAULT: at most GEMV_MAX_M rows, a GPU), else khr; never a tuned tile
-  (the tables time float B); khr with its default tile for the shape class, tile_k whole
-  blocks (on a GPU with more than SMALL_M rows tiles.quant_general_tile and a staging unit
-  by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile; or, where
+  (GEMV_QUANT_DEFAULT: at most GEMV_QUANT_MAX_M rows by format, a GPU), else khr; never
+  a tuned tile (the tables time float B); khr with its default tile for the shape class,
+  tile_k whole blocks (on a GPU with more than SMALL_M rows tiles.quant_general_tile and a
+  staging unit by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile; or, where
   `dequantizes_first` says so (Options.dequant, else many rows on a GPU), a pass into a
   float16/bfloat16 B first (codegen/dequant.py, a PackChoice), then the float problem's
   choice by every rule here;
@@ -58,7 +58,6 @@ from coopmat.codegen import (
     Tile,
     abi,
 )
-from coopmat.codegen.gemv_tiles import GEMV_MAX_M
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.plan import plan_kernel
@@ -107,10 +106,15 @@ K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
 # GEMV_DEFAULT_MAX_M rows. Forced (Options.family) or tuned, it runs whatever this says.
 GEMV_DEFAULT = True
 GEMV_DEFAULT_MAX_M = 4
-# The same for a quantized B (`gemv_quant_by_default`; gemv_quant.py reads the blocks):
-# against GGUF blocks it beats the khr kernel at every M up to GEMV_MAX_M (q8_0 at 1 x
-# 14336 x 4096: 23.3 against 105 us), so up to GEMV_MAX_M rows.
+# The same for a quantized B (`gemv_quant_by_default`; gemv_quant.py reads the blocks), up
+# to GEMV_QUANT_MAX_M[format] rows. Measured on the H200 (2026-11-23, kernel time, x @ w.T
+# against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, 1-6 rows; docs/quantized.md):
+# gemv's time grows with the rows, the khr kernel's few-row tile takes the same time from
+# 1 to 16; q8_0 gemv was ahead up to 3 rows (3 x 4096 @ (14336 x 4096)^T 40.4 against
+# 44.9 us), behind from 4 (48.7 against 44.7); q4_0 ahead up to 4 (42.2 against 50.8),
+# behind from 5 in all three shapes. (At 8 rows gemv took 2-2.6x khr's time.)
 GEMV_QUANT_DEFAULT = True
+GEMV_QUANT_MAX_M = {"q8_0": 3, "q4_0": 4}
 
 # Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
 # workgroup of each tile finishes it (KhrTraits.split_k). S by the rows of the few-row
@@ -393,10 +397,11 @@ def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
 def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                     b_layout: Layout, params: GemmParams) -> bool:
     """The rule that picks gemv unforced and untuned: at most GEMV_DEFAULT_MAX_M rows
-    (GEMV_MAX_M with a quantized B) against a column-major B on a GPU (not a CPU driver),
-    where its preconditions hold. The policy applies it while GEMV_DEFAULT is on, to a
-    float B (a quantized one: gemv_quant_by_default)."""
-    most = GEMV_MAX_M if problem.b_quant is not None else GEMV_DEFAULT_MAX_M
+    (GEMV_QUANT_MAX_M of its format with a quantized B) against a column-major B on a GPU
+    (not a CPU driver), where its preconditions hold. The policy applies it while
+    GEMV_DEFAULT is on, to a float B (a quantized one: gemv_quant_by_default)."""
+    most = (GEMV_DEFAULT_MAX_M if problem.b_quant is None
+            else GEMV_QUANT_MAX_M[problem.b_quant])
     return (problem.M <= most and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
             and gemv_violation(info, problem, a_layout, b_layout, params) is None)
 
@@ -404,7 +409,7 @@ def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout
 def gemv_quant_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                           b_layout: Layout, params: GemmParams) -> bool:
     """The rule that picks gemv for a quantized B unforced: gemv_by_default's (at most
-    GEMV_MAX_M rows, a GPU, gemv's preconditions). The policy applies it while
+    GEMV_QUANT_MAX_M rows of its format, a GPU, gemv's preconditions). The policy applies it while
     GEMV_QUANT_DEFAULT is on."""
     return problem.b_quant is not None and \
         gemv_by_default(info, problem, a_layout, b_layout, params)
