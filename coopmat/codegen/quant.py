@@ -168,12 +168,12 @@ class QuantReader:
         s, f, fmt = self.s, self.s.f, self.fmt
         sh = half_shift(s, self._block(n, k, None))  # where d sits in its word
         if self.whole_blocks:  # the data start 16 bits after d
-            scale_word, count = words[0], BLOCK_ELEMS
+            scale_word = words[0]
             runs = funnel(s, words, sh, skip_half=True)
             if fmt.nibbles:  # low nibbles are weights 0..15, high nibbles 16..31
                 runs = runs + [s.shr(r, s.c(4)) for r in runs]
         else:  # the data start at a multiple of 4 bytes past d's end: 16 bits from sh
-            scale_word, count = words[-1], self.unit
+            scale_word = words[-1]
             runs = funnel(s, words[:-1], self._op(Op.BitwiseXor, sh, s.c(16)))
             if fmt.nibbles:  # weights j.. are low nibbles below 16, high ones from 16
                 j = self._op(Op.BitwiseAnd, k, s.c(BLOCK_ELEMS - 1))
@@ -184,9 +184,9 @@ class QuantReader:
         if not fmt.nibbles:
             runs = [self._op(Op.BitwiseXor, r, s.c(0x80808080)) for r in runs]
         if self.packed:
-            packed = self._pairs(runs, scale_word, sh, count)
+            packed = self._pairs(runs, scale_word, sh)
         else:
-            packed = self._singles(runs, scale(s, scale_word, sh), count)
+            packed = self._singles(runs, scale(s, scale_word, sh))
         per = 4 if self.whole_blocks else len(packed)
         return [f.op(Op.CompositeConstruct, self.unit_type, *packed[i:i + per])
                 if per > 1 else packed[i] for i in range(0, len(packed), per)]
@@ -195,14 +195,13 @@ class QuantReader:
         """`decode` of `fetch`: the unit's vectors at once."""
         return self.decode(self.fetch(n, k, inside), n, k)
 
-    def _pairs(self, runs: list[int], scale_word: int, sh: int, count: int) -> list[int]:
-        """Packed float16 words of weights (e, e + 1), e < count (4 per run, their fields
+    def _pairs(self, runs: list[int], scale_word: int, sh: int) -> list[int]:
+        """Packed float16 words of weights (e, e + 1), four weights a run (their fields
         at bits 0, 8, 16, 24): fields 0 and 2 of a run masked in place and fields 1 and 3
         shifted down by 8 give two words of two fields each under float16 1024's bits,
         minus 1024 + zero point, times (d, d); a shuffle of the two puts them back in K
         order. Four weights cost eight operations and two shuffles."""
         s, f, mask = self.s, self.s.f, self.fmt.field_mask
-        assert count == 4 * len(runs)
         d = f.op(Op.Bitcast, self.h2, s.shr(scale_word, sh))  # d in its low half
         dd = f.op(Op.VectorShuffle, self.h2, d, d, 0, 0)
         magic, both = s.c(F16_MAGIC << 16 | F16_MAGIC), s.c(mask << 16 | mask)
@@ -219,13 +218,13 @@ class QuantReader:
                     for ix in ((0, 2), (1, 3))]
         return out
 
-    def _singles(self, runs: list[int], d: int, count: int) -> list[int]:
-        """Packed words of weights e < count made one at a time in float32 (2^23's bits),
+    def _singles(self, runs: list[int], d: int) -> list[int]:
+        """Packed words of weights made one at a time in float32 (2^23's bits), four a run,
         times d (exact in float32: 8 x 11 significant bits), rounded once to the operand
         type."""
         s, f, mask = self.s, self.s.f, self.fmt.field_mask
         values = []
-        for e in range(count):
+        for e in range(4 * len(runs)):
             run, bit = runs[e // 4], 8 * (e % 4)
             u = self._op(Op.BitwiseAnd, s.shr(run, s.c(bit)) if bit else run, s.c(mask))
             w = f.op(Op.FSub, self.f32,
@@ -234,4 +233,4 @@ class QuantReader:
             values.append(f.op(Op.FConvert, self.operand_el, f.op(Op.FMul, self.f32, w, d)))
         return [f.op(Op.Bitcast, s.u32,
                      f.op(Op.CompositeConstruct, self.v2op, values[i], values[i + 1]))
-                for i in range(0, count, 2)]
+                for i in range(0, len(values), 2)]
