@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.dispatch.memory import Buffer
+from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime, runtimes
 from coopmat.dtypes import dtype_name
 from coopmat.errors import DeviceMismatchError, OutOfDeviceMemoryError
@@ -347,12 +347,14 @@ def asarray(x: Any, device: DeviceArg = None, dtype: Any = None) -> Array:
     return arr
 
 
-def staged(x: np.ndarray, rt: Runtime) -> Array:
-    """x in host-visible memory the device reads directly (over PCIe on a discrete GPU):
-    for a small operand used once, cheaper than a copy to device memory."""
+def staged(x: np.ndarray, rt: Runtime, kind: Kind | None = None, size: int = 0) -> Array:
+    """x written through a mapping, for a small operand used once: into host-visible
+    staging (`kind` None), which the device reads over PCIe on a discrete GPU, or into
+    `kind` memory (pool.direct_kind) of at least `size` bytes. Never read it back on the
+    host: MAPPED memory is device memory."""
     dt = _check_dtype(x.dtype)
-    kind = rt.pool.kinds()[1]
-    storage = _Storage(rt, rt.pool.acquire(kind, max(x.nbytes, 1)), x.nbytes)
+    buf = rt.pool.acquire(kind or rt.pool.kinds()[1], max(x.nbytes, size, 1))
+    storage = _Storage(rt, buf, x.nbytes)
     mapped = storage.buffer.mapped
     assert mapped is not None
     np.copyto(mapped[:x.nbytes].view(dt).reshape(x.shape), x)

@@ -137,17 +137,18 @@ def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
 def _stage(rt: Runtime, host: np.ndarray, nbytes: int, uploads: list[Copy],
            used: list[Buffer]) -> Buffer:
     """A small numpy operand in a device buffer of `nbytes` for one call, C-contiguous:
-    written to host-visible staging and copied over by the call's own submission (on
-    unified memory the staging buffer is the operand). Both buffers go on `used`, for
-    the caller to give back once the call is queued."""
-    operand_kind, upload_kind, _ = rt.pool.kinds()
-    stage = rt.pool.acquire(upload_kind, nbytes if rt.pool.unified else host.nbytes)
+    written where the kernel reads it (pool.direct_kind), else to host-visible staging
+    and copied over by the call's own submission. The buffers go on `used`, for the
+    caller to give back once the call is queued."""
+    direct = rt.pool.direct_kind()
+    _, upload_kind, _ = rt.pool.kinds()
+    stage = rt.pool.acquire(direct or upload_kind, nbytes if direct else host.nbytes)
     used.append(stage)
     assert stage.mapped is not None
     np.copyto(stage.mapped[:host.nbytes].view(host.dtype).reshape(host.shape), host)
-    if rt.pool.unified:
+    if direct:
         return stage
-    dev = rt.pool.acquire(operand_kind, nbytes)
+    dev = rt.pool.acquire(rt.pool.kinds()[0], nbytes)
     used.append(dev)
     uploads.append(Copy(stage, dev, host.nbytes))
     return dev
@@ -237,11 +238,12 @@ def _on(rt: Runtime, x: Any, uploads: list[Copy], dtype: Any = None) -> Array:
     host = np.asarray(x, dtype=dtype)
     if host.nbytes > DIRECT_MAX_BYTES or host.nbytes == 0:
         return asarray(host, device=rt.device)
+    sizes = allocation(rt, host.shape, host.dtype)
+    direct = rt.pool.direct_kind()
+    if direct:  # written where the kernel reads it
+        return staged(host, rt, direct, sizes[1])
     stage = staged(host, rt)
-    if rt.pool.unified:  # the staging memory is device memory
-        return stage
-    arr = fresh(rt, host.shape, host.dtype, stage._strides,
-                allocation(rt, host.shape, host.dtype))
+    arr = fresh(rt, host.shape, host.dtype, stage._strides, sizes)
     uploads.append(Copy(stage.buffer, arr.buffer, host.nbytes))
     arr._keep = stage  # the staging memory goes back to the pool with arr
     return arr

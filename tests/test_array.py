@@ -26,16 +26,19 @@ def rt():
 
 
 @contextmanager
-def discrete(rt) -> Iterator[None]:
+def discrete(rt, mapped: bool = True) -> Iterator[None]:
     """Make a unified-memory device (lavapipe) take the discrete GPU's paths: device
-    buffers that the host cannot map, reached through staging lanes."""
-    saved = rt.pool.unified, rt.transfers.unified
+    buffers that the host cannot map, reached through staging lanes; with `mapped`, small
+    operands written into device memory the host maps (a resizable BAR, as on the H200),
+    else staged and copied."""
+    saved = rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped
     rt.pool.unified = rt.transfers.unified = False
+    rt.pool.device_mapped = mapped
     try:
         yield
     finally:
         coopmat.synchronize()
-        rt.pool.unified, rt.transfers.unified = saved
+        rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped = saved
 
 
 def _dtypes() -> list[np.dtype]:
@@ -394,6 +397,36 @@ def test_out_array(rt):
         coopmat.matmul(coopmat.asarray(a), b, out=coopmat.empty((40, 61), np.float16))
     with pytest.raises(TypeError, match="coopmat.Array"):
         coopmat.matmul(coopmat.asarray(a), b, out=np.empty((40, 60), np.float16))
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "staged"])
+def test_small_numpy_operands_go_where_the_kernel_reads_them(rt, monkeypatch, mapped):
+    """A small numpy operand of a device product is written for the call into device
+    memory the host maps (Kind.MAPPED), with no copy command, where the device has such
+    memory; else into upload staging, copied over in the product's submission. Both the
+    first call (planned) and the repeats (kept recipe) take that way; c, bias and
+    residual from numpy too."""
+    from coopmat.dispatch.memory import Kind
+    x = _random((16, 96), np.float16, 44)
+    w = (_random((96, 80), np.float16, 45) / 8).astype(np.float16)
+    bias, res = _random(80, np.float16, 46), _random((16, 80), np.float16, 47)
+    want = coopmat.matmul(x, w)
+    with discrete(rt, mapped):
+        kinds: list[Kind] = []
+        acquire = rt.pool.acquire
+        monkeypatch.setattr(rt.pool, "acquire", lambda kind, n: (kinds.append(kind),
+                                                                 acquire(kind, n))[1])
+        W = coopmat.asarray(w)
+        for _ in range(3):
+            kinds.clear()
+            got = coopmat.matmul(x, W)
+            assert np.array_equal(got.numpy(), want)
+            assert (Kind.MAPPED in kinds) is mapped and (Kind.UPLOAD in kinds) is not mapped
+        kinds.clear()
+        got = coopmat.matmul(x, W, bias=bias, activation="relu", residual=res, dtype=np.float32)
+        assert (Kind.MAPPED in kinds) is mapped and (Kind.UPLOAD in kinds) is not mapped
+        ref = np.maximum(_ref(x, w) + bias.astype(np.float64), 0) + res
+        assert np.abs(got.numpy() - ref).max() < _tol(96)
 
 
 def test_small_results_of_numpy_operands_come_back_with_the_product(rt):

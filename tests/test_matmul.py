@@ -465,17 +465,46 @@ def test_problem_larger_than_device_memory(pairs):
     np.testing.assert_array_equal(coopmat.matmul(x, y), reference(x, y, np.int32))
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
+@pytest.mark.parametrize("discrete", [False, True], ids=["unified", "discrete"])
+def test_repeated_products_reuse_their_recording(pairs, monkeypatch, discrete):
+    """numpy -> numpy products too large to keep prepared (past DIRECT_MAX_BYTES) plan
+    and stage anew each call, but the same shapes get the same pooled buffers back, so
+    the second call submits the first one's recorded commands (recording cost ~300 us
+    on the H200). New data still gives the new result."""
+    require(pairs, "float16", np.float32)
+    from coopmat.dispatch.runtime import runtime
+    rt = runtime()
+    if discrete:
+        monkeypatch.setattr(rt.pool, "unified", False)
+    recorded = []
+    real = rt.executor._new_recording
+    monkeypatch.setattr(rt.executor, "_new_recording",
+                        lambda *a, **k: (recorded.append(1), real(*a, **k))[1])
+    M, N, K = 200, 300, 256  # 276 KiB in and out as float16
+    for i in range(3):
+        a, b = operands("float16", M, N, K)
+        got = coopmat.matmul(a, b, dtype=np.float32)  # small integers: exact in float32
+        np.testing.assert_array_equal(got, reference(a, b, np.float32))
+        if i == 0:
+            assert recorded, "the first call records its commands"
+            recorded.clear()
+    assert not recorded, "later calls reuse the first call's recording"
+
+
+@pytest.mark.parametrize("direct", ["staged", "host", "mapped"])
 def test_discrete_gpu_paths(pairs, monkeypatch, direct):
     """Discrete GPUs stage through host-visible buffers and copy on the device, except for
-    small problems, whose kernel reads and writes the host-visible buffers directly; a CPU
-    driver needs neither, so force those paths here to test them everywhere."""
+    small problems, whose kernel reads A and B where the host wrote them (device memory
+    the host maps, else the host-visible upload buffers) and writes D into a host-visible
+    buffer; a CPU driver needs none of it, so force those paths here to test them
+    everywhere."""
     require(pairs, "int8", np.int32)
     from coopmat.dispatch import gemm
     from coopmat.dispatch.runtime import runtime
-    monkeypatch.setattr(gemm, "DIRECT_MAX_BYTES", 1 << 30 if direct else 0)
+    monkeypatch.setattr(gemm, "DIRECT_MAX_BYTES", 0 if direct == "staged" else 1 << 30)
     rt = runtime()
     monkeypatch.setattr(rt.pool, "unified", False)
+    monkeypatch.setattr(rt.pool, "device_mapped", direct == "mapped")
     copies = []
     run = rt.executor.run
 
@@ -484,12 +513,17 @@ def test_discrete_gpu_paths(pairs, monkeypatch, direct):
         return run(uploads, dispatches, downloads, **kw)
 
     monkeypatch.setattr(rt.executor, "run", counting_run)
+    kinds = []
+    acquire = rt.pool.acquire
+    monkeypatch.setattr(rt.pool, "acquire", lambda kind, n: (kinds.append(kind.value),
+                                                             acquire(kind, n))[1])
     for M, N, K in [(37, 29, 53), (64, 64, 64), (1, 5, 3), (300, 200, 256)]:
         a, b = operands("int8", M, N, K)
         c = RNG.integers(-100, 100, size=(M, N)).astype(np.int32)
         d = coopmat.matmul(a, b, c=c, beta=1)
         np.testing.assert_array_equal(d, reference(a, b, np.int32) + c)
-        assert copies[-1] == (0 if direct else 4)  # A, B, C in and D out
+        assert copies[-1] == (4 if direct == "staged" else 0)  # A, B, C in and D out
+        assert ("mapped" in kinds) is (direct == "mapped")
         if "float16->float32" in pairs:
             x, y = operands("float16", M, N, K)
             np.testing.assert_array_equal(coopmat.matmul(x, y, out_dtype=np.float32),

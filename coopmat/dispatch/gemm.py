@@ -106,7 +106,6 @@ class PreparedGemm:
         """bias: N elements; residual: (batch, M, N), C-contiguous (addressed like D);
         both of the result dtype, given where `ops` asks for them."""
         self.rt = rt
-        self.serial = next(_prepared_serials)  # names its recordings (Executor.run)
         options = options or Options()
         plan = plan_of(rt, pair, _plan(a), _plan(b), _plan(c) if c is not None else None,
                        (batch, a.shape[1], b.shape[2], a.shape[2]), alpha, beta, traits,
@@ -127,10 +126,15 @@ class PreparedGemm:
         if self.bulk:
             upload_kind, download_kind = operand_kind, operand_kind
         elif operand_kind is not upload_kind and plan.io_bytes <= DIRECT_MAX_BYTES:
-            # Small problem on a discrete GPU: the kernel reads A/B (and C) in the upload
-            # buffers and writes D into the download buffer over PCIe, sparing three copy
-            # commands and their barriers, most of a tiny matmul's device time.
-            operand_kind, d_kind = upload_kind, download_kind
+            # Small problem on a discrete GPU: the host writes A/B (and C) where the kernel
+            # reads them (device memory it maps, else the upload buffers, read over PCIe)
+            # and the kernel writes D into the download buffer over PCIe, sparing three
+            # copy commands and their barriers, most of a tiny matmul's device time.
+            operand_kind, d_kind = rt.pool.direct_kind() or upload_kind, download_kind
+        elif operand_kind is not upload_kind and plan.io_bytes <= MAPPED_MAX_BYTES:
+            # Medium: inputs written into device memory the host maps, where there is any
+            # (no copy commands in); D comes back by a copy.
+            operand_kind = rt.pool.direct_kind() or operand_kind
         self._acquired: list[Buffer] = []
         self._written: list[tuple[Buffer, Staged]] = []  # where each input was staged
         self._pending = 0  # a ticket of copies still reading the caller's arrays
@@ -153,7 +157,8 @@ class PreparedGemm:
                     bulk_jobs.append((_staged_view(x, s), dev_buf))
                     device_bufs.append(dev_buf)
                     continue
-                host = dev_buf if operand_kind is upload_kind else self._take(upload_kind, s.nbytes)
+                host = dev_buf if dev_buf.mapped is not None else \
+                    self._take(upload_kind, s.nbytes)
                 _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
                 self._written.append((host, s))
                 if host is not dev_buf:
@@ -193,6 +198,11 @@ class PreparedGemm:
             bindings.update(split_bindings(rt, workspace))
         self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
                                         plan.groups))
+        # Names its recordings (Executor.run): the plan and the buffers, in the order
+        # they were taken, fix every command. A later GEMM of the same plan that gets the
+        # same pooled buffers reuses the recording: on the H200 recording cost about 300
+        # us, most of a 256^3 call (docs/arrays.md).
+        self._name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
 
     def load(self, a: np.ndarray, b: np.ndarray) -> None:
         """Stage new A and B (the shapes, strides and dtypes this GEMM was prepared with)
@@ -211,11 +221,11 @@ class PreparedGemm:
     def execute(self, transfers: bool = True,
                 then: Callable[[], int] | None = None) -> float | None:
         """Run the kernel; with transfers, also the staging copies in and out. Its
-        recording is kept under this GEMM's serial: change no dispatch after the first
+        recording is kept under its plan and buffers: change no dispatch after the first
         run. then: as Executor.run's."""
         return self._run(self.uploads if transfers else [],
                          self.downloads if transfers else [],
-                         ("prepared", self.serial, transfers), then)
+                         (*self._name, transfers), then)
 
     def _run(self, uploads: list[Copy], downloads: list[Copy],
              name: tuple[Any, ...] | None = None,
@@ -316,7 +326,10 @@ class PreparedGemm:
             if pending:  # never executed: the caller's arrays may change once we return
                 self.rt.stream.wait(pending)
         finally:
-            for buf in self._acquired:
+            # Last taken, first given back: the pool hands out the buffer it got back
+            # last, so the next GEMM of these shapes takes the same buffers in the same
+            # roles and reuses this one's recording.
+            for buf in reversed(self._acquired):
                 self.rt.pool.release(buf)
             self._acquired = []
 
@@ -394,12 +407,14 @@ PLAN_CACHE = 256
 # KiB) 100 -> 80 us, 128^3 (96 KiB) 112 -> 104 us, but 256^3 (384 KiB) 135 -> 177 us, as
 # each workgroup's reads cross PCIe.
 DIRECT_MAX_BYTES = 128 * 1024
+# Problems moving at most this many bytes (and more than DIRECT_MAX_BYTES) write their
+# inputs into device memory the host maps (memory.Kind.MAPPED), where the device has it.
+MAPPED_MAX_BYTES = 8 << 20
 # Problems moving at least this many bytes use the parallel transfer lanes (transfer.py)
 # on discrete GPUs: below it one thread's copy into staging is as fast.
 BULK_MIN_BYTES = 8 << 20
 _plans: Lru[Plan] = Lru(PLAN_CACHE)
 _plan_serials: Iterator[int] = itertools.count(1)
-_prepared_serials: Iterator[int] = itertools.count(1)
 
 # Each shape-specialized kernel is a pipeline kept for the life of the process, so a sweep
 # over many large shapes would grow that set without bound: only this many kernel and
