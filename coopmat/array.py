@@ -191,17 +191,17 @@ class Array:
     # -- to the host -----------------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """A numpy copy, once the work that writes this array has run."""
-        if self.is_c_contiguous and self.size and self._storage.host is None:
+        contiguous = self.is_c_contiguous
+        if contiguous and self._storage.host is None and self.size:
             # a new array: large ones may come in one device copy (Transfers.download_new)
             st = self._storage
             raw = st.rt.transfers.download_new(st.buffer, self._offset * self.itemsize,
                                                self.nbytes)
             return raw.view(self.dtype).reshape(self.shape)
         out = np.empty(self.shape, self.dtype)
-        if self.size == 0:
-            return out
-        if self.is_c_contiguous:
-            self._read(self._offset * self.itemsize, out)
+        if contiguous:  # a host copy came with the work (or nothing to read)
+            if self.size:
+                self._read(self._offset * self.itemsize, out)
             return out
         # A view: fetch the span it covers, then let numpy apply the strides.
         lo = self._offset + sum(s * (n - 1) for s, n in zip(self._strides, self.shape,

@@ -63,6 +63,7 @@ class _Recipe:
     # Per operand: for a small numpy one, the bytes its device copy takes (_stage);
     # None for an Array or a large numpy operand (_on).
     stage_bytes: tuple[int | None, int | None]
+    result: GemmResult  # what last_kernel_traits() reports after a call
 
 
 RECIPES = 256
@@ -130,7 +131,7 @@ def _fast(a: Any, b: Any, key: tuple[Any, ...]) -> Array | None:
     finally:
         for buf in used:
             rt.pool.recycle(buf)
-    _last.result = GemmResult(None, plan.traits, plan.choice.split_k)
+    _last.result = r.result
     return result
 
 
@@ -390,5 +391,6 @@ def matmul_arrays(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float | i
                                   a_op.staged, b_op.staged, d_op.staged, alpha, beta,
                                   options, plan, result._strides,
                                   allocation(rt, shape, result_dtype), host_copy,
-                                  (_stage_bytes(rt, a), _stage_bytes(rt, b))))
+                                  (_stage_bytes(rt, a), _stage_bytes(rt, b)),
+                                  _last.result))
     return result

@@ -211,6 +211,25 @@ def test_options_from_the_environment_name_the_variable() -> None:
         Options().with_family("xyz")
 
 
+def test_options_follow_the_process_environment(monkeypatch) -> None:
+    """from_env() without a mapping reads os.environ on every call (through its own dict,
+    a fast path): a variable set or removed later takes effect, a bad one still names
+    itself."""
+    for name in ("COOPMAT_FAMILY", "COOPMAT_SPLIT_K", "COOPMAT_NO_TUNING"):
+        monkeypatch.delenv(name, raising=False)
+    assert Options.from_env().family is None
+    monkeypatch.setenv("COOPMAT_FAMILY", "gemv")
+    monkeypatch.setenv("COOPMAT_SPLIT_K", "4")
+    assert Options.from_env() == Options(family="gemv", split_k=4)
+    monkeypatch.setenv("COOPMAT_NO_TUNING", "1")
+    assert Options.from_env() == Options(family="gemv", split_k=4, tuning=False)
+    monkeypatch.delenv("COOPMAT_FAMILY")
+    assert Options.from_env() == Options(split_k=4, tuning=False)
+    monkeypatch.setenv("COOPMAT_FAMILY", "cuda")
+    with pytest.raises(ValueError, match="COOPMAT_FAMILY='cuda'"):
+        Options.from_env()
+
+
 # -- recorded devices: subgroup size and tiles (codegen/tiles.py's tables) ------------------
 def test_subgroup_size_is_chosen_not_inherited() -> None:
     # (device, reported subgroupSize, range, chosen): the smallest size a compute pipeline

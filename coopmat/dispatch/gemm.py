@@ -10,12 +10,13 @@ Which kernel runs is coopmat.policy's choice; this module only runs it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -395,6 +396,14 @@ class Plan:
     def margins(self) -> tuple[int, int]:
         return self.choice.margins
 
+    @functools.cached_property
+    def operand_margins(self) -> tuple[int, int]:
+        """The margins a and b's own buffers must hold past their data: none for an
+        operand the plan repacks (its device copy, which the plan allocates, has it)."""
+        packed = {step.operand for step in self.packs}
+        ma, mb = self.margins
+        return (0 if 0 in packed else ma, 0 if 1 in packed else mb)
+
     @property
     def io_bytes(self) -> int:
         """Bytes that cross between host and device: A, B and C in, D out."""
@@ -539,10 +548,10 @@ def check_fits(rt: Runtime, sizes: list[int]) -> None:
             f"holds {rt.pool.device_heap_bytes}")
 
 
-@dataclass(frozen=True)
-class DeviceOperand:
+class DeviceOperand(NamedTuple):
     """A matrix operand in device memory: `staged` says how it lies from `offset` (bytes);
-    `room` is how many bytes the buffer holds from there (data plus any margin)."""
+    `room` is how many bytes the buffer holds from there (data plus any margin). A tuple:
+    a repeated product builds three per call."""
 
     buffer: Buffer
     offset: int
@@ -607,9 +616,9 @@ def enqueue_gemm(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand
 def plan_fits(plan: Plan, a: DeviceOperand, b: DeviceOperand) -> bool:
     """Whether a and b's buffers hold the plan's read-past margins (a repacked or
     dequantized operand's margin is its device copy's, which the plan allocates)."""
-    packed = {step.operand for step in plan.packs}
-    return all(op.room >= op.staged.nbytes + (0 if i in packed else m)
-               for i, (op, m) in enumerate(zip((a, b), plan.margins, strict=True)))
+    ma, mb = plan.operand_margins
+    return a.buffer.size - a.offset >= a.staged.nbytes + ma and \
+        b.buffer.size - b.offset >= b.staged.nbytes + mb
 
 
 def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,

@@ -148,14 +148,14 @@ class Stream:
             return self.completed < self.submitted
 
     def defer(self, fn: Callable[[], None]) -> None:
-        """Run `fn` once everything submitted so far has completed (now, if it has)."""
+        """Run `fn` once everything submitted so far has completed (now, if that is
+        known). Work not yet seen complete is not polled for here: deferrals mostly
+        follow a submission, and the next submit or wait runs what is due."""
         with self.lock:
-            ready = self._retire()
             if self.completed < self.submitted:
                 self._deferred.append((self.submitted, fn))
-            else:
-                ready.append(fn)
-        _run(ready)
+                return
+        fn()
 
     # -- completion ------------------------------------------------------------------
     def poll(self, value: Any = None) -> int:
