@@ -75,9 +75,10 @@ def allocation(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> tuple[in
     return nbytes, min(nbytes + margin, limit)
 
 
-def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> _Storage:
+def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype,
+              kind: Kind | None = None) -> _Storage:
     nbytes, size = allocation(rt, shape, dtype)
-    return _Storage(rt, rt.pool.acquire(rt.pool.kinds()[0], size), nbytes)
+    return _Storage(rt, rt.pool.acquire(kind or rt.pool.kinds()[0], size), nbytes)
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -342,8 +343,11 @@ def asarray(x: Any, device: DeviceArg = None, dtype: Any = None) -> Array:
     host = np.asarray(x, dtype=dtype)
     dt = _check_dtype(host.dtype)
     rt = _runtime_for(device)
-    arr = Array(_allocate(rt, host.shape, dt), host.shape, dt)
-    rt.transfers.upload(host, arr.buffer)
+    # Device memory the host maps, where there is any: a new array is then written
+    # straight into it (Transfers.upload).
+    kind = Kind.MAPPED if rt.pool.direct_kind() is Kind.MAPPED else None
+    arr = Array(_allocate(rt, host.shape, dt, kind), host.shape, dt)
+    rt.transfers.upload(host, arr.buffer, fresh=True)
     return arr
 
 

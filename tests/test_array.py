@@ -26,7 +26,7 @@ def rt():
 
 
 @contextmanager
-def discrete(rt, mapped: bool = True) -> Iterator[None]:
+def discrete(rt, mapped: bool = False) -> Iterator[None]:
     """Make a unified-memory device (lavapipe) take the discrete GPU's paths: device
     buffers that the host cannot map, reached through staging lanes; with `mapped`, small
     operands written into device memory the host maps (a resizable BAR, as on the H200),
@@ -70,12 +70,20 @@ def _tol(k: int) -> float:
     return 2e-3 * np.sqrt(k) * 4 + 1e-2
 
 
+def _path(rt, path: str):
+    """unified: the device's own memory; lanes: a discrete GPU's staging lanes; mapped:
+    a discrete GPU's device memory written through its mapping (a resizable BAR)."""
+    return _nothing() if path == "unified" else discrete(rt, mapped=path == "mapped")
+
+
+PATHS = ["unified", "lanes", "mapped"]
+
+
 @pytest.mark.parametrize("dtype", _dtypes(), ids=str)
-@pytest.mark.parametrize("path", ["direct", "lanes"])
+@pytest.mark.parametrize("path", PATHS)
 def test_round_trip_every_dtype(rt, dtype, path):
     x = _random((37, 53), dtype)
-    ctx = discrete(rt) if path == "lanes" else _nothing()
-    with ctx:
+    with _path(rt, path):
         arr = coopmat.asarray(x)
         assert (arr.shape, arr.dtype, arr.ndim, arr.size, arr.nbytes) == (
             x.shape, x.dtype, 2, x.size, x.nbytes)
@@ -89,7 +97,7 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-@pytest.mark.parametrize("path", ["direct", "lanes"])
+@pytest.mark.parametrize("path", PATHS)
 def test_round_trip_large_and_non_contiguous(rt, path, monkeypatch):
     from coopmat.dispatch import transfer
     # Small chunks, so a few MiB take many chunks over several lanes.
@@ -98,12 +106,40 @@ def test_round_trip_large_and_non_contiguous(rt, path, monkeypatch):
     big = _random((700, 1001), np.float32, 1)
     views = [big, big[::3, ::2], big.T, big[5:600, 7:900][::-1], big.reshape(7, 100, 1001)[:, ::7]]
     try:
-        with discrete(rt) if path == "lanes" else _nothing():
+        with _path(rt, path):
             for v in views:
-                got = coopmat.asarray(v).numpy()
+                arr = coopmat.asarray(v)
+                assert (arr.buffer.kind.value == "mapped") is (path == "mapped")
+                got = arr.numpy()
                 assert np.array_equal(got, v), v.strides
     finally:
         rt.transfers.destroy()  # its lanes' staging is CHUNK_BYTES at creation: small
+
+
+def test_mapped_arrays_are_written_after_queued_work(rt, monkeypatch):
+    """A new array in MAPPED memory is written through its mapping at once (the pool
+    hands out no buffer that queued work still uses); writing an existing one waits for
+    the work queued before, which may still read it. Its contents come back by a device
+    copy, never a read of the mapping."""
+    x, y = _random((64, 96), np.float32, 50), _random((64, 96), np.float32, 51)
+    with discrete(rt, mapped=True):
+        waits: list[object] = []
+        wait = rt.stream.wait
+        monkeypatch.setattr(rt.stream, "wait", lambda *a, **k: (waits.append(a), wait(*a, **k))[1])
+        arr = coopmat.asarray(x)
+        assert arr.buffer.kind.value == "mapped" and not waits
+        rt.transfers.upload(y, arr.buffer)  # not fresh: after the queued work
+        assert waits
+        monkeypatch.setattr(rt.stream, "wait", wait)
+        class NoRead:
+            def __getitem__(self, key):
+                raise AssertionError("read through the mapping")
+
+        monkeypatch.setattr(arr.buffer, "mapped", NoRead())
+        assert np.array_equal(arr.numpy(), y)
+        out = np.empty_like(y)
+        rt.transfers.download(arr.buffer, 0, out)
+        assert np.array_equal(out, y)
 
 
 def test_import_path(rt):
@@ -569,16 +605,24 @@ def test_threads_submit_chains_concurrently(rt):
         assert np.array_equal(got, want)
 
 
-def test_numpy_to_numpy_through_lanes(rt, monkeypatch):
-    """Large numpy -> numpy products upload and download over the lanes (bulk path)."""
+@pytest.mark.parametrize("mapped", [False, True], ids=["lanes", "mapped"])
+def test_numpy_to_numpy_bulk_path(rt, monkeypatch, mapped):
+    """Large numpy -> numpy products (bulk path) upload over the lanes, or write their
+    inputs through the mapping of device memory the host maps where the device has it,
+    strided views included; D comes back over the lanes."""
     from coopmat.dispatch import gemm, transfer
     monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
     monkeypatch.setattr(transfer, "CHUNK_BYTES", 16 << 10)
     monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 32 << 10)
     a, b = _random((130, 200), np.float16, 14), _random((200, 150), np.float16, 15)
-    with discrete(rt):
+    with discrete(rt, mapped):
+        staged: list[int] = []
+        real = rt.transfers._staged_upload
+        monkeypatch.setattr(rt.transfers, "_staged_upload", lambda jobs, *x, **k: (
+            staged.append(len(jobs)), real(jobs, *x, **k))[1])
         got = coopmat.matmul(a, b)
         got_t = coopmat.matmul(b.T, a.T)
+        assert staged == ([] if mapped else [2, 2])
     assert np.abs(got - _ref(a, b)).max() < _tol(200)
     assert np.array_equal(got_t, got.T) or np.abs(got_t - got.T).max() < _tol(200)
 

@@ -121,11 +121,13 @@ class PreparedGemm:
 
         operand_kind, upload_kind, download_kind = rt.pool.kinds()
         device_kind = d_kind = operand_kind
-        # Large problems on a discrete GPU: operands go straight into device buffers over
-        # the parallel transfer lanes, and D comes back the same way in read().
+        # Large problems on a discrete GPU: operands go straight into device buffers (over
+        # the parallel transfer lanes, or written through the mapping of device memory
+        # the host maps), and D comes back over the lanes in read().
         self.bulk = operand_kind is not upload_kind and plan.io_bytes >= BULK_MIN_BYTES
         if self.bulk:
             upload_kind, download_kind = operand_kind, operand_kind
+            operand_kind = rt.pool.direct_kind() or operand_kind
         elif operand_kind is not upload_kind and plan.io_bytes <= DIRECT_MAX_BYTES:
             # Small problem on a discrete GPU: the host writes A/B (and C) where the kernel
             # reads them (device memory it maps, else the upload buffers, read over PCIe)
@@ -168,7 +170,7 @@ class PreparedGemm:
             if bulk_jobs:
                 # Not waited for here: the kernel's submission runs after these copies,
                 # and execute() (or release()) waits for it before the caller returns.
-                self._pending = rt.transfers.upload_many(bulk_jobs, wait=False)
+                self._pending = rt.transfers.upload_many(bulk_jobs, wait=False, fresh=True)
             d_buf = self._take(d_kind, self.d_bytes)
             self.d_host = d_buf if d_kind is download_kind else self._take(
                 download_kind, self.d_bytes)
@@ -199,10 +201,11 @@ class PreparedGemm:
             bindings.update(split_bindings(rt, workspace))
         self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
                                         plan.groups))
-        # Names its recordings (Executor.run): the plan and the buffers, in the order
-        # they were taken, fix every command. A later GEMM of the same plan that gets the
-        # same pooled buffers reuses the recording: on the H200 recording cost about 300
-        # us, most of a 256^3 call (docs/arrays.md).
+        # Names its recordings (Executor.run), with each dispatch's kernel, constants and
+        # grid: the plan and the buffers, in the order they were taken, fix the rest. A
+        # later GEMM of the same plan that gets the same pooled buffers reuses the
+        # recording: on the H200 recording cost about 300 us, most of a 256^3 call
+        # (docs/arrays.md).
         self._name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
 
     def load(self, a: np.ndarray, b: np.ndarray) -> None:
@@ -222,11 +225,11 @@ class PreparedGemm:
     def execute(self, transfers: bool = True,
                 then: Callable[[], int] | None = None) -> float | None:
         """Run the kernel; with transfers, also the staging copies in and out. Its
-        recording is kept under its plan and buffers: change no dispatch after the first
-        run. then: as Executor.run's."""
+        recording is kept under its plan, buffers and dispatches. then: as Executor.run's."""
+        name = (*self._name, transfers,
+                *((d.pipeline.addr, d.push_constants, d.groups) for d in self.dispatches))
         return self._run(self.uploads if transfers else [],
-                         self.downloads if transfers else [],
-                         (*self._name, transfers), then)
+                         self.downloads if transfers else [], name, then)
 
     def _run(self, uploads: list[Copy], downloads: list[Copy],
              name: tuple[Any, ...] | None = None,
