@@ -465,7 +465,7 @@ def test_problem_larger_than_device_memory(pairs):
     np.testing.assert_array_equal(coopmat.matmul(x, y), reference(x, y, np.int32))
 
 
-@pytest.mark.parametrize("discrete", [False, True], ids=["unified", "discrete"])
+@pytest.mark.parametrize("discrete", [False, True], ids=["native", "discrete"])
 def test_repeated_products_reuse_their_recording(pairs, monkeypatch, discrete):
     """numpy -> numpy products too large to keep prepared (past DIRECT_MAX_BYTES) plan
     and stage anew each call, but the same shapes get the same pooled buffers back, so
@@ -480,7 +480,8 @@ def test_repeated_products_reuse_their_recording(pairs, monkeypatch, discrete):
     real = rt.executor._new_recording
     monkeypatch.setattr(rt.executor, "_new_recording",
                         lambda *a, **k: (recorded.append(1), real(*a, **k))[1])
-    M, N, K = 200, 300, 256  # 276 KiB in and out as float16
+    # 276 KiB in and out as float16; a shape per case (recordings outlive a test)
+    M, N, K = 200 + discrete, 300, 256
     for i in range(3):
         a, b = operands("float16", M, N, K)
         got = coopmat.matmul(a, b, dtype=np.float32)  # small integers: exact in float32
