@@ -4,9 +4,9 @@ Kinds of buffer:
 - DEVICE: device-local storage the kernels read and write;
 - UPLOAD / DOWNLOAD: host-visible staging for numpy data going in and out;
 - MAPPED: device-local memory the host writes through a mapping (a resizable BAR: the
-  H200 maps all of its memory this way), for small operands of one call, which kernels
-  then read locally with no copy command. The host must never read it (uncached reads
-  across PCIe: 4 ms for 128 KiB on the H200).
+  H200 maps all of its memory this way): new arrays and the inputs of numpy products,
+  which kernels then read like other device memory with no copy command. The host must
+  never read it (uncached reads across PCIe: 4 ms for 128 KiB on the H200).
 On a device whose device-local memory is also host-visible and coherent (lavapipe, most
 integrated GPUs), SHARED buffers serve every role and no staging copy is made.
 """
