@@ -142,8 +142,7 @@ def _stage(rt: Runtime, host: np.ndarray, nbytes: int, uploads: list[Copy],
     and copied over by the call's own submission. The buffers go on `used`, for the
     caller to give back once the call is queued."""
     direct = rt.pool.direct_kind()
-    _, upload_kind, _ = rt.pool.kinds()
-    stage = rt.pool.acquire(direct or upload_kind, nbytes if direct else host.nbytes)
+    stage = rt.pool.acquire(direct or rt.pool.kinds()[1], nbytes if direct else host.nbytes)
     used.append(stage)
     assert stage.mapped is not None
     np.copyto(stage.mapped[:host.nbytes].view(host.dtype).reshape(host.shape), host)

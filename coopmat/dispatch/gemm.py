@@ -121,23 +121,24 @@ class PreparedGemm:
 
         operand_kind, upload_kind, download_kind = rt.pool.kinds()
         device_kind = d_kind = operand_kind
+        direct = rt.pool.direct_kind()
         # Large problems on a discrete GPU: operands go straight into device buffers (over
         # the parallel transfer lanes, or written through the mapping of device memory
         # the host maps), and D comes back over the lanes in read().
         self.bulk = operand_kind is not upload_kind and plan.io_bytes >= BULK_MIN_BYTES
         if self.bulk:
             upload_kind, download_kind = operand_kind, operand_kind
-            operand_kind = rt.pool.direct_kind() or operand_kind
+            operand_kind = direct or operand_kind
         elif operand_kind is not upload_kind and plan.io_bytes <= DIRECT_MAX_BYTES:
             # Small problem on a discrete GPU: the host writes A/B (and C) where the kernel
             # reads them (device memory it maps, else the upload buffers, read over PCIe)
             # and the kernel writes D into the download buffer over PCIe, sparing three
             # copy commands and their barriers, most of a tiny matmul's device time.
-            operand_kind, d_kind = rt.pool.direct_kind() or upload_kind, download_kind
+            operand_kind, d_kind = direct or upload_kind, download_kind
         elif operand_kind is not upload_kind and plan.io_bytes <= MAPPED_MAX_BYTES:
             # Medium: inputs written into device memory the host maps, where there is any
             # (no copy commands in); D comes back by a copy.
-            operand_kind = rt.pool.direct_kind() or operand_kind
+            operand_kind = direct or operand_kind
         self._acquired: list[Buffer] = []
         self._written: list[tuple[Buffer, Staged]] = []  # where each input was staged
         self._pending = 0  # a ticket of copies still reading the caller's arrays

@@ -83,6 +83,13 @@ class Buffer:
     mapped: np.ndarray | None  # uint8 view of the mapping, for host-visible kinds
     addr: int = 0  # the VkBuffer handle as an int, a cheap cache key
 
+    @property
+    def host_access(self) -> bool:
+        """Whether the host reads and writes this buffer through its mapping as its own
+        memory: every mapped kind but MAPPED, which the host only writes (and only where
+        no queued work uses it)."""
+        return self.mapped is not None and self.kind is not Kind.MAPPED
+
     def view(self, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
         assert self.mapped is not None
         nbytes = count * np.dtype(dtype).itemsize

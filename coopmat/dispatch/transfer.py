@@ -357,7 +357,7 @@ class Transfers:
         nbytes = src.nbytes
         if nbytes == 0:
             return
-        if dst.mapped is not None and dst.kind is not Kind.MAPPED:
+        if dst.host_access:
             self._write_mapped(src, dst, dst_offset)  # unified memory
             return
         mode = mode or self.mode
@@ -490,8 +490,8 @@ class Transfers:
 
     def fill_zero(self, dst: Buffer, offset: int, nbytes: int) -> None:
         """Zero nbytes of dst from offset (both multiples of 4 or reaching the end)."""
-        if dst.mapped is not None and dst.kind is not Kind.MAPPED:  # unified memory
-            dst.mapped[offset:offset + nbytes] = 0
+        if dst.host_access:  # unified memory
+            dst.view(np.dtype(np.uint8), nbytes, offset)[:] = 0
             return
         size = -(-nbytes // 4) * 4  # the buffer's size class leaves room to round up
         lane = self._lanes_of(Kind.UPLOAD, 1)[0]
@@ -510,13 +510,13 @@ class Transfers:
         nbytes = dst.nbytes
         if nbytes == 0:
             return
-        if src.mapped is not None and src.kind is not Kind.MAPPED:  # (MAPPED: never read)
+        if src.host_access:
             if stream is None:
                 self.stream.wait()
             for st, ticket in waits:
                 st.wait(ticket)
             self._parallel(nbytes, dst, lambda lo, hi, part: np.copyto(
-                part, src.mapped[src_offset + lo:src_offset + hi].view(dst.dtype).reshape(
+                part, src.view(dst.dtype, (hi - lo) // dst.itemsize, src_offset + lo).reshape(
                     part.shape)))
             return
         mode = mode or self.mode
@@ -540,8 +540,7 @@ class Transfers:
         """Submit the copy of dst.nbytes from src into `dst` where dst's array is kept
         imported (mode 'auto'), after all work submitted so far; its ticket, for the
         caller to wait for before reading dst. None where it is not (download() then)."""
-        if self.mode != "auto" or self.unified or (src.mapped is not None
-                                                   and src.kind is not Kind.MAPPED):
+        if self.mode != "auto" or self.unified or src.host_access:
             return None
         return self._pinned_copy(dst, src, src_offset, upload=False)
 
