@@ -34,17 +34,19 @@ _QUANT = ("QuantizedArray", "from_gguf", "quantize")
 
 def __getattr__(name: str) -> object:
     # The GEMM API pulls in codegen and dispatch; the device layer and `coopmat.info`
-    # should not pay for that, so it is imported on first use.
+    # should not pay for that, so it is imported on first use, then kept as a module
+    # attribute (later lookups skip this function: `coopmat.matmul` in a decode loop).
     if name in _LINALG:
-        from coopmat import linalg
-        return getattr(linalg, name)
-    if name in _ARRAY:
-        from coopmat import array
-        return getattr(array, name)
-    if name in _QUANT:
-        from coopmat import quantized
-        return getattr(quantized, name)
-    raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
+        from coopmat import linalg as module
+    elif name in _ARRAY:
+        from coopmat import array as module  # type: ignore[no-redef]
+    elif name in _QUANT:
+        from coopmat import quantized as module  # type: ignore[no-redef]
+    else:
+        raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "Array", "CoopmatError", "DeviceLostError", "DeviceMismatchError", "DeviceNotFoundError",

@@ -9,12 +9,14 @@ pool when the last of them goes.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
 
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime, runtimes
+from coopmat.dispatch.transfer import NewDownload
 from coopmat.dtypes import dtype_name
 from coopmat.errors import DeviceMismatchError, OutOfDeviceMemoryError
 
@@ -28,9 +30,10 @@ MARGIN_SHARE = 4
 class _Storage:
     """One device buffer and what Arrays know about it; freed with its last Array.
     `host`: where the work that wrote the buffer also left a copy of its bytes in
-    host-visible memory, that buffer and the work's ticket (`.numpy()` then reads it
-    without a transfer of its own); None otherwise, and once anything writes the buffer
-    again (`written`)."""
+    host memory, that memory (a pool buffer, or a kept pinned block that `.numpy()` may
+    hand over as it is) and the work's ticket: `.numpy()` then reads it without a
+    transfer of its own. None otherwise, and once anything writes the buffer again
+    (`written`)."""
 
     __slots__ = ("rt", "buffer", "nbytes", "host", "__weakref__")
 
@@ -38,13 +41,20 @@ class _Storage:
         self.rt = rt
         self.buffer = buffer
         self.nbytes = nbytes
-        self.host: tuple[Buffer, int] | None = None
+        self.host: tuple[Buffer | NewDownload, int] | None = None
 
     def written(self) -> None:
         """The buffer is about to be written: a host copy no longer tells its contents."""
         host, self.host = self.host, None
         if host is not None:
-            self.rt.pool.recycle(host[0])
+            self.drop_host(host[0])
+
+    def drop_host(self, host: Buffer | NewDownload) -> None:
+        """Give back a host copy's memory once the work writing it is done."""
+        if isinstance(host, NewDownload):
+            self.rt.stream.defer(host.abandon)
+        else:
+            self.rt.pool.recycle(host)
 
     def __del__(self) -> None:
         buf, self.buffer = self.buffer, None  # type: ignore[assignment]
@@ -53,9 +63,13 @@ class _Storage:
         try:
             self.rt.pool.recycle(buf)
             if self.host is not None:
-                self.rt.pool.recycle(self.host[0])
+                self.drop_host(self.host[0])
         except Exception:  # interpreter shutdown: the device goes with the process
             pass
+
+
+# Held while an Array's host copy in a kept pinned block is handed to numpy or read.
+_HOST_COPIES = threading.Lock()
 
 
 def allocation(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int]:
@@ -193,9 +207,24 @@ class Array:
     def numpy(self) -> np.ndarray:
         """A numpy copy, once the work that writes this array has run."""
         contiguous = self.is_c_contiguous
-        if contiguous and self._storage.host is None and self.size:
+        st = self._storage
+        with _HOST_COPIES:  # one thread takes a block (another then reads the device)
+            host = st.host
+            block = host[0] if host is not None else None
+            whole = isinstance(block, NewDownload) and contiguous and self._offset == 0 \
+                and self.nbytes == st.nbytes
+            if whole:
+                st.host = None
+        if whole and isinstance(block, NewDownload) and host is not None:
+            # The whole host copy, in a kept pinned block: handed over as it is.
+            try:
+                st.rt.stream.wait(host[1])
+            except BaseException:
+                st.drop_host(block)
+                raise
+            return block.array().view(self.dtype).reshape(self.shape)
+        if contiguous and host is None and self.size:
             # a new array: large ones may come in one device copy (Transfers.download_new)
-            st = self._storage
             raw = st.rt.transfers.download_new(st.buffer, self._offset * self.itemsize,
                                                self.nbytes)
             return raw.view(self.dtype).reshape(self.shape)
@@ -226,8 +255,15 @@ class Array:
             return
         buf, ticket = host
         st.rt.stream.wait(ticket)
-        assert buf.mapped is not None
         flat = out.reshape(-1).view(np.uint8)
+        if isinstance(buf, NewDownload):
+            with _HOST_COPIES:
+                if st.host is not None and st.host[0] is buf:  # not handed over meanwhile
+                    np.copyto(flat, buf.peek()[offset:offset + flat.nbytes])
+                    return
+            st.rt.transfers.download(st.buffer, offset, out)
+            return
+        assert buf.mapped is not None
         np.copyto(flat, buf.mapped[offset:offset + flat.nbytes])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

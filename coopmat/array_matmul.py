@@ -26,6 +26,7 @@ from coopmat.dispatch.gemm import (
 )
 from coopmat.dispatch.memory import Buffer
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime
+from coopmat.dispatch.transfer import NewDownload
 from coopmat.dtypes import dtype_name, numpy_dtype
 from coopmat.errors import DeviceMismatchError
 from coopmat.fused import (
@@ -166,9 +167,20 @@ def _enqueue(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
     if not host_copy:
         enqueue_plan(rt, plan, a, b, c, d, uploads, bias=bias, residual=residual)
         return
-    host = rt.pool.acquire(rt.pool.kinds()[2], storage.nbytes)
-    ticket = enqueue_plan(rt, plan, a, b, c, d, uploads, bias=bias, residual=residual,
-                          downloads=[Copy(storage.buffer, host, storage.nbytes)])
+    # A kept pinned block that .numpy() hands over as it is, else a pool buffer.
+    target = rt.transfers.small_download(storage.nbytes)
+    host: Buffer | NewDownload
+    if target is not None:
+        host, copy = target, Copy(storage.buffer, target.dst, storage.nbytes, 0, target.offset)
+    else:
+        buf = rt.pool.acquire(rt.pool.kinds()[2], storage.nbytes)
+        host, copy = buf, Copy(storage.buffer, buf, storage.nbytes)
+    try:
+        ticket = enqueue_plan(rt, plan, a, b, c, d, uploads, bias=bias, residual=residual,
+                              downloads=[copy])
+    except BaseException:
+        storage.drop_host(host)
+        raise
     storage.host = (host, ticket)
 
 

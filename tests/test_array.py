@@ -495,6 +495,56 @@ def test_small_results_of_numpy_operands_come_back_with_the_product(rt):
             assert np.array_equal(got.numpy(), coopmat.matmul(big, w))
 
 
+def test_small_results_are_handed_to_numpy_as_they_came(rt):
+    """Where the device imports host memory, a small result of a numpy operand comes back
+    into a kept pinned block, which .numpy() returns as it is: each such array is the
+    caller's alone (a later read of the same Array is a copy), blocks lent out are never
+    written again while their arrays live (more kept at once than SMALL_BLOCKS come back
+    the other way), and views of the Array read the block in place."""
+    from coopmat.dispatch.transfer import SMALL_BLOCKS, NewDownload
+    if not rt.transfers.import_alignment:
+        pytest.skip("the device cannot import host memory")
+    w = (_random((96, 80), np.float16, 48) / 8).astype(np.float16)
+    xs = [_random((16, 96), np.float16, 60 + i) for i in range(2 * SMALL_BLOCKS + 2)]
+    with discrete(rt, mapped=True):
+        W = coopmat.asarray(w)
+        ways = []
+        for x in xs[:4]:  # the loop of a decode: each result dropped before the next
+            Y = coopmat.matmul(x, W)
+            ways.append(type(Y._storage.host[0]))
+            got = Y.numpy()
+            assert np.array_equal(got, coopmat.matmul(x, w))
+            got[...] = 0  # the caller's own: the Array's next read is unchanged
+            assert np.array_equal(Y.numpy(), coopmat.matmul(x, w))
+            for f in rt.transfers._importing:  # a new block's import, for the next call
+                f.result()
+        assert NewDownload in ways
+        Y = coopmat.matmul(xs[0], W)
+        assert type(Y._storage.host[0]) is NewDownload
+        assert np.array_equal(Y.T.numpy(), coopmat.matmul(xs[0], w).T)
+        assert np.array_equal(Y.numpy(), coopmat.matmul(xs[0], w))
+        Y, want = coopmat.matmul(xs[1], W), coopmat.matmul(xs[1], w)
+        outs: list[np.ndarray] = []
+        readers = [threading.Thread(target=lambda: outs.append(Y.numpy())) for _ in range(8)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+        outs[0][...] = 0  # one thread took the block; the others' arrays are their own
+        assert all(np.array_equal(o, want) for o in outs[1:]) and len(outs) == 8
+        kept = []
+        for x in xs:  # every result kept: no block goes out twice
+            kept.append(coopmat.matmul(x, W).numpy())
+            for f in rt.transfers._importing:
+                f.result()
+        for x, got in zip(xs, kept, strict=True):
+            assert np.array_equal(got, coopmat.matmul(x, w))
+        assert max(rt.transfers._small_all.values()) <= SMALL_BLOCKS
+        for x in xs:  # Arrays dropped unread give their blocks back
+            coopmat.matmul(x, W)
+        assert max(rt.transfers._small_all.values()) <= SMALL_BLOCKS
+
+
 def test_errors(rt):
     A = coopmat.asarray(_random((4, 5), np.float16))
     with pytest.raises(ValueError, match="core dimension"):

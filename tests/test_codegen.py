@@ -424,6 +424,7 @@ def test_spv_numbers_agree_with_spirv_tools() -> None:
     gave OpCooperativeMatrixPerElementOpNV the number of OpCooperativeMatrixReduceNV)."""
     from spirv_checks import assert_valid
 
+    from coopmat.codegen.copy import copy_kernel
     from coopmat.codegen.dequant import dequant_kernel
     from coopmat.codegen.pack import pack_kernel
     from coopmat.codegen.traits import Activation, EpilogueOps
@@ -441,6 +442,7 @@ def test_spv_numbers_agree_with_spirv_tools() -> None:
     split = seen[("khr", CT.FLOAT16, CT.FLOAT32)]  # a split-K's counters and atomics
     modules += [build_gemm(replace(split, split_k=4, has_c=True, ops=ops,  # type: ignore[type-var]
                                    out_type=CT.FLOAT16)).spirv,
-                dequant_kernel("q4_0", CT.FLOAT16).spirv, pack_kernel(True).spirv]
+                dequant_kernel("q4_0", CT.FLOAT16).spirv, pack_kernel(True).spirv,
+                copy_kernel().spirv]
     for spirv in modules:
         assert_valid(spirv)

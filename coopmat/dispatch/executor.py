@@ -2,8 +2,9 @@
 
 One Executor per logical device. A submission is: barrier (after all earlier work) ->
 staging uploads -> barrier -> timestamp -> dispatches -> timestamp -> barrier ->
-downloads. `run` submits and waits (the numpy path, timed); `submit` only queues and
-returns the stream's ticket (device arrays). Both go through the device's Stream, so work
+downloads (small ones into host memory by a copy kernel: shader_copy_fits). `run`
+submits and waits (the numpy path, timed); `submit` only queues and returns the
+stream's ticket (device arrays). Both go through the device's Stream, so work
 runs in call order whichever thread calls.
 
 Recorded command buffers are kept in a small LRU keyed by everything they name (buffers,
@@ -20,9 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coopmat.codegen.copy import UNIT as COPY_UNIT
+from coopmat.codegen.copy import CopyKernel
 from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
-from coopmat.dispatch.memory import Buffer, MemoryPool
+from coopmat.dispatch.memory import Buffer, Kind, MemoryPool
 from coopmat.dispatch.pipelines import SHADER_STAGE_COMPUTE, Pipeline
 from coopmat.dispatch.stream import Stream
 from coopmat.dispatch.vkcall import call, check
@@ -45,6 +48,8 @@ QUERY_RESULT_WAIT = 0x2
 # A cached recording may be submitted again while an earlier submission of it is pending.
 COMMAND_BUFFER_SIMULTANEOUS_USE = 0x4
 RECORDED_CACHE = 64
+# Downloads up to this size are recorded as the copy kernel (shader_copy_fits).
+SHADER_COPY_MAX_BYTES = 1 << 20
 # A recording holds up to this many dispatches (repacks of A and B, the GEMM), each with
 # one descriptor set of at most MAX_BINDINGS storage buffers; the pool is sized for a
 # full cache of such recordings.
@@ -84,12 +89,28 @@ class _Recorded:
     what: str = "a GEMM"  # names the work in errors
 
 
+def shader_copy_fits(c: Copy) -> bool:
+    """Whether a download is recorded as the copy kernel (codegen.copy) instead of a copy
+    command: device memory into host memory, at most SHADER_COPY_MAX_BYTES, on 16-byte
+    boundaries, the whole units it writes within both buffers. On the H200 the kernel
+    took about half the copy command's GPU time for a small result (docs/arrays.md)."""
+    units = -(-c.nbytes // COPY_UNIT) * COPY_UNIT
+    return (c.dst.kind is Kind.DOWNLOAD and c.src.kind is not Kind.DOWNLOAD
+            and 0 < c.nbytes <= SHADER_COPY_MAX_BYTES
+            and not (c.src_offset | c.dst_offset) % COPY_UNIT
+            and c.src_offset + units <= c.src.size and c.dst_offset + units <= c.dst.size)
+
+
 class Executor:
-    def __init__(self, device: Device, pool: MemoryPool, stream: Stream):
+    def __init__(self, device: Device, pool: MemoryPool, stream: Stream,
+                 copy_pipeline: Callable[[], Pipeline] | None = None):
+        """copy_pipeline: the copy kernel's pipeline, made on first use; without one
+        every download is a copy command."""
         v = vk()
         self.device = device
         self.pool = pool
         self.stream = stream
+        self._copy_pipeline = copy_pipeline
         # Re-entrant: a deferred free (run by a wait under this lock) takes it again.
         self.lock = threading.RLock()
         dev = device.handle
@@ -153,7 +174,7 @@ class Executor:
                        timed: bool, ordered: bool) -> _Recorded:
         """Record the work and keep it under `key`, forgetting the least recently used
         recording past the cache's size. Caller holds lock."""
-        if len(dispatches) > MAX_DISPATCHES or any(
+        if len(dispatches) + len(downloads) > MAX_DISPATCHES or any(
                 len(d.buffers) > MAX_BINDINGS for d in dispatches):
             raise ValueError(f"at most {MAX_DISPATCHES} dispatches of at most "
                              f"{MAX_BINDINGS} buffers per run")
@@ -257,12 +278,14 @@ class Executor:
                 barriers: bool = True, timed: bool = True, ordered: bool = True) -> _Recorded:
         v = vk()
         dev = self.device.handle
+        copies = self._shader_copies(downloads)
+        downloads = [c for c in downloads if not shader_copy_fits(c)] if copies else downloads
         cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
             commandPool=self._cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=1))[0]
         sets = []
         offsets_of: dict[int, int] = {}
-        for d in dispatches:
+        for d in [*dispatches, *copies]:
             offsets_of = dict(d.offsets)
             s = call(v.vkAllocateDescriptorSets, dev, v.VkDescriptorSetAllocateInfo(
                 descriptorPool=desc_pool or self._desc_pool, descriptorSetCount=1,
@@ -300,6 +323,11 @@ class Executor:
             self._dispatch(cmd, d, s)
         if timed:
             v.vkCmdWriteTimestamp(cmd, STAGE_BOTTOM, self._queries, 1)
+        if copies:
+            self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE, ACCESS_SHADER_WRITE,
+                          ACCESS_SHADER_READ)
+            for d, s in zip(copies, sets[len(dispatches):], strict=True):
+                self._dispatch(cmd, d, s)
         self._barrier(cmd, STAGE_COMPUTE, STAGE_TRANSFER | STAGE_HOST,
                       ACCESS_SHADER_WRITE, ACCESS_TRANSFER_READ | ACCESS_HOST_READ)
         for c in downloads:
@@ -315,6 +343,16 @@ class Executor:
         rec = _Recorded(cmd, sets, submit)
         rec.keep = cmds  # type: ignore[attr-defined]  # the submit info points into it
         return rec
+
+    def _shader_copies(self, downloads: Sequence[Copy]) -> list[Dispatch]:
+        """The downloads that go by the copy kernel, as its dispatches."""
+        fits = [c for c in downloads if shader_copy_fits(c)]
+        if not fits or self._copy_pipeline is None:
+            return []
+        pipeline = self._copy_pipeline()
+        return [Dispatch(pipeline, {0: c.src, 1: c.dst},
+                         CopyKernel.push_constants(c.nbytes, c.src_offset, c.dst_offset),
+                         CopyKernel.workgroups(c.nbytes)) for c in fits]
 
     def bound_range(self, buf: Buffer, offset: int = 0) -> int:
         """Bytes of `buf` a descriptor binds from `offset`. A pooled buffer is rounded up

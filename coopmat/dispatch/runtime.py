@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from coopmat import device as device_layer
 from coopmat.codegen.abi import SPLIT_K_MAX_TILES
+from coopmat.codegen.copy import copy_kernel
 from coopmat.device.logical import Device
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.select import ENV_VAR
@@ -65,7 +66,9 @@ class Runtime:
         copy = [Stream(dev, q, lock, compute=False) for q, lock in queues]
         up = copy[0] if copy else stream
         down = copy[-1] if copy else stream
-        rt = cls(dev, pool, PipelineCache(dev), Executor(dev, pool, stream), stream,
+        pipelines = PipelineCache(dev)
+        executor = Executor(dev, pool, stream, lambda: pipelines.get(copy_kernel()))
+        rt = cls(dev, pool, pipelines, executor, stream,
                  Transfers(dev, pool, stream), up, down)
         with _lock:
             _by_device[id(dev)] = rt

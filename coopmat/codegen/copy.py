@@ -1,0 +1,93 @@
+"""A helper kernel: copy whole 16-byte units from one buffer to another.
+
+A small result's copy to host memory behind a GEMM, as a vkCmdCopyBuffer on the compute
+queue, took 8-9 us of GPU time on the H200 for 128 KiB; a shader writing the same bytes
+into host memory took 4-5 (docs/arrays.md, run 9). Executor records such downloads with
+this kernel (dispatch.executor.shader_copy_fits says which).
+
+Each invocation copies one unit: dst[dst0 + i] = src[src0 + i] for i < count.
+
+Push constants (u32): count, src0, dst0 (all in 16-byte units).
+Bindings: 0 = src, 1 = dst (16-byte vectors).
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+
+from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.spv import BuiltIn, Capability, Op
+from coopmat.codegen.types import vulkan_features
+
+PUSH_FIELDS = ("count", "src0", "dst0")
+UNIT = 16  # bytes an invocation copies
+GROUP = 256
+MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
+MAX_BYTES = MAX_GROUPS_X * GROUP * UNIT
+
+
+@dataclass(frozen=True)
+class CopyTraits:
+    """The pipeline cache key: one kernel serves every copy."""
+
+    def describe(self) -> str:
+        return "copy-16B"
+
+
+@dataclass(frozen=True)
+class CopyKernel:
+    """What PipelineCache and the dispatcher need of the kernel."""
+
+    traits: CopyTraits
+    spirv: bytes
+    features: tuple[str, ...]
+    local_size: tuple[int, int, int] = (GROUP, 1, 1)
+    required_subgroup_size: int | None = None
+    shared_memory_bytes: int = 0
+    push_constant_size: int = 4 * len(PUSH_FIELDS)
+    bindings: tuple[int, ...] = (0, 1)
+
+    @staticmethod
+    def units(nbytes: int) -> int:
+        """16-byte units covering nbytes: the copy writes up to 15 bytes past them."""
+        return -(-nbytes // UNIT)
+
+    @staticmethod
+    def workgroups(nbytes: int) -> tuple[int, int, int]:
+        if nbytes > MAX_BYTES:
+            raise ValueError(f"a shader copy takes at most {MAX_BYTES} bytes, not {nbytes}")
+        return (-(-CopyKernel.units(nbytes) // GROUP), 1, 1)
+
+    @staticmethod
+    def push_constants(nbytes: int, src_offset: int, dst_offset: int) -> bytes:
+        if src_offset % UNIT or dst_offset % UNIT:
+            raise ValueError(f"a shader copy's offsets are multiples of {UNIT} bytes, not "
+                             f"{src_offset} and {dst_offset}")
+        return struct.pack("<3I", CopyKernel.units(nbytes), src_offset // UNIT,
+                           dst_offset // UNIT)
+
+
+def _emit() -> bytes:
+    s = ShaderContext()
+    mb, f = s.mb, s.f
+    uvec4 = mb.type_vector(s.u32, 4)
+    src = s.storage_buffer(0, uvec4, UNIT, True, "src", restrict=True)
+    dst = s.storage_buffer(1, uvec4, UNIT, False, "dst", restrict=True)
+    s.push_constants(PUSH_FIELDS, [s.u32] * len(PUSH_FIELDS))
+    count, src0, dst0 = (s.param(name) for name in PUSH_FIELDS)
+    wg = s.builtin(BuiltIn.WorkgroupId, mb.type_vector(s.u32, 3))
+    tid = s.builtin(BuiltIn.LocalInvocationIndex, s.u32)
+    i = s.add(s.mul(f.op(Op.CompositeExtract, s.u32, wg, 0), s.c(GROUP)), tid)
+
+    def body() -> None:
+        s.buffer_store(dst, s.add(dst0, i), s.buffer_load(src, s.add(src0, i)))
+
+    f.if_(s.lt(i, count), body)
+    return s.compute_module(GROUP)
+
+
+@functools.cache
+def copy_kernel() -> CopyKernel:
+    return CopyKernel(CopyTraits(), _emit(), vulkan_features({Capability.VulkanMemoryModel}))
