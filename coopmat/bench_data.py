@@ -10,7 +10,9 @@ Measured in one process, median of --repeat runs after a warm-up:
   the same way, and the PCIe floor (bytes moved / pinned copy rate);
 - resident: a decode step (16 x 4096 @ 4096 x 4096 float16, weight on the GPU, x in and
   y out as numpy), 100 dependent products on device arrays with one .numpy() at the end
-  against the sum of their kernel times, and a 64^3 numpy -> numpy call.
+  against the sum of their kernel times, and a 64^3 numpy -> numpy call. The decode step
+  and the small call are timed in turn with torch's, over --rounds rounds of --calls
+  calls, each round after --spin seconds of GPU work (an idle GPU clocks down).
 """
 
 from __future__ import annotations
@@ -53,6 +55,23 @@ def _median_new(make: Callable[[], Any], fn: Callable[[Any], Any], repeat: int,
         times.append(time.perf_counter() - t0)
         del args
     return statistics.median(times[1:])
+
+
+def _turns(runs: dict[str, Callable[[], Any]], calls: int, blocks: int,
+           spin: float) -> dict[str, float]:
+    """Median seconds per call of each of `runs`, taken in turn over `blocks` rounds, each
+    run after `spin` seconds of GPU work; the median of the rounds' medians. A loop of
+    small calls leaves the GPU mostly idle, and an idle H200 clocks down (345 MHz), so
+    one long series drifts: its figure then depends on what ran before it. Runs taken in
+    turn share the host's noise, so their ratio holds where absolute times move."""
+    from coopmat.bench_infer import warm_up
+    per: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(blocks):
+        for name, fn in runs.items():
+            if spin > 0:
+                warm_up(spin)
+            per[name].append(_median(fn, calls))
+    return {name: statistics.median(times) for name, times in per.items()}
 
 
 def _torch() -> Any:
@@ -158,21 +177,25 @@ def end_to_end(repeat: int, sizes: list[int], pinned_rate: float | None,
 
 
 def resident(repeat: int, m: int, k: int, chain: int, small: int,
-             out: list[dict[str, Any]]) -> None:
+             out: list[dict[str, Any]], calls: int = 300, blocks: int = 6,
+             spin: float = 0.3) -> None:
+    """The decode step and the small call timed in turn with torch's (_turns: `blocks`
+    rounds of `calls` calls, `spin` seconds of GPU work before each); the chain, a
+    long call, `repeat` times."""
     rng = np.random.default_rng(2)
     torch = _torch()
     w = (rng.standard_normal((k, k), dtype=np.float32) / np.sqrt(k)).astype(np.float16)
     x = rng.standard_normal((m, k), dtype=np.float32).astype(np.float16)
     W = asarray(w)
     row: dict[str, Any] = {"case": f"decode step {m}x{k} @ W {k}^2 (W resident)"}
-    row["coopmat_ms"] = 1e3 * _median(lambda: matmul(x, W).numpy(), repeat)
+    steps: dict[str, Callable[[], Any]] = {"coopmat_ms": lambda: matmul(x, W).numpy()}
+    if torch is not None:
+        wt = torch.from_numpy(w).cuda()
+        steps["torch_ms"] = lambda: (torch.from_numpy(x).cuda() @ wt).cpu().numpy()
+    row.update({name: 1e3 * t for name, t in _turns(steps, calls, blocks, spin).items()})
     matmul(x, w)
     kernel = last_kernel_time() or float("nan")
     row["kernel_ms"] = 1e3 * kernel
-    if torch is not None:
-        wt = torch.from_numpy(w).cuda()
-        row["torch_ms"] = 1e3 * _median(
-            lambda: (torch.from_numpy(x).cuda() @ wt).cpu().numpy(), repeat)
     out.append(row)
 
     X = asarray(x)
@@ -199,11 +222,11 @@ def resident(repeat: int, m: int, k: int, chain: int, small: int,
 
     s = rng.standard_normal((small, small), dtype=np.float32).astype(np.float16)
     row = {"case": f"{small}^3 f16 numpy->numpy"}
-    row["coopmat_us"] = 1e6 * _median(lambda: matmul(s, s), max(repeat, 200))
+    smalls: dict[str, Callable[[], Any]] = {"coopmat_us": lambda: matmul(s, s)}
     if torch is not None:
-        row["torch_us"] = 1e6 * _median(
-            lambda: (torch.from_numpy(s).cuda() @ torch.from_numpy(s).cuda()).cpu().numpy(),
-            max(repeat, 200))
+        smalls["torch_us"] = lambda: (torch.from_numpy(s).cuda()
+                                      @ torch.from_numpy(s).cuda()).cpu().numpy()
+    row.update({name: 1e6 * t for name, t in _turns(smalls, calls, blocks, spin).items()})
     out.append(row)
 
 
@@ -216,13 +239,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="the decode step: M rows against a K x K resident weight")
     ap.add_argument("--chain", type=int, default=100, help="dependent products in the chain")
     ap.add_argument("--small", type=int, default=64, help="the small numpy->numpy size")
+    ap.add_argument("--calls", type=int, default=300,
+                    help="decode steps (and small calls) per round, timed in turn with torch")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of --calls")
+    ap.add_argument("--spin", type=float, default=0.3,
+                    help="seconds of GPU work before each round (0: none)")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     rate = transfers(args.repeat, args.transfer_mib * MiB, rows)
     end_to_end(args.repeat, [int(s) for s in args.sizes.split(",") if s], rate, rows)
     m, k = (int(v) for v in args.decode.lower().split("x"))
-    resident(args.repeat, m, k, args.chain, args.small, rows)
+    resident(args.repeat, m, k, args.chain, args.small, rows, args.calls, args.rounds,
+             args.spin)
     info = runtime().device.info
     for r in rows:
         print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"

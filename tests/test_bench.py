@@ -92,6 +92,7 @@ def test_data_path_bench_runs_and_checks(live_device_info, tmp_path):
     out = tmp_path / "data.json"
     assert bench.main(["--data-path", "--repeat", "1", "--sizes", "96", "--transfer-mib", "2",
                        "--decode", "8x128", "--chain", "5", "--small", "32",
+                       "--calls", "3", "--rounds", "2", "--spin", "0",
                        "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     cases = [r["case"] for r in rows]
