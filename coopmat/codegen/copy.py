@@ -17,6 +17,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
+from coopmat.codegen.kernel import HelperKernel
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import BuiltIn, Capability, Op
 from coopmat.codegen.types import vulkan_features
@@ -37,17 +38,9 @@ class CopyTraits:
 
 
 @dataclass(frozen=True)
-class CopyKernel:
-    """What PipelineCache and the dispatcher need of the kernel."""
-
-    traits: CopyTraits
-    spirv: bytes
-    features: tuple[str, ...]
+class CopyKernel(HelperKernel):
     local_size: tuple[int, int, int] = (GROUP, 1, 1)
-    required_subgroup_size: int | None = None
-    shared_memory_bytes: int = 0
     push_constant_size: int = 4 * len(PUSH_FIELDS)
-    bindings: tuple[int, ...] = (0, 1)
 
     @staticmethod
     def units(nbytes: int) -> int:

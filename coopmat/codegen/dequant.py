@@ -27,6 +27,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
+from coopmat.codegen.kernel import HelperKernel
 from coopmat.codegen.quant import QuantReader
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import BuiltIn, Capability, Op
@@ -53,17 +54,9 @@ class DequantTraits:
 
 
 @dataclass(frozen=True)
-class DequantKernel:
-    """What PipelineCache and the dispatcher need of the kernel."""
-
-    traits: DequantTraits
-    spirv: bytes
-    features: tuple[str, ...]
+class DequantKernel(HelperKernel):
     local_size: tuple[int, int, int] = (GROUP, 1, 1)
-    required_subgroup_size: int | None = None
-    shared_memory_bytes: int = 0
     push_constant_size: int = 4 * len(PUSH_FIELDS)
-    bindings: tuple[int, ...] = (0, 1)
 
     @staticmethod
     def workgroups(K: int, N: int) -> tuple[int, int, int]:

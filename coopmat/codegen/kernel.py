@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from coopmat.codegen import abi
 from coopmat.codegen.traits import GemmParams, GemmTraits, GemvTraits, KhrTraits, RowsTraits
@@ -48,3 +49,20 @@ class Kernel:
             if why is not None:
                 raise ValueError(f"the gemv kernel cannot run this problem: {why}")
         return abi.push_constants(t, p)
+
+
+@dataclass(frozen=True)
+class HelperKernel:
+    """A one-pass kernel beside the GEMMs (pack.py, dequant.py, copy.py): what
+    PipelineCache needs of it. Source at binding 0, destination at 1; no shared memory,
+    any subgroup size. Each subclass sets its workgroup and push-constant size and adds
+    its grid and push constants."""
+
+    traits: Any  # the pipeline cache key
+    spirv: bytes
+    features: tuple[str, ...]  # Vulkan feature names (VkPhysicalDevice*Features members)
+    local_size: tuple[int, int, int]
+    push_constant_size: int
+    required_subgroup_size: int | None = None
+    shared_memory_bytes: int = 0
+    bindings: tuple[int, ...] = (0, 1)

@@ -23,6 +23,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
+from coopmat.codegen.kernel import HelperKernel
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import (
     BuiltIn,
@@ -49,17 +50,10 @@ class PackTraits:
 
 
 @dataclass(frozen=True)
-class PackKernel:
-    """What PipelineCache and the dispatcher need of the pack kernel."""
-
-    traits: PackTraits
-    spirv: bytes
-    local_size: tuple[int, int, int] = (GROUP_X * GROUP_Y, 1, 1)
-    required_subgroup_size: int | None = None
-    shared_memory_bytes: int = 0
-    push_constant_size: int = 4 * len(PUSH_FIELDS)
-    bindings: tuple[int, ...] = (0, 1)
+class PackKernel(HelperKernel):
     features: tuple[str, ...] = ("shaderInt8", "storageBuffer8BitAccess")
+    local_size: tuple[int, int, int] = (GROUP_X * GROUP_Y, 1, 1)
+    push_constant_size: int = 4 * len(PUSH_FIELDS)
 
     @staticmethod
     def leading_dimension(K: int) -> int:
