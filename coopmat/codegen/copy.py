@@ -1,9 +1,10 @@
 """A helper kernel: copy whole 16-byte units from one buffer to another.
 
-A small result's copy to host memory behind a GEMM, as a vkCmdCopyBuffer on the compute
-queue, took 8-9 us of GPU time on the H200 for 128 KiB; a shader writing the same bytes
-into host memory took 4-5 (docs/arrays.md, run 9). Executor records such downloads with
-this kernel (dispatch.executor.shader_copy_fits says which).
+On the H200 a small result's copy to host memory behind a GEMM, as a vkCmdCopyBuffer on
+the compute queue, added 8-9 us to the decode step's submission for 128 KiB; a shader
+writing the same bytes into host memory added 4-5 (docs/arrays.md, runs 8 and 9).
+Executor records such downloads with this kernel (dispatch.executor.shader_copy_fits
+says which).
 
 Each invocation copies one unit: dst[dst0 + i] = src[src0 + i] for i < count.
 
@@ -44,7 +45,7 @@ class CopyKernel(HelperKernel):
 
     @staticmethod
     def units(nbytes: int) -> int:
-        """16-byte units covering nbytes: the copy writes up to 15 bytes past them."""
+        """16-byte units covering nbytes: the copy writes up to 15 bytes past nbytes."""
         return -(-nbytes // UNIT)
 
     @staticmethod
