@@ -278,8 +278,7 @@ class Executor:
                 barriers: bool = True, timed: bool = True, ordered: bool = True) -> _Recorded:
         v = vk()
         dev = self.device.handle
-        copies = self._shader_copies(downloads)
-        downloads = [c for c in downloads if not shader_copy_fits(c)] if copies else downloads
+        copies, downloads = self._split_downloads(downloads)
         cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
             commandPool=self._cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=1))[0]
@@ -344,15 +343,21 @@ class Executor:
         rec.keep = cmds  # type: ignore[attr-defined]  # the submit info points into it
         return rec
 
-    def _shader_copies(self, downloads: Sequence[Copy]) -> list[Dispatch]:
-        """The downloads that go by the copy kernel, as its dispatches."""
-        fits = [c for c in downloads if shader_copy_fits(c)]
-        if not fits or self._copy_pipeline is None:
-            return []
+    def _split_downloads(self, downloads: Sequence[Copy]
+                         ) -> tuple[list[Dispatch], Sequence[Copy]]:
+        """(the copy kernel's dispatches for the downloads it takes, the other downloads,
+        recorded as copy commands)."""
+        if self._copy_pipeline is None:
+            return [], downloads
+        fits = [shader_copy_fits(c) for c in downloads]
+        if not any(fits):
+            return [], downloads
         pipeline = self._copy_pipeline()
-        return [Dispatch(pipeline, {0: c.src, 1: c.dst},
-                         CopyKernel.push_constants(c.nbytes, c.src_offset, c.dst_offset),
-                         CopyKernel.workgroups(c.nbytes)) for c in fits]
+        return ([Dispatch(pipeline, {0: c.src, 1: c.dst},
+                          CopyKernel.push_constants(c.nbytes, c.src_offset, c.dst_offset),
+                          CopyKernel.workgroups(c.nbytes))
+                 for c, fit in zip(downloads, fits, strict=True) if fit],
+                [c for c, fit in zip(downloads, fits, strict=True) if not fit])
 
     def bound_range(self, buf: Buffer, offset: int = 0) -> int:
         """Bytes of `buf` a descriptor binds from `offset`. A pooled buffer is rounded up

@@ -647,11 +647,9 @@ class Transfers:
                 if back in self._blocks:  # else dropped (destroy) while it was lent
                     self._small_free.setdefault(back.size, []).append(back)
             free = self._small_free.setdefault(size, [])
-            if free and free[-1].imported is not None:  # the usual case, first
-                return self._lent(free.pop(), nbytes, self._small_returned)
-            ready = [b for b in free if b.imported is not None]
-            if ready:
-                free.remove(ready[-1])
+            block = next((b for b in reversed(free) if b.imported is not None), None)
+            if block is not None:
+                free.remove(block)
             elif self._small_all.get(size, 0) < SMALL_BLOCKS and \
                     not any(b.importing for b in free):
                 new = _PinnedBlock(size)
@@ -660,9 +658,7 @@ class Transfers:
                 free.append(new)
         if new is not None:
             self._import_later(new)
-        if not ready:
-            return None
-        return self._lent(ready[-1], nbytes, self._small_returned)
+        return None if block is None else self._lent(block, nbytes, self._small_returned)
 
     def _lent(self, block: _PinnedBlock, nbytes: int,
               returned: deque[_PinnedBlock]) -> NewDownload | None:
