@@ -341,7 +341,7 @@ def main() -> None:
                         lim.max_compute_work_group_invocations, small_m=True)
                     # deeper pipelines of the policy's tile: more of B in flight
                     tiles += [dataclasses.replace(khr_t.tile, tile_k=tk, buffering=bf)
-                              for tk in (128, 256) for bf in (2, 3, 4)]
+                              for tk in (128, 256) for bf in (2, 3, 4, 5)]
                     cands += [("khrtile", dataclasses.replace(khr_t, tile=t))
                               for t in dict.fromkeys(tiles)]
                 if "rows" in families:

@@ -100,7 +100,7 @@ CHILD = textwrap.dedent('''
     del instance.validation_errors[before:]
     # Matrices of power-of-two byte sizes fill pooled buffers exactly: without its margin
     # a kernel reading past a matrix's end reads past its buffer's end.
-    for buffering in (1, 2, 3, 4):
+    for buffering in (1, 2, 3, 4, 5):
         for layouts in ("nn", "nt", "tn", "tt"):
             check(np.float16, np.float16, 64, 64, 64, layouts,
                   Tile(32, 32, 16, 2, 2, buffering), "best")
@@ -109,7 +109,7 @@ CHILD = textwrap.dedent('''
             check(dtype, res, 64, 64, 64, layouts, Tile(32, 32, 32, 2, 2, 2), "best")
             # more than 64 rows: the dispatcher repacks a row-major B / column-major A
             check(dtype, res, 128, 64, 64, layouts, Tile(32, 32, 32, 2, 2, 4), "auto")
-    for buffering in (2, 3):
+    for buffering in (2, 3, 5):
         check(np.float16, np.float32, 37, 29, 53, "nn", Tile(32, 32, 16, 2, 2, buffering),
               "general")
 

@@ -207,7 +207,9 @@ def test_two_stages_double_the_staging() -> None:
     assert {t.buffering for t in tune_candidates(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, 49152,
                                                  1024, cpu=True)} == {2}
     with pytest.raises(ValueError, match="buffering"):
-        _khr(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, Tile(32, 32, 16, 2, 2, 5)).check_tile()
+        _khr(CT.FLOAT16, CT.FLOAT32, 8, 8, 8, 8, Tile(32, 32, 16, 2, 2, 6)).check_tile()
+    # two register sets stage one copy, as buffering 2 does
+    assert plan_kernel(traits(Tile(128, 128, 32, 2, 2, 5))).shared_bytes == one.shared_bytes
 
 
 @needs_spirv_tools
@@ -357,13 +359,13 @@ def test_pack_kernel_validates(wide: bool) -> None:
 
 def test_overread_margin() -> None:
     """Only the exact khr variant with a register look-ahead reads past an operand: one K
-    step (two with two shared stages) of tile_k lines where K runs along lines, of
-    tile_k elements where K is contiguous (A row-major, B column-major)."""
+    step (two with two shared stages or two register sets) of tile_k lines where K runs
+    along lines, of tile_k elements where K is contiguous (A row-major, B column-major)."""
     from coopmat.codegen import overread_elems
 
     base = next(x for x in _variants(LAVAPIPE) if x.a_type == CT.FLOAT16 and x.exact)
     row, col = Layout.ROW_MAJOR, Layout.COLUMN_MAJOR
-    for buffering, steps in ((1, 0), (2, 1), (3, 2), (4, 1)):
+    for buffering, steps in ((1, 0), (2, 1), (3, 2), (4, 1), (5, 2)):
         tr = replace(base, tile=replace(base.tile, buffering=buffering))
         for a_layout, b_layout, lines_a, lines_b in ((row, row, False, True),
                                                      (col, col, True, False)):

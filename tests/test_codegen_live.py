@@ -196,7 +196,7 @@ def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tup
     run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
 
 
-@pytest.mark.parametrize("buffering", [3, 4], ids=lambda b: f"buf{b}")
+@pytest.mark.parametrize("buffering", [3, 4, 5], ids=lambda b: f"buf{b}")
 @pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
 @pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
 @pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
@@ -204,8 +204,9 @@ def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tup
 def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
                                  layouts: tuple[Layout, Layout], has_c: bool, aligned: bool,
                                  buffering: int) -> None:
-    """test_every_variant with two shared stages (buffering 3) and with streamed B fragments
-    (buffering 4); K spans several steps, so the stages alternate and wrap."""
+    """test_every_variant with two shared stages (buffering 3), with streamed B fragments
+    (buffering 4) and with two register sets (buffering 5); K spans an odd number of
+    steps, so the stages and register sets alternate and wrap."""
     ab, res = config
     tr = traits(ab, res, *layouts, has_c, aligned, Tile(32, 32, 16, 2, 2, buffering))
     alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
@@ -216,7 +217,7 @@ def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
     run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
 
 
-@pytest.mark.parametrize("buffering", [1, 2, 3, 4], ids=lambda b: f"buf{b}")
+@pytest.mark.parametrize("buffering", [1, 2, 3, 4, 5], ids=lambda b: f"buf{b}")
 @pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
 @pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
 @pytest.mark.parametrize("config", CONFIGS, ids=param_id)
@@ -241,8 +242,10 @@ def test_sizes_general(runner: KernelRunner, size: tuple[int, int, int],
                        layouts: tuple[Layout, Layout]) -> None:
     tr = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False)
     run_case(runner, tr, Case(*size, alpha=1.0, beta=1.0))
-    staged = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False, Tile(32, 32, 16, 2, 2, 3))
-    run_case(runner, staged, Case(*size, alpha=1.0, beta=1.0))
+    for buffering in (3, 5):  # one to seven K steps: stages and register sets wrap
+        staged = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False,
+                        Tile(32, 32, 16, 2, 2, buffering))
+        run_case(runner, staged, Case(*size, alpha=1.0, beta=1.0))
 
 
 @pytest.mark.parametrize("config", CONFIGS[1:3], ids=param_id)

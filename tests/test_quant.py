@@ -302,12 +302,15 @@ VARIANT_CASES = [("q8_0", 1, "general", 8), ("q4_0", 1, "aligned", 4),
                  # whole blocks (plan.BLOCK_UNIT): raw words in registers, decoded when staged
                  ("q8_0", 1, "general", 32), ("q4_0", 2, "exact", 32),
                  ("q8_0", 3, "exact", 32), ("q4_0", 4, "general", 32),
-                 ("q4_0", 2, "aligned", 32), ("q8_0", 2, "general", 32)]
+                 ("q4_0", 2, "aligned", 32), ("q8_0", 2, "general", 32),
+                 # two register sets: raw words and units, one K step further ahead
+                 ("q8_0", 5, "exact", 32), ("q4_0", 5, "general", 8),
+                 ("q4_0", 5, "exact", 4)]
 # One block per K step (tile_k 32): consecutive steps' blocks start 34 or 18 bytes apart,
 # so at bit 0 and 16 of their words in turn; with two shared stages the registers hold
 # the step after the one being multiplied.
 ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
-                  ("q4_0", 2, "aligned", 4)]
+                  ("q4_0", 2, "aligned", 4), ("q8_0", 5, "exact", 32)]
 
 
 @pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k",

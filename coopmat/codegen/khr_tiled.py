@@ -93,6 +93,7 @@ class _Operand:
         self.stage, self.buf, self.shared, self.unit = stage, buf, shared, unit
         self.zero, self.mat_type, self.layout = zero, mat_type, layout
         self.regs: list[int] = []
+        self.regs2: list[int] = []  # buffering 5's second set
         # Buffering 3: runtime offsets (in units) of the stage being read / written.
         self.read_off: int | None = None
         self.write_off: int | None = None
@@ -440,10 +441,50 @@ class TiledGemmEmitter:
         for op in (self.A, self.B):
             op.read_off = op.write_off = None
 
+    def _k_loop_two_register_sets(self) -> None:
+        """Buffering 5: buffering 2's loop, two K steps a pass, each step's loads issued
+        two steps before it is staged, into alternate register sets. Twice the bytes in
+        flight per invocation, and each load has two multiplies to arrive: few-row tiles
+        stream B and wait on memory latency, not on the tensor cores."""
+        s, f, tile = self.s, self.s.f, self.t.tile
+        k_var = f.local(s.u32, s.c(0))
+        tk = s.c(tile.tile_k)
+        sets = [(self.A.regs, self.B.regs), (self.A.regs2, self.B.regs2)]
+
+        def use(i: int) -> None:
+            self.A.regs, self.B.regs = sets[i]
+
+        for i in (0, 1):
+            use(i)
+            self._prefetch(s.c(i * tile.tile_k))
+
+        def half(i: int, k0: int) -> None:
+            use(i)
+            s.barrier(Scope.Workgroup)  # the previous step's fragments have been read
+            self._stage_to_shared(k0)
+            s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
+            self._prefetch(s.add(k0, s.c(2 * tile.tile_k)))
+            self._multiply()
+
+        def body() -> None:
+            k0 = f.op(Op.Load, s.u32, k_var)
+            half(0, k0)
+            k1 = s.add(k0, tk)
+            f.if_(s.lt(k1, self.P["K"]), lambda: half(1, k1))  # K / tile_k may be odd
+
+        def step() -> None:
+            f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), s.c(2 * tile.tile_k)))
+
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
+        use(0)
+
     def _k_loop(self) -> None:
         s, f, tile = self.s, self.s.f, self.t.tile
         if tile.buffering == 3:
             self._k_loop_two_stages()
+            return
+        if tile.buffering == 5:
+            self._k_loop_two_register_sets()
             return
         k_var = f.local(s.u32, s.c(0))
         if tile.buffering in (2, 4):
@@ -735,6 +776,14 @@ class TiledGemmEmitter:
 
         s.f.if_(interior, direct, edge)
 
+    def _registers(self, op: _Operand) -> list[int]:
+        """Function variables for one K step of the operand's prefetched units (a quantized
+        B's raw words, decoded when staged)."""
+        s = self.s
+        if op is self.B and self.quant is not None:
+            return [s.f.local(s.u32) for _ in range(self.quant_units * self.quant.fetched_words)]
+        return [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
+
     # -- the module ---------------------------------------------------------------------
     def build(self) -> bytes:
         self._declare_types()
@@ -745,12 +794,11 @@ class TiledGemmEmitter:
         acc_zero = s.mb.const_composite(self.mat_acc, [zero])
         self.acc_vars = [[s.f.local(self.mat_acc, acc_zero) for _ in range(p.acc_cols)]
                          for _ in range(p.acc_rows)]
-        if p.tile.buffering in (2, 3, 4):
+        if p.tile.buffering in (2, 3, 4, 5):
             for op in (self.A, self.B):
-                op.regs = [s.f.local(op.unit) for _ in range(op.stage.units_per_invocation)]
-            if self.quant is not None:  # raw words, decoded when staged
-                self.B.regs = [s.f.local(s.u32)
-                               for _ in range(self.quant_units * self.quant.fetched_words)]
+                op.regs = self._registers(op)
+                if p.tile.buffering == 5:  # a second set, one K step further ahead
+                    op.regs2 = self._registers(op)
         self._k_loop()
         if self.t.split_k > 1:
             self._split_epilogue()

@@ -71,7 +71,8 @@ fit the device's shared memory and invocation limits.
 
 Buffering 3 (two shared stages, one barrier per K step) and 4 (buffering 2 with streamed B
 fragments) are never defaults; tune_candidates offers them for GPUs, on the large
-per-subgroup blocks, for `python -m coopmat.bench --tune` to time.
+per-subgroup blocks, for `python -m coopmat.bench --tune` to time. Buffering 5 (two
+register sets, loads two K steps ahead) is the covering few-row tiles' (covering_rows_tile).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ TILE_K_BYTES = 64
 GPU_INVOCATIONS = 256  # per workgroup, at every subgroup width (table above)
 GPU_TILE_MN = 128  # the GPU default's block of D, rows and columns
 ACC_ELEMS_PER_LANE = 64  # accumulator elements per invocation of a GPU default tile
+COVERING_BUFFERING = 5  # covering_rows_tile's: two register sets, loads two K steps ahead
 # tune_candidates stops adding buffering 3/4 tiles here (each is compiled and timed).
 MAX_TUNE_CANDIDATES = 80
 
@@ -197,16 +199,19 @@ def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
                        max_invocations: int) -> Tile:
     """A few-row tile (M <= SMALL_M) that holds all M rows in one row block, where `tile`
     holds fewer: each row block reads all of B again, and with few rows the product is a
-    stream over B. 32 or 64 rows by 4 matrices' columns, 2 x 2 subgroups, `tile`'s K step
-    and buffering; `tile` itself where that does not fit the device, and for 17-31 rows.
+    stream over B. 32 or 64 rows by 4 matrices' columns, 2 x 2 subgroups, `tile`'s K step,
+    two register sets (buffering 5: loads two K steps ahead); `tile` itself where that
+    does not fit the device, and for 17-31 rows.
     Measured on the H200 (benchmarks/decode_sweep.py, x @ w.T, 2026-11-22): 64 x 4096 @
     (14336 x 4096)^T took 60.6 us against 107.8 on the 16-row tile's 4 row blocks, 32 rows
     50.1 against 57.1; but 24 rows on the 32-row tile took 88.2 us (partial tiles, the
-    aligned variant), slower than 32 rows on two 16-row blocks, so 17-31 rows keep `tile`."""
+    aligned variant), slower than 32 rows on two 16-row blocks, so 17-31 rows keep `tile`.
+    Buffering 5 against 2 (2026-11-23, docs/kernels.md): 32 rows 46.3 against 50.2 us,
+    64 rows 58.2 against 61.0, split products level or up to 5% faster."""
     if M <= tile.tile_m or M > SMALL_M or 16 < M < 32:
         return tile
     rows = 32 if M <= 32 else 64
-    wide = Tile(rows, 4 * n, tile.tile_k, 2, 2, tile.buffering)
+    wide = Tile(rows, 4 * n, tile.tile_k, 2, 2, COVERING_BUFFERING)
     if rows % (2 * m) or not _fits(wide, a_type, result_type, m, n, k, subgroup_size,
                                    max_shared_memory, max_invocations):
         return tile

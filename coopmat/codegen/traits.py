@@ -156,8 +156,8 @@ class GemmTraits(ABC):
 
 # KhrTraits' tile buffering modes: 1 load-then-multiply, 2 register prefetch, 3 register
 # prefetch into two shared stages (one barrier per K step), 4 as 2 with streamed B
-# fragments.
-BUFFERING_MODES = (1, 2, 3, 4)
+# fragments, 5 as 2 with two register sets (loads two K steps ahead).
+BUFFERING_MODES = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,9 +175,12 @@ class KhrTraits(GemmTraits):
     two shared-memory copies (twice the staging memory) with one workgroup barrier per K
     step: while the multiply reads one copy, the K step prefetched into registers is stored
     into the other and the one after it is loaded. buffering = 4 is buffering 2's pipeline
-    (one copy, two barriers per K step). Both 3 and 4 multiply in the order that holds the
-    fewest fragments: a K step's A fragments, then one B fragment at a time against all of
-    them (buffering 1 and 2 load every fragment of the K step first).
+    (one copy, two barriers per K step). buffering = 5 is buffering 2 with two sets of
+    registers: each K step's loads go out two steps before it is staged (twice the
+    registers; for few-row tiles, which wait on memory). Both 3 and 4 multiply in the
+    order that holds the fewest fragments: a K step's A fragments, then one B fragment at
+    a time against all of them (buffering 1, 2 and 5 load every fragment of the K step
+    first).
 
     Variants: `aligned` loads A and B a vector at a time (abi.aligned_ok says when it may
     run). `exact` (with aligned): the problem is a whole number of workgroup tiles in M, N
