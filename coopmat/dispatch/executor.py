@@ -1,7 +1,8 @@
 """Recording, submitting and timing GEMM dispatches on a device.
 
-One Executor per logical device. A submission is: barrier (after all earlier work) ->
-staging uploads -> barrier -> timestamp -> dispatches -> timestamp -> barrier ->
+One Executor per logical device. A submission is: barrier (after all earlier work, while
+some may still run) -> staging uploads and their barrier (where there are any) ->
+timestamp -> dispatches -> timestamp -> barrier ->
 downloads (small ones into host memory by a copy kernel: shader_copy_fits). `run`
 submits and waits (the numpy path, timed); `submit` only queues and returns the
 stream's ticket (device arrays). Both go through the device's Stream, so work
@@ -305,12 +306,14 @@ class Executor:
         # submission reads or writes may be this one's destination.
         if ordered:
             barrier_all(cmd)
-        # Host writes to coherent mapped memory are visible to the device at submit; this
-        # barrier orders the staging copies before the shaders read.
+        # Host writes to coherent mapped memory are visible to the device at submit (the
+        # spec's host write ordering guarantee), so only staging copies need this barrier
+        # before the shaders read.
         for c in uploads:
             record_copy(cmd, c)
-        self._barrier(cmd, STAGE_HOST | STAGE_TRANSFER, STAGE_COMPUTE,
-                      ACCESS_HOST_WRITE | ACCESS_TRANSFER_WRITE, ACCESS_SHADER_READ)
+        if uploads:
+            self._barrier(cmd, STAGE_TRANSFER, STAGE_COMPUTE, ACCESS_TRANSFER_WRITE,
+                          ACCESS_SHADER_READ)
         timed = timed and self._queries is not None
         if timed:
             v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
