@@ -89,6 +89,27 @@ def test_forced_split_with_explicit_traits() -> None:
         choose(H200, batched, traits=traits, split_k=4)
 
 
+def test_quantized_splits_stage_units_of_eight() -> None:
+    """A split-K of a quantized B stages at least 8 weights a unit
+    (plan.SPLIT_MIN_QUANT_UNIT): with units of 4 the H200 summed wrong. A q8_0 product of
+    more than SMALL_M rows, which runs units of 4 unsplit, is split with units of 8, and
+    split traits with units of 4 are refused."""
+    from coopmat.codegen.plan import plan_kernel
+
+    p = decode(H200, 96, 4096, 4096, b_quant="q8_0")
+    whole = choose(H200, p, Options(split_k=1, dequant="fused"))
+    assert isinstance(whole.traits, KhrTraits) and whole.traits.b_quant_unit == 4
+    split = choose(H200, p, Options(split_k=4, dequant="fused"))
+    assert split.split_k == 4 and isinstance(split.traits, KhrTraits)
+    assert split.traits.b_quant_unit == 8
+    plan_kernel(split.traits)
+    with pytest.raises(ValueError, match="units of at least 8"):
+        plan_kernel(replace(split.traits, b_quant_unit=4))
+    # given traits with units of 4 are split with units of 8 too
+    given = choose(H200, p, Options(split_k=4, dequant="fused"), traits=whole.traits)
+    assert given.split_k == 4 and given.traits.b_quant_unit == 8
+
+
 def test_rule_on_h200_decode_shapes() -> None:
     """On the H200's tuned few-row tiles (16, 32 or 64 rows): S from the measured table
     (SPLIT_K_BY_TILE_ROWS) for the three weights it was measured on, as x @ w.T."""

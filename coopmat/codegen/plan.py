@@ -142,6 +142,10 @@ def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_g
 # dequantizes into four uvec4 units as it stores them to shared memory.
 BLOCK_UNIT = 32
 QUANT_UNITS = (4, 8, BLOCK_UNIT)
+# Split-K kernels with units of 4 weights gave wrong sums on the H200 (errors of 5-118 at
+# every tile tried, q8_0 and q4_0, 2026-11-23) and right ones on lavapipe; units of 8 and
+# whole blocks were right on both. Cause not found: such kernels are refused.
+SPLIT_MIN_QUANT_UNIT = 8
 
 
 def _quant_stage(t: KhrTraits, invocations: int) -> StagePlan:
@@ -159,6 +163,9 @@ def _quant_stage(t: KhrTraits, invocations: int) -> StagePlan:
     if q not in QUANT_UNITS or t.k % min(q, 8):
         raise ValueError(f"b_quant_unit={q} must be one of {QUANT_UNITS}, its shared "
                          f"unit ({min(q, 8)} weights) dividing K={t.k}")
+    if t.split_k > 1 and q < SPLIT_MIN_QUANT_UNIT:
+        raise ValueError(f"a split-K of a quantized B stages units of at least "
+                         f"{SPLIT_MIN_QUANT_UNIT} weights, not {q}")
     if t.tile.tile_k % BLOCK_ELEMS:
         raise ValueError(f"tile_k={t.tile.tile_k} must be a multiple of the quantized "
                          f"block ({BLOCK_ELEMS} weights)")

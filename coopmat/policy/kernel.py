@@ -60,7 +60,7 @@ from coopmat.codegen import (
 )
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
-from coopmat.codegen.plan import plan_kernel
+from coopmat.codegen.plan import SPLIT_MIN_QUANT_UNIT, plan_kernel
 from coopmat.codegen.rows import RowsPlan
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import (
@@ -633,7 +633,8 @@ def split_choice(problem: Problem, sliced: KernelChoice, S: int) -> KernelChoice
     if why_not is not None:
         raise ValueError(why_not)
     stored = p.pair.stored
-    traits = replace(t, split_k=S, has_c=p.has_c, ops=p.ops,
+    unit = max(t.b_quant_unit, SPLIT_MIN_QUANT_UNIT)  # plan.SPLIT_MIN_QUANT_UNIT says why
+    traits = replace(t, split_k=S, has_c=p.has_c, ops=p.ops, b_quant_unit=unit,
                      out_type=None if stored == t.result_type else stored)
     params = replace(sliced.params, alpha=p.alpha, beta=p.beta if p.has_c else 0)
     return replace(sliced, traits=traits, params=params, split_k=S)
