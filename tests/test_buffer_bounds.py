@@ -191,6 +191,6 @@ def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path):
     bad = [c for c in report["cases"] if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]
     assert report["control_errors"] > 0, "GPU-AV did not flag the out-of-bounds control"
-    assert len(report["cases"]) == 28
+    assert len(report["cases"]) == 33
     assert sum(" gemv-" in c["case"] for c in report["cases"]) == 2
     assert sum("packs=1" in c["case"] for c in report["cases"]) == 4
