@@ -127,21 +127,29 @@ def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
             and p.K % t.tile_k == 0)
 
 
+def lookahead_steps(traits: KhrTraits) -> int:
+    """K steps past K that the khr kernel's unchecked look-ahead reads: none but in the
+    exact variant with a register prefetch; there one, two with two shared stages
+    (buffering 3) or two register sets (buffering 5)."""
+    t = traits.tile
+    if not traits.exact or t.buffering == 1:
+        return 0
+    return 2 if t.buffering in (3, 5) else 1
+
+
 def overread_elems(traits: GemmTraits, ld: int, operand: Literal["a", "b"]) -> int:
     """Elements past operand `operand`'s ("a" or "b") last one that its kernel may read,
     for that operand read with leading dimension `ld`: the buffer must extend that far
-    (the values are never used). The exact variant's register look-ahead runs one K step
-    past K (two with two shared stages or two register sets) without bounds checks: where
-    K runs along lines (A column-major, B row-major) that is tile_k more lines of ld
-    elements; where K is
-    contiguous, each line's look-ahead lands in the next line, and the last line's runs
-    tile_k elements past its K (so a few-row A needs no more than that)."""
-    t = traits.tile
-    if not isinstance(traits, KhrTraits) or not traits.exact or t.buffering == 1:
+    (the values are never used). The exact variant's register look-ahead runs
+    `lookahead_steps` K steps past K without bounds checks: where K runs along lines (A
+    column-major, B row-major) that is tile_k more lines of ld elements a step; where K
+    is contiguous, each line's look-ahead lands in the next line, and the last line's
+    runs tile_k elements a step past its K (so a few-row A needs no more than that)."""
+    if not isinstance(traits, KhrTraits):
         return 0
     layout = traits.a_layout if operand == "a" else traits.b_layout
     k_contiguous = layout == (Layout.ROW_MAJOR if operand == "a" else Layout.COLUMN_MAJOR)
-    return (2 if t.buffering in (3, 5) else 1) * t.tile_k * (1 if k_contiguous else ld)
+    return lookahead_steps(traits) * traits.tile.tile_k * (1 if k_contiguous else ld)
 
 
 def rows_b_alignment_elems(traits: RowsTraits) -> int:
@@ -243,10 +251,9 @@ def overread_bytes_b(traits: GemmTraits, ldb: int, itemsize: int) -> int:
 
     if not isinstance(traits, KhrTraits):
         return QUANT_PAD_BYTES
-    t = traits.tile
-    steps = 0 if not traits.exact or t.buffering == 1 else 2 if t.buffering in (3, 5) else 1
+    steps = lookahead_steps(traits)
     fmt = quant_format(fmt_name)
-    return overread_bytes(fmt, t.tile_k, steps) if steps else QUANT_PAD_BYTES
+    return overread_bytes(fmt, traits.tile.tile_k, steps) if steps else QUANT_PAD_BYTES
 
 
 SPECIALIZED_FIELDS = PUSH_FIELDS[:11]

@@ -460,11 +460,7 @@ class TiledGemmEmitter:
 
         def half(i: int, k0: int) -> None:
             use(i)
-            s.barrier(Scope.Workgroup)  # the previous step's fragments have been read
-            self._stage_to_shared(k0)
-            s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
-            self._prefetch(s.add(k0, s.c(2 * tile.tile_k)))
-            self._multiply()
+            self._step(k0, 2 * tile.tile_k)
 
         def body() -> None:
             k0 = f.op(Op.Load, s.u32, k_var)
@@ -477,6 +473,18 @@ class TiledGemmEmitter:
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
         use(0)
+
+    def _step(self, k0: int, ahead: int) -> None:
+        """One K step of the one-stage loops: stage K step k0 (a runtime value) into shared
+        memory, issue the loads of the step `ahead` elements of K further (0: none),
+        multiply."""
+        s = self.s
+        s.barrier(Scope.Workgroup)  # the previous step's fragments have been read
+        self._stage_to_shared(k0)
+        s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
+        if ahead:
+            self._prefetch(s.add(k0, s.c(ahead)))
+        self._multiply()
 
     def _k_loop(self) -> None:
         s, f, tile = self.s, self.s.f, self.t.tile
@@ -492,12 +500,7 @@ class TiledGemmEmitter:
 
         def body() -> None:
             k0 = f.op(Op.Load, s.u32, k_var)
-            s.barrier(Scope.Workgroup)  # the previous step's fragments have been read
-            self._stage_to_shared(k0)
-            s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
-            if tile.buffering in (2, 4):
-                self._prefetch(s.add(k0, s.c(tile.tile_k)))
-            self._multiply()
+            self._step(k0, tile.tile_k if tile.buffering in (2, 4) else 0)
 
         def step() -> None:
             f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), s.c(tile.tile_k)))
