@@ -74,7 +74,16 @@ def hot(run: Callable[[], object], seconds: float) -> None:
 
 def warm_up(seconds: float = 1.0) -> None:
     """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock (the
-    H200 idled at 345 MHz), and the first cases measured would pay for its ramp."""
+    H200 idled at 345 MHz), and the first cases measured would pay for its ramp.
+
+    The peers' CUDA context is made first, where torch has CUDA: on the H200 a process
+    holding one stayed at 1980 MHz even idle, while light Vulkan work alone let the clock
+    fall to 345 MHz within 2 s (docs/benchmarks.md, "Clocks"). So every case, the first
+    included, runs under the clock the peers' cases get."""
+    torch = cuda_torch()
+    if torch is not None:
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
     a = np.ones((2048, 2048), np.float16)
     g = PreparedGemm(runtime(), resolve(runtime().device.info, a.dtype, a.dtype), a[None],
                      a[None], None, 1, 1, 0)

@@ -133,6 +133,32 @@ def test_rule_on_h200_decode_shapes() -> None:
     assert choose(H200, decode(H200, 16, 4096, 512), Options(), tuned).split_k == 1
 
 
+def test_covering_tiles_specialize_large_products() -> None:
+    """On the H200, 17-64 rows run a covering tile (32 or 64 rows in one row block), and
+    such products of SPECIALIZE_COVERING_MIN_OPS or more get their sizes compiled in,
+    split or not; 16 rows (their own tile) and smaller products do not."""
+    from coopmat.dispatch import tuning
+
+    tuned = tuning.choices(replace(H200, device_id=0x2335))
+    for (M, N, K), want in {(32, 4096, 4096): True, (64, 14336, 4096): True,
+                            (48, 4096, 14336): True, (16, 4096, 14336): False,
+                            (8, 14336, 4096): False, (32, 1024, 1024): False}.items():
+        choice = choose(H200, decode(H200, M, N, K), Options(), tuned)
+        t = choice.traits
+        assert isinstance(t, KhrTraits)
+        assert bool(t.specialized) is want, (M, N, K)
+        assert (t.tile.tile_m > 16) is (M > 16), (M, N, K)
+        off = choose(H200, decode(H200, M, N, K), Options(specialize="never"), tuned)
+        assert not khr_of(off).specialized
+    # Specialization is a policy of GPUs' covering tiles: lavapipe's products stay general.
+    assert not khr_of(choose(LAVAPIPE, decode(LAVAPIPE, 64, 4096, 4096))).specialized
+
+
+def khr_of(choice) -> KhrTraits:
+    assert isinstance(choice.traits, KhrTraits)
+    return choice.traits
+
+
 def test_rule_elsewhere_counts_workgroups() -> None:
     """Tiles the table does not list: S = the power of two nearest ceil(target / G) for an
     unsplit grid of G <= SPLIT_K_MAX_GROUPS workgroups. A quantized B's few-row tiles are
@@ -439,6 +465,32 @@ def test_fused_bias_gelu_and_residual(live_device_info, monkeypatch, S, M) -> No
                        residual=res)
     ref, tol = oracle(x, w.T, c=res, beta=0.25, bias=bias, gelu=True, residual=res)
     check(y, ref, tol, F16)
+
+
+@pytest.mark.parametrize("S", [2, 4])
+def test_specialized_splits(live_device_info, monkeypatch, S) -> None:
+    """Splits with their sizes and strides compiled in (as the policy does for 32 and 64
+    rows on a covering tile, SPECIALIZE_COVERING_MIN_OPS): C, alpha, beta and the fused
+    operations, whose strides the slices' problem does not carry."""
+    forced(monkeypatch, S)
+    monkeypatch.setenv("COOPMAT_SPECIALIZE", "1")
+    M, N, K = 40, 72, 256
+    a, w, c = normal(M, K), normal(N, K), normal(M, N)
+    bias, res = normal(N), normal(M, N)
+    d = coopmat.matmul(a, w.T, c=c, alpha=0.5, beta=-2.0, dtype=F32)
+    assert ran_split() == S
+    assert coopmat.linalg._last.result.traits.specialized
+    ref, tol = oracle(a, w.T, c=c, alpha=0.5, beta=-2.0)
+    check(d, ref, tol, F32)
+    y = coopmat.matmul(a, w.T, c=c, beta=0.25, bias=bias, activation="gelu_tanh",
+                       residual=res)
+    assert ran_split() == S
+    ref, tol = oracle(a, w.T, c=c, beta=0.25, bias=bias, gelu=True, residual=res)
+    check(y, ref, tol, F16)
+    X, W = coopmat.asarray(a), coopmat.asarray(w)  # device arrays: no read-past margins
+    ref, tol = oracle(a, w.T)
+    check((X @ W.T).numpy(), ref, tol, F16)
+    assert ran_split() == S
 
 
 @pytest.mark.parametrize("S", [2, 4])

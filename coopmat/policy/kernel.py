@@ -29,7 +29,8 @@ The rules, each with its measurement in docs/kernels.md:
   (tiles.covering_rows_tile);
 - khr variant: exact (whole tiles, no bounds checks) > aligned (vector loads) > general,
   whichever the sizes and strides allow; sizes and strides compiled in for problems of
-  SPECIALIZE_MIN_OPS or more (Options.specialize);
+  SPECIALIZE_MIN_OPS or more, and for few-row products on a covering tile of
+  SPECIALIZE_COVERING_MIN_OPS or more (Options.specialize);
 - 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M;
 - split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K in one
   dispatch, the last workgroup of each tile summing the float32 partials and applying
@@ -87,6 +88,12 @@ from coopmat.quant_formats import BLOCK_ELEMS
 # compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8),
 # for one extra build of ~0.5 s per shape, kept in the disk caches.
 SPECIALIZE_MIN_OPS = 2 ** 36
+# Few-row products on a covering tile (more rows than the few-row tile: 32 or 64 rows in
+# one row block) of at least this many operations are specialized too. On the H200 (docs/
+# kernels.md, "Sizes compiled in for 32 and 64 rows"): 64 x 4096 @ (14336 x 4096)^T 58.5 ->
+# 52.0 us, 64 x 4096 @ 4096^2 22.5 -> 19.1; but 16 rows on their own tile lost 11-20%, so
+# only covering tiles. 2^30: 32 rows against a 4096^2 weight and up (one build per shape).
+SPECIALIZE_COVERING_MIN_OPS = 2 ** 30
 # Output sizes up to this many elements form the "@medium" shape class: with the big tiles
 # that win at 4096^3 they leave most of a large GPU's cores idle (a 1024^2 output is 32
 # tiles of 128x256).
@@ -306,29 +313,34 @@ def _covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile:
     return khr_covering_tile(cfg, limits, tile, M)
 
 
-def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Options) -> bool:
-    """Whether a khr kernel gets this problem's sizes and strides compiled in."""
+def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Options,
+                covering: bool = False) -> bool:
+    """Whether a khr kernel gets this problem's sizes and strides compiled in: always or
+    never where options say so, else problems of SPECIALIZE_MIN_OPS or more, and few-row
+    products on a covering tile (`covering`) of SPECIALIZE_COVERING_MIN_OPS or more."""
     if not isinstance(traits, KhrTraits) or options.specialize == "never":
         return False
-    return options.specialize == "always" or \
-        2 * params.M * params.N * params.K * batch >= SPECIALIZE_MIN_OPS
+    ops = 2 * params.M * params.N * params.K * batch
+    return options.specialize == "always" or ops >= SPECIALIZE_MIN_OPS or \
+        (covering and ops >= SPECIALIZE_COVERING_MIN_OPS)
 
 
 @overload
 def fastest_variant(traits: KhrTraits, params: GemmParams, batch: int = 1,
-                    options: Options | None = None) -> KhrTraits: ...
+                    options: Options | None = None, covering: bool = False) -> KhrTraits: ...
 
 
 @overload
 def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
-                    options: Options | None = None) -> GemmTraits: ...
+                    options: Options | None = None, covering: bool = False) -> GemmTraits: ...
 
 
 def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
-                    options: Options | None = None) -> GemmTraits:
+                    options: Options | None = None, covering: bool = False) -> GemmTraits:
     """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
     checks), else aligned (vector loads), else general; and specialized for these sizes
-    and strides where `specializes` says so."""
+    and strides where `specializes` says so (`covering`: the tile was widened to hold a
+    few-row product's rows)."""
     if not isinstance(traits, KhrTraits):  # nv2: one kernel for every alignment and shape
         return traits
     general = replace(traits, aligned=False, exact=False, specialized=())
@@ -338,7 +350,7 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
     else:
         exact = replace(aligned, exact=True)
         best = exact if abi.exact_ok(exact, params) else aligned
-    if specializes(best, params, batch, options or Options()):
+    if specializes(best, params, batch, options or Options(), covering):
         best = replace(best, specialized=abi.shape_values(params))
     return best
 
@@ -498,11 +510,13 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                                   f"subgroup-scope matrix for {pair.describe()}")
     if tile is None:
         tile = _default_tile(cfg, info.limits, problem.M <= SMALL_M, is_cpu(info))
-    if not is_cpu(info) and tile.tile_m < problem.M <= SMALL_M:
+    covering = not is_cpu(info) and tile.tile_m < problem.M <= SMALL_M
+    if covering:
         tile = _covering_tile(cfg, info.limits, tile, 32 if problem.M <= 32 else 64)
+        covering = tile.tile_m >= problem.M  # widened (it fits in shared memory)
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), ops=problem.ops)
-    return fastest_variant(khr, params, problem.batch, options), why
+    return fastest_variant(khr, params, problem.batch, options, covering), why
 
 
 def quant_tile(tile: Tile) -> Tile:
