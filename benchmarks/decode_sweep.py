@@ -144,10 +144,12 @@ def split_k_candidates(rt: Any, pair: Any, x: np.ndarray, b: np.ndarray,
 def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                 formats: list[str], top: int, sweep: bool = True,
                 units: tuple[int, ...] = (4, 8), few_tiles: list[Tile] | None = None,
-                splits: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
+                splits: tuple[int, ...] = (1,),
+                specialize: str = "auto") -> list[dict[str, Any]]:
     """The quantized sweep (--quant): per format, shape (K, N) and M, the gemv tiles,
     the policy's khr kernel and torch's peer; returns the records. Without `sweep` only
-    the policy's kernels of both families (gemv up to GEMV_MAX_M rows)."""
+    the policy's kernels of both families (gemv up to GEMV_MAX_M rows). `specialize`:
+    Options.specialize for the quantized khr kernels."""
     from coopmat.array import asarray, empty
     from coopmat.bench_infer import cuda_torch, torch_dequant_matmul_ms
     from coopmat.quantized import quantize
@@ -215,8 +217,10 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     try:  # "khr": the policy's khr kernel, as x @ q.T on arrays runs it
                         split = int(label[6:]) if label.startswith("splitk") else \
                             int(label[4:]) if label.startswith("khrq") else None
-                        options = Options(dequant="first") if label == "first" else \
-                            Options(family="khr", split_k=split, dequant="fused")
+                        options = Options(dequant="first", specialize=specialize) \
+                            if label == "first" else Options(
+                                family="khr", split_k=split, dequant="fused",
+                                specialize=specialize)
                         plan = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, options,
                                            traits=traits)
                         if split is not None and plan.choice.split_k != split:
@@ -286,6 +290,8 @@ def main() -> None:
                     "to sweep instead of the tuning candidates, as 16x128x128s1x4[b2]")
     ap.add_argument("--splits", default="1", help="with --quant: split-K slices of each "
                     "swept few-row khr tile (labels khrqS)")
+    ap.add_argument("--specialize", default="auto", choices=("auto", "always", "never"),
+                    help="with --quant: Options.specialize for the khr kernels")
     ap.add_argument("--units", default="4,8",
                     help="with --quant: the khr kernel's swept staging units (weights)")
     args = ap.parse_args()
@@ -298,7 +304,8 @@ def main() -> None:
                               args.quant.split(","), args.top, not args.policy_only,
                               tuple(int(u) for u in args.units.split(",")),
                               [parse_tile(t) for t in args.tiles.split(",")] if args.tiles
-                              else None, tuple(int(x) for x in args.splits.split(",")))
+                              else None, tuple(int(x) for x in args.splits.split(",")),
+                              args.specialize)
         print(f"sweep took {time.perf_counter() - t_start:.0f} s")
         if args.json:
             with open(args.json, "w") as f:

@@ -150,6 +150,10 @@ def test_covering_tiles_specialize_large_products() -> None:
         assert (t.tile.tile_m > 16) is (M > 16), (M, N, K)
         off = choose(H200, decode(H200, M, N, K), Options(specialize="never"), tuned)
         assert not khr_of(off).specialized
+    # Quantized weights on their few-row tiles likewise (16 rows: one matrix's rows).
+    for M, want in ((32, True), (64, True), (16, False)):
+        q = choose(H200, decode(H200, M, 4096, 4096, b_quant="q8_0"), Options(), tuned)
+        assert bool(khr_of(q).specialized) is want, M
     # Specialization is a policy of GPUs' covering tiles: lavapipe's products stay general.
     assert not khr_of(choose(LAVAPIPE, decode(LAVAPIPE, 64, 4096, 4096))).specialized
 
