@@ -143,9 +143,7 @@ def test_covering_tiles_specialize_large_products() -> None:
     for (M, N, K), want in {(32, 4096, 4096): True, (64, 14336, 4096): True,
                             (48, 4096, 14336): True, (16, 4096, 14336): False,
                             (8, 14336, 4096): False, (32, 1024, 1024): False}.items():
-        choice = choose(H200, decode(H200, M, N, K), Options(), tuned)
-        t = choice.traits
-        assert isinstance(t, KhrTraits)
+        t = khr_of(choose(H200, decode(H200, M, N, K), Options(), tuned))
         assert bool(t.specialized) is want, (M, N, K)
         assert (t.tile.tile_m > 16) is (M > 16), (M, N, K)
         off = choose(H200, decode(H200, M, N, K), Options(specialize="never"), tuned)

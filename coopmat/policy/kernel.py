@@ -559,7 +559,7 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     if not is_cpu(info):
         tile = _quant_tile(cfg, info.limits, tile, min(problem.M, SMALL_M + 1))
         # more rows than one matrix, all in one row block: specialized as the float
-        # product's covering tiles are (H200, q8_0 and q4_0, 32 and 64 rows: 1-12% faster
+        # product's covering tiles are (H200, q8_0 and q4_0, 32 and 64 rows: 1-13% faster
         # in 11 of 12 cases, one 1.5% slower; docs/quantized.md)
         covering = cfg.M < problem.M <= SMALL_M and tile.tile_m >= problem.M
         if not small:
