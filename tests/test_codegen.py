@@ -221,6 +221,43 @@ def test_bf16_module_declares_the_extension() -> None:
     assert 'OpExtension "SPV_KHR_bfloat16"' in text
 
 
+def _loop_controls(spirv: bytes) -> list[int]:
+    """The LoopControl mask of every OpLoopMerge of a module (opcode 246)."""
+    words = struct.unpack(f"<{len(spirv) // 4}I", spirv)
+    out, i = [], 5
+    while i < len(words):
+        count, opcode = words[i] >> 16, words[i] & 0xFFFF
+        if opcode == 246:
+            out.append(words[i + 3])
+        i += count
+    return out
+
+
+@pytest.mark.parametrize("buffering", [2, 3, 5])
+def test_rolled_k_loop_is_marked_dont_unroll(buffering: int) -> None:
+    """KhrTraits.k_loop_rolled marks the K loop DontUnroll (0x2), whatever the buffering;
+    without it no loop carries a hint, and the module validates either way."""
+    (t,) = [v for v in _variants(H200) if v.a_type == CT.FLOAT16 and v.exact
+            and v.result_type == CT.FLOAT32 and v.out_type is None
+            and v.b_layout == Layout.COLUMN_MAJOR and not v.has_c][:1]
+    t = replace(t, tile=replace(t.tile, buffering=buffering))
+    plain, rolled = (build_gemm(replace(t, k_loop_rolled=r)).spirv for r in (False, True))
+    assert set(_loop_controls(plain)) == {0}
+    assert 2 in _loop_controls(rolled) and set(_loop_controls(rolled)) <= {0, 2}
+    assert "-rolled" in replace(t, k_loop_rolled=True).describe()
+    if find_tool("spirv-val") is not None:
+        assert validate(rolled).ok
+
+
+def test_storage_checks_are_a_pipeline_setting() -> None:
+    """Turning the driver's storage checks off changes the kernel's name (so its pipeline
+    is a different one) and not its SPIR-V."""
+    t = next(v for v in _variants(LAVAPIPE) if v.exact)
+    off = replace(t, storage_checks=False)
+    assert off.describe() == t.describe() + "-unchecked"
+    assert build_gemm(off).spirv == build_gemm(t).spirv
+
+
 @needs_spirv_tools
 def test_signed_operands_only_for_signed_ints() -> None:
     by_type = {(t.a_type, t.aligned): t for t in _variants(LAVAPIPE)}

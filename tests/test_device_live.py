@@ -148,3 +148,15 @@ def test_no_loader_is_one_line_and_nonzero():
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "no Vulkan loader found (libvulkan.so.1)" in lines[0]
+
+
+def test_pipeline_robustness_enabled_with_its_extension() -> None:
+    """The pipelineRobustness feature counts as enabled only with its extension: a
+    pipeline that asks for no storage checks needs both (a validation error otherwise)."""
+    from coopmat.dispatch.runtime import runtime
+    dev = runtime().device
+    assert dev.has("pipelineRobustness") == (
+        "VK_EXT_pipeline_robustness" in dev.enabled_extensions)
+    assert dev.has("pipelineRobustness") == bool(
+        dev.info.features.get("pipelineRobustness")
+        and dev.info.extensions.get("VK_EXT_pipeline_robustness"))

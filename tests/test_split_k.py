@@ -156,6 +156,44 @@ def test_covering_tiles_specialize_large_products() -> None:
     assert not khr_of(choose(LAVAPIPE, decode(LAVAPIPE, 64, 4096, 4096))).specialized
 
 
+def test_rolled_loops_and_unchecked_storage_on_h200() -> None:
+    """On the H200 (docs/kernels.md, "The driver's machine code"): few-row products whose
+    workgroups take ROLLED_MIN_K_STEPS K steps or more keep the K loop rolled, except a
+    bounds-checked kernel on a covering tile; exact kernels run without the driver's
+    storage checks, quantized ones only with the loop rolled; bounds-checked ones keep
+    them. As x @ w.T, (M, N, K) -> (rolled, unchecked)."""
+    from coopmat.dispatch import tuning
+
+    tuned = tuning.choices(replace(H200, device_id=0x2335))
+    want = {
+        (32, 14336, 4096): (True, True),    # covering, exact, 32 steps
+        (64, 4096, 14336): (True, True),    # split 4: 28 steps a slice
+        (16, 14336, 4096): (True, True),    # split 2: 16 steps
+        (16, 4096, 14336): (False, True),   # split 8: 14 steps
+        (16, 4096, 4096): (False, True),    # split 8: 4 steps
+        (8, 14336, 4096): (True, False),    # 8 rows of a 16-row tile: bounds-checked
+        (48, 14336, 4096): (False, False),  # 48 rows of the 64-row tile: checked, covering
+    }
+    for (M, N, K), (rolled, unchecked) in want.items():
+        t = khr_of(choose(H200, decode(H200, M, N, K), Options(), tuned))
+        assert (t.k_loop_rolled, not t.storage_checks) == (rolled, unchecked), (M, N, K)
+    big = khr_of(choose(H200, Problem(resolve(H200, F16, F16), 4096, 4096, 4096,
+                                      OperandLayout(Layout.ROW_MAJOR, 4096),
+                                      OperandLayout(Layout.ROW_MAJOR, 4096)), Options(), tuned))
+    assert big.exact and not big.storage_checks and not big.k_loop_rolled
+    for (M, N, K), want_q in {(16, 14336, 4096): (True, True), (16, 4096, 4096): (False, False),
+                              (8, 14336, 4096): (True, False)}.items():
+        q = khr_of(choose(H200, decode(H200, M, N, K, b_quant="q4_0"), Options(), tuned))
+        assert (q.k_loop_rolled, not q.storage_checks) == want_q, (M, N, K)
+    # The bounds-checked fallback (operands without read-past margins) takes the checks back.
+    exact = khr_of(choose(H200, decode(H200, 32, 14336, 4096), Options(), tuned))
+    assert policy_kernel.bounds_checked(exact).storage_checks
+    assert not policy_kernel.bounds_checked(exact).exact
+    # Rolling is a GPU policy; the exact variant runs unchecked on lavapipe too.
+    lp = khr_of(choose(LAVAPIPE, decode(LAVAPIPE, 32, 256, 4096)))
+    assert not lp.k_loop_rolled and lp.exact and not lp.storage_checks
+
+
 def khr_of(choice) -> KhrTraits:
     assert isinstance(choice.traits, KhrTraits)
     return choice.traits

@@ -319,12 +319,13 @@ class FunctionBuilder:
         self.label(merge_l)
 
     def while_(self, cond: Callable[[], int], body: Callable[[], None],
-               step: Callable[[], None]) -> None:
-        """A structured loop: header, condition block, body, continue block (`step`)."""
+               step: Callable[[], None], control: int = 0) -> None:
+        """A structured loop: header, condition block, body, continue block (`step`);
+        `control`: the LoopMerge's LoopControl mask (a hint such as DontUnroll)."""
         header, check, body_l, cont, merge = (self.m.new_id() for _ in range(5))
         self.emit(Op.Branch, header)
         self.label(header)
-        self.emit(Op.LoopMerge, merge, cont, 0)
+        self.emit(Op.LoopMerge, merge, cont, control)
         self.emit(Op.Branch, check)
         self.label(check)
         self.emit(Op.BranchConditional, cond(), body_l, merge)

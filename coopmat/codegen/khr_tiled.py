@@ -63,6 +63,7 @@ from coopmat.codegen.spv import (
     Capability,
     CooperativeMatrixLayout,
     CooperativeMatrixUse,
+    LoopControl,
     MemoryAccess,
     MemorySemantics,
     Op,
@@ -304,6 +305,10 @@ class TiledGemmEmitter:
         index = s.add(s.mul(line, s.c(st.stride_units)), unit_col)
         return index if op.write_off is None else s.add(op.write_off, index)
 
+    @property
+    def _k_loop_control(self) -> int:
+        return LoopControl.DontUnroll if self.t.k_loop_rolled else LoopControl.NONE
+
     def _prefetch(self, k0: int) -> None:
         """Registers <- the K step at k0. Near the end of the loop k0 lies past K: the
         exact variant then reads unchecked beyond the matrix, into the margin the
@@ -437,7 +442,8 @@ class TiledGemmEmitter:
         def step() -> None:
             f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), tk))
 
-        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step,
+                 self._k_loop_control)
         for op in (self.A, self.B):
             op.read_off = op.write_off = None
 
@@ -471,7 +477,8 @@ class TiledGemmEmitter:
         def step() -> None:
             f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), s.c(2 * tile.tile_k)))
 
-        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step,
+                 self._k_loop_control)
         use(0)
 
     def _step(self, k0: int, ahead: int) -> None:
@@ -505,7 +512,8 @@ class TiledGemmEmitter:
         def step() -> None:
             f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var), s.c(tile.tile_k)))
 
-        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step)
+        f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.P["K"]), body, step,
+                 self._k_loop_control)
 
     # -- epilogue -------------------------------------------------------------------------
     def _store_direct(self, acc: int, i0: int, j0: int) -> None:

@@ -225,6 +225,12 @@ class MemorySemantics(enum.IntFlag):
     WorkgroupMemory = 0x100
 
 
+class LoopControl(enum.IntFlag):
+    NONE = 0x0
+    Unroll = 0x1
+    DontUnroll = 0x2
+
+
 class MemoryAccess(enum.IntFlag):
     NONE = 0
     Aligned = 0x2

@@ -220,6 +220,16 @@ class KhrTraits(GemmTraits):
     # arrive (a counter per tile, abi.BINDING_COUNTERS) sums the S partials and applies
     # the epilogue into D (abi.split_layout; khr_tiled._split_epilogue).
     split_k: int = 1
+    # The K loop marked DontUnroll: NVIDIA's compiler otherwise unrolls a long K loop (16
+    # steps of a few-row tile: 36 KB of code), which measured slower for few-row tiles
+    # with many K steps (policy.kernel.rolls_k_loop).
+    k_loop_rolled: bool = False
+    # False: the pipeline asks for no driver bounds checks on its storage buffers
+    # (VK_EXT_pipeline_robustness; dispatch.pipelines). Only for kernels that stay inside
+    # their bindings by construction (the exact variant: whole tiles, read-past margins
+    # allocated); policy.kernel.checks_off decides. NVIDIA's driver otherwise checks each
+    # load.
+    storage_checks: bool = True
 
     @property
     def variant(self) -> str:
@@ -261,6 +271,10 @@ class KhrTraits(GemmTraits):
             extra += "-estore"
         if self.split_k > 1:
             extra += f"-split{self.split_k}"
+        if self.k_loop_rolled:
+            extra += "-rolled"
+        if not self.storage_checks:
+            extra += "-unchecked"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 

@@ -12,6 +12,7 @@ from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.query import (
     COOPMAT2_FEATURES,
     EXTENSION_FEATURE_STRUCTS,
+    PIPELINE_ROBUSTNESS_FEATURES,
     PIPELINE_STATS_FEATURES,
 )
 from coopmat.device.vkffi import new_struct, vk
@@ -26,11 +27,11 @@ OPTIONAL_FEATURES = (
     "storageBuffer16BitAccess", "storageBuffer8BitAccess",
     "shaderBFloat16Type", "shaderBFloat16CooperativeMatrix",
     "shaderFloat8", "shaderFloat8CooperativeMatrix", *COOPMAT2_FEATURES,
-    *PIPELINE_STATS_FEATURES,
+    *PIPELINE_STATS_FEATURES, *PIPELINE_ROBUSTNESS_FEATURES,
 )
 OPTIONAL_EXTENSIONS = ("VK_NV_cooperative_matrix2", "VK_KHR_shader_bfloat16",
                        "VK_EXT_shader_float8", "VK_KHR_pipeline_executable_properties",
-                       "VK_EXT_external_memory_host")
+                       "VK_EXT_external_memory_host", "VK_EXT_pipeline_robustness")
 
 
 def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
@@ -109,6 +110,9 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
     enable = {f for f in (*REQUIRED_FEATURES, *OPTIONAL_FEATURES) if features.get(f)}
     extensions = ["VK_KHR_cooperative_matrix"] + [
         e for e in OPTIONAL_EXTENSIONS if info.extensions.get(e)]
+    for ext, _, _, names in EXTENSION_FEATURE_STRUCTS:  # no extension, no feature of it
+        if ext not in extensions:
+            enable -= set(names)
 
     f2 = new_struct("VkPhysicalDeviceFeatures2", v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2)
     f2.features.shaderInt16 = "shaderInt16" in enable

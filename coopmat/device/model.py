@@ -234,6 +234,7 @@ RELEVANT_EXTENSIONS = (
     "VK_EXT_shader_float8",
     "VK_KHR_pipeline_executable_properties",  # compiler statistics of our pipelines
     "VK_EXT_external_memory_host",  # numpy pages imported for transfers
+    "VK_EXT_pipeline_robustness",  # kernels that need no driver bounds checks ask for none
 )
 
 

@@ -35,6 +35,9 @@ COOPMAT2_FEATURES = (
 BFLOAT16_FEATURES = ("shaderBFloat16Type", "shaderBFloat16CooperativeMatrix")
 FLOAT8_FEATURES = ("shaderFloat8", "shaderFloat8CooperativeMatrix")
 PIPELINE_STATS_FEATURES = ("pipelineExecutableInfo",)
+# Lets a pipeline ask for no bounds checks on its storage buffers (coopmat's kernels keep
+# every access in bounds themselves): NVIDIA's driver checks each load by default.
+PIPELINE_ROBUSTNESS_FEATURES = ("pipelineRobustness",)
 BASE_FEATURES = ("shaderInt16", "shaderInt64")
 SUBGROUP_FEATURE_ARITHMETIC = 0x4  # VK_SUBGROUP_FEATURE_ARITHMETIC_BIT
 
@@ -51,6 +54,9 @@ EXTENSION_FEATURE_STRUCTS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
      "VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
      vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
      PIPELINE_STATS_FEATURES),
+    ("VK_EXT_pipeline_robustness", "VkPhysicalDevicePipelineRobustnessFeaturesEXT",
+     vkffi.STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_ROBUSTNESS_FEATURES_EXT,
+     PIPELINE_ROBUSTNESS_FEATURES),
 )
 
 _STYPE = {  # VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1x_FEATURES
@@ -107,7 +113,7 @@ def _features(pd: Any, api: int, exts: set[str]) -> tuple[dict[str, bool], list[
         out[name] = bool(getattr(f2.features, name))
     every = [*COOPMAT_FEATURES, *(n for g in CORE_FEATURES.values() for n in g),
              *BFLOAT16_FEATURES, *FLOAT8_FEATURES, *COOPMAT2_FEATURES,
-             *PIPELINE_STATS_FEATURES]
+             *PIPELINE_STATS_FEATURES, *PIPELINE_ROBUSTNESS_FEATURES]
     for name in every:
         out[name] = False
     for ctype, names in groups.items():

@@ -42,6 +42,7 @@ from coopmat.policy import (
     PackChoice,
     Problem,
     TypePair,
+    bounds_checked,
     choose,
 )
 
@@ -487,7 +488,7 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
     choice = choose(info, problem, options, tuning.choices(info) if options.tuning else {},
                     traits)
     if not margins_ok and isinstance(choice.traits, KhrTraits) and choice.traits.exact:
-        choice = choose(info, problem, options, {}, replace(choice.traits, exact=False),
+        choice = choose(info, problem, options, {}, bounds_checked(choice.traits),
                         split_k=choice.split_k)
     choice = replace(choice, traits=_admit(choice.traits, options))
     result_dtype = numpy_dtype(pair.stored)

@@ -94,6 +94,12 @@ SPECIALIZE_MIN_OPS = 2 ** 36
 # 52.0 us, 64 x 4096 @ 4096^2 22.5 -> 19.1; but 16 rows on their own tile lost 11-20%, so
 # only covering tiles. 2^30: 32 rows against a 4096^2 weight and up (one build per shape).
 SPECIALIZE_COVERING_MIN_OPS = 2 ** 30
+# Few-row products on a GPU whose workgroups take at least this many K steps get their K
+# loop marked DontUnroll (KhrTraits.k_loop_rolled). On the H200 with bounds checks off
+# (docs/kernels.md, "The driver's machine code"): 32 x 4096 @ (14336 x 4096)^T 42.7 ->
+# 38.6 us, 16 rows split 2 37.9 -> 35.0; with 4-8 steps (a split 4096^2 weight) rolling
+# lost up to 4%.
+ROLLED_MIN_K_STEPS = 16
 # Output sizes up to this many elements form the "@medium" shape class: with the big tiles
 # that win at 4096^3 they leave most of a large GPU's cores idle (a 1024^2 output is 32
 # tiles of 128x256).
@@ -325,25 +331,56 @@ def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Opt
         (covering and ops >= SPECIALIZE_COVERING_MIN_OPS)
 
 
+def rolls_k_loop(traits: KhrTraits, params: GemmParams, covering: bool) -> bool:
+    """Whether a few-row product's kernel keeps its K loop rolled: at least
+    ROLLED_MIN_K_STEPS K steps per workgroup (params.K is a split-K slice's), except a
+    bounds-checked kernel on a covering tile (48 rows on the 64-row tile: 10-11% slower
+    rolled on the H200)."""
+    steps = -(-params.K // traits.tile.tile_k)
+    return steps >= ROLLED_MIN_K_STEPS and (traits.exact or not covering)
+
+
+def bounds_checked(traits: KhrTraits) -> KhrTraits:
+    """The bounds-checked (aligned) variant of exact traits, for operands without the
+    exact variant's read-past margins: with the driver's checks back on."""
+    return replace(traits, exact=False, storage_checks=True)
+
+
+def checks_off(traits: KhrTraits) -> bool:
+    """Whether the kernel runs without the driver's bounds checks on its storage buffers
+    (KhrTraits.storage_checks): the exact variant, which stays inside its bindings by
+    construction; with a quantized B only with its K loop rolled. On the H200 (docs/
+    kernels.md, "The driver's machine code"): float16 4096^3 and 8192^3 5-6% faster, few
+    rows 2-7%; bounds-checked variants 1.3-3.3x slower without the checks, and quantized
+    exact kernels with an unrolled K loop 1.4-1.6x slower."""
+    return traits.exact and (traits.b_quant is None or traits.k_loop_rolled)
+
+
 @overload
 def fastest_variant(traits: KhrTraits, params: GemmParams, batch: int = 1,
-                    options: Options | None = None, covering: bool = False) -> KhrTraits: ...
+                    options: Options | None = None, covering: bool = False,
+                    few_rows: bool = False) -> KhrTraits: ...
 
 
 @overload
 def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
-                    options: Options | None = None, covering: bool = False) -> GemmTraits: ...
+                    options: Options | None = None, covering: bool = False,
+                    few_rows: bool = False) -> GemmTraits: ...
 
 
 def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
-                    options: Options | None = None, covering: bool = False) -> GemmTraits:
+                    options: Options | None = None, covering: bool = False,
+                    few_rows: bool = False) -> GemmTraits:
     """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
-    checks), else aligned (vector loads), else general; and specialized for these sizes
-    and strides where `specializes` says so (`covering`: the tile was widened to hold a
-    few-row product's rows)."""
+    checks), else aligned (vector loads), else general; specialized for these sizes and
+    strides where `specializes` says so (`covering`: the tile was widened to hold a
+    few-row product's rows); the K loop rolled where `few_rows` (a few-row product on a
+    GPU) and `rolls_k_loop` say so; without the driver's bounds checks where `checks_off`
+    says so."""
     if not isinstance(traits, KhrTraits):  # nv2: one kernel for every alignment and shape
         return traits
-    general = replace(traits, aligned=False, exact=False, specialized=())
+    general = replace(traits, aligned=False, exact=False, specialized=(),
+                      storage_checks=True, k_loop_rolled=False)
     aligned = replace(general, aligned=True)
     if not abi.aligned_ok(aligned, params):
         best = general
@@ -352,6 +389,10 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
         best = exact if abi.exact_ok(exact, params) else aligned
     if specializes(best, params, batch, options or Options(), covering):
         best = replace(best, specialized=abi.shape_values(params))
+    if few_rows and rolls_k_loop(best, params, covering):
+        best = replace(best, k_loop_rolled=True)
+    if checks_off(best):
+        best = replace(best, storage_checks=False)
     return best
 
 
@@ -516,7 +557,8 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
         covering = tile.tile_m >= problem.M  # widened (it fits in shared memory)
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), ops=problem.ops)
-    return fastest_variant(khr, params, problem.batch, options, covering), why
+    few_rows = not is_cpu(info) and problem.M <= SMALL_M
+    return fastest_variant(khr, params, problem.batch, options, covering, few_rows), why
 
 
 def quant_tile(tile: Tile) -> Tile:
@@ -567,7 +609,8 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), b_quant=problem.b_quant,
                   b_quant_unit=unit, ops=problem.ops)
-    return fastest_variant(khr, params, problem.batch, options, covering), why
+    few_rows = not is_cpu(info) and small
+    return fastest_variant(khr, params, problem.batch, options, covering, few_rows), why
 
 
 def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str | None:
@@ -749,7 +792,8 @@ def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tun
     deep = khr_deep_tile(cfg, t.tile) if cfg is not None else t.tile
     if deep == t.tile:
         return choice
-    traits = fastest_variant(replace(t, tile=deep), choice.params, p.batch, options)
+    traits = fastest_variant(replace(t, tile=deep), choice.params, p.batch, options,
+                             few_rows=True)
     # The bounds-checked variant too: a plan falls back to it where the operands' buffers
     # lack the exact variant's read-past margins (dispatch.gemm._make_plan), and it stages
     # more (49408 bytes for 16 x 256 @ 256^2 on the H200, over its 48 KiB).
@@ -789,7 +833,7 @@ def _choose(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned
         info.limits.max_storage_buffer_range
     if too_big and isinstance(traits, KhrTraits):  # only khr kernels have margins
         # No room for the exact variant's margin: the bounds-checked one needs none.
-        traits = replace(traits, exact=False)
+        traits = bounds_checked(traits)
         margins = (0, abi.overread_bytes_b(traits, b.ld, item))  # a quantized B's pad
     return KernelChoice(traits, params, tuple(packs), margins, why)
 
