@@ -62,7 +62,8 @@ def test_traits_name_and_tile_mapping() -> None:
     t = dataclasses.replace(t, tile=gemv_tile(rows=5, cols=2, splits=4, unroll=2,
                                               subgroup_size=32))
     assert t.tile.tile_k == 8 * 32 * 2 and t.invocations == 128
-    assert t.describe() == "gemv-f16f16-f32-5x2x2-sg32-rc-noc-general-t5x8x512s4x1b2-outf16"
+    assert t.describe() == \
+        "gemv-f16f16-f32-5x2x2-sg32-rc-noc-general-t5x8x512s4x1b2-unchecked-outf16"
     k = build_gemm(t)
     assert k.shared_memory_bytes == 0 and k.workgroups(5, 4100, 3) == (513, 1, 3)
     assert "shaderFloat16" in k.features and "cooperativeMatrix" not in k.features
@@ -116,17 +117,31 @@ def test_kernel_refuses_broken_parameters() -> None:
 def test_quantized_traits_name_and_tile() -> None:
     t = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 3, out_type=CT.FLOAT16,
                     b_quant="q8_0")
-    # A whole block (32 elements of K) per lane and load; the default takes one at a time.
-    assert (t.rows, t.cols, t.splits, t.unroll) == (3, 2, 4, 1)
-    assert t.tile == gemv_tile(rows=3, cols=2, splits=4, unroll=1, subgroup_size=32,
+    # A whole block (32 elements of K) per lane and load; the default takes one at a time,
+    # four columns a subgroup from 3 rows of q8_0 (gemv_tiles.QUANT_COLS_FROM_ROWS).
+    assert (t.rows, t.cols, t.splits, t.unroll) == (3, 4, 4, 1)
+    assert t.tile == gemv_tile(rows=3, cols=4, splits=4, unroll=1, subgroup_size=32,
                                b_quant="q8_0")
     assert t.tile.tile_k == 32 * 32 * 1
     assert t.describe() == \
-        "gemv-f16f16-f32-3x2x1-sg32-rc-noc-general-t3x8x1024s4x1b1-bq8_0-outf16"
+        "gemv-f16f16-f32-3x4x1-sg32-rc-noc-general-t3x16x1024s4x1b1-bq8_0-unchecked-outf16"
+    # Two columns for fewer rows of q8_0 and for a float B; four for any rows of q4_0.
+    cols = {(fmt, rows): gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, rows,
+                                     b_quant=fmt).cols
+            for fmt in ("q8_0", "q4_0", None) for rows in (1, 2, 3, 4)}
+    assert cols == {**{("q8_0", r): 2 if r < 3 else 4 for r in (1, 2, 3, 4)},
+                    **{("q4_0", r): 4 for r in (1, 2, 3, 4)},
+                    **{(None, r): 2 for r in (1, 2, 3, 4)}}
+    # No driver bounds checks (every load is of a valid column, row and K unit) except
+    # for one row of q8_0, where they measured faster (gemv_tiles.CHECKED_QUANT_ROWS).
+    checked = {(fmt, rows): gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, rows,
+                                        b_quant=fmt).storage_checks
+               for fmt in ("q8_0", "q4_0", None) for rows in (1, 2, 8)}
+    assert {k for k, v in checked.items() if v} == {("q8_0", 1)}
     assert dataclasses.replace(t, b_quant=None, tile=default_gemv_tile(3, 32)).describe() == \
-        "gemv-f16f16-f32-3x2x4-sg32-rc-noc-general-t3x8x1024s4x1b4-outf16"
+        "gemv-f16f16-f32-3x2x4-sg32-rc-noc-general-t3x8x1024s4x1b4-unchecked-outf16"
     k = build_gemm(t)
-    assert k.workgroups(3, 4100, 1) == (513, 1, 1) and abi.bindings(t) == (0, 1, 2)
+    assert k.workgroups(3, 4100, 1) == (257, 1, 1) and abi.bindings(t) == (0, 1, 2)
     # bfloat16 A needs no float16 arithmetic of its own, but the blocks' scales do.
     bf = gemv_traits(CT.BFLOAT16, CT.FLOAT32, H200.limits, False, 1, b_quant="q4_0")
     assert "shaderFloat16" in build_gemm(bf).features

@@ -175,9 +175,8 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
         assert rule(h200, _problem(h200, most, 14336, 4096, fmt))
         assert not rule(h200, _problem(h200, most + 1, 4096, 4096, fmt))
         assert not rule(lavapipe, _problem(lavapipe, 1, 4096, 4096, fmt))  # a CPU driver
-    # The measured crossovers (docs/quantized.md): khr's few-row tile from 4 rows of q8_0
-    # and 5 of q4_0.
-    assert policy_kernel.GEMV_QUANT_MAX_M == {"q8_0": 3, "q4_0": 4}
+    # The measured crossovers (docs/quantized.md): khr's few-row tile from 5 rows.
+    assert policy_kernel.GEMV_QUANT_MAX_M == {"q8_0": 4, "q4_0": 4}
     assert not rule(h200, _problem(h200, 1, 4096, 4096, None))  # a float B: gemv_by_default
     # On by default: gemv for decode shapes on a GPU (up to GEMV_QUANT_MAX_M rows) and khr
     # otherwise; off, khr.
@@ -185,8 +184,8 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(policy_kernel, "GEMV_QUANT_DEFAULT", False)
     assert isinstance(choose(h200, _problem(h200, 1, 4096, 4096, "q8_0")).traits, KhrTraits)
     monkeypatch.setattr(policy_kernel, "GEMV_QUANT_DEFAULT", True)
-    assert isinstance(choose(h200, _problem(h200, 3, 4096, 4096, "q8_0")).traits, GemvTraits)
-    assert isinstance(choose(h200, _problem(h200, 4, 4096, 4096, "q8_0")).traits, KhrTraits)
+    assert isinstance(choose(h200, _problem(h200, 4, 4096, 4096, "q8_0")).traits, GemvTraits)
+    assert isinstance(choose(h200, _problem(h200, 5, 4096, 4096, "q8_0")).traits, KhrTraits)
     assert isinstance(choose(h200, _problem(h200, 8, 4096, 4096, "q4_0")).traits, KhrTraits)
     c = choose(h200, _problem(h200, 1, 4096, 4096, "q8_0"))
     assert isinstance(c.traits, GemvTraits) and c.why == "default"

@@ -118,7 +118,8 @@ def test_rule_on_h200_decode_shapes() -> None:
     tuned = tuning.choices(replace(H200, device_id=0x2335))  # the shipped table
     want = {  # (M, N, K): S, as docs/kernels.md's split-K table measured it best
         (8, 4096, 4096): 8, (16, 4096, 4096): 8, (8, 4096, 14336): 8, (16, 4096, 14336): 8,
-        (8, 14336, 4096): 2, (16, 14336, 4096): 2,
+        (8, 14336, 4096): 2, (12, 14336, 4096): 2,
+        (16, 14336, 4096): 1,  # exact: unsplit, on the 256-deep step
         (32, 4096, 4096): 4, (32, 14336, 4096): 1, (32, 4096, 14336): 4,
         (64, 4096, 4096): 4, (64, 4096, 14336): 4, (64, 14336, 4096): 1,
     }
@@ -126,8 +127,10 @@ def test_rule_on_h200_decode_shapes() -> None:
         p = decode(H200, M, N, K)
         choice = choose(H200, p, Options(), tuned)
         rows = choice.traits.tile.tile_m
-        assert rows == {8: 16, 16: 16, 32: 32, 64: 64}[M], (M, N, K)
+        assert rows == {8: 16, 12: 16, 16: 16, 32: 32, 64: 64}[M], (M, N, K)
         assert choice.split_k == S, (M, N, K)
+    deep = choose(H200, decode(H200, 16, 14336, 4096), Options(), tuned).traits
+    assert deep.tile.tile_k == 256 and deep.exact, deep
     # Not 512 of K a slice: fewer slices, or none.
     assert choose(H200, decode(H200, 16, 4096, 2048), Options(), tuned).split_k == 4
     assert choose(H200, decode(H200, 16, 4096, 512), Options(), tuned).split_k == 1
@@ -168,7 +171,8 @@ def test_rolled_loops_and_unchecked_storage_on_h200() -> None:
     want = {
         (32, 14336, 4096): (True, True),    # covering, exact, 32 steps
         (64, 4096, 14336): (True, True),    # split 4: 28 steps a slice
-        (16, 14336, 4096): (True, True),    # split 2: 16 steps
+        (16, 14336, 4096): (True, True),    # unsplit, 256-deep step: 16 steps
+        (12, 14336, 4096): (True, False),   # split 2: 16 steps, bounds-checked
         (16, 4096, 14336): (False, True),   # split 8: 14 steps
         (16, 4096, 4096): (False, True),    # split 8: 4 steps
         (8, 14336, 4096): (True, False),    # 8 rows of a 16-row tile: bounds-checked
@@ -222,7 +226,7 @@ def test_rule_elsewhere_counts_workgroups() -> None:
         t = traits.tile
         groups = -(-M // t.tile_m) * -(-N // t.tile_n)
         table = policy_kernel.SPLIT_K_BY_TILE_ROWS[t.tile_m]
-        assert split_k_for(H200, q, traits) == next((s for most, s in table
+        assert split_k_for(H200, q, traits) == next((s for most, s, _ in table
                                                      if groups <= most), 1), (M, N, K)
 
 

@@ -10,8 +10,13 @@ occupancy, cost more than loads in flight gain). On the H200 (benchmarks/decode_
 4 rows except 2 x 14336 x 4096 (6%), and U = 1 is the best at 8 rows.
 
 With a quantized B (b_quant) a load is a whole block of 32 weights (34 bytes for q8_0, 18
-for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1: its
-C = 2 blocks in flight per lane are about the float default's 64 bytes of B (q8_0). The
+for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1, and C
+= 4 columns per subgroup from QUANT_COLS_FROM_ROWS rows of its format (C = 2 below): a
+lane then widens A's 32 elements once for four blocks. On the H200 (2026-11-24, pipelines
+without driver bounds checks, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336
+weights, 1-4 rows; docs/quantized.md) C = 4 was 0-13% faster for q4_0 at every row count
+and shape, and for q8_0 from 3 rows (up to 21%: 4 x 14336 @ (4096 x 14336)^T 37.7 us
+against 47.8), but 1.35x slower at 1 row of that weight (32.8 against 24.2 us). The
 sweep is the same 27 tiles, with tile_k in blocks.
 """
 
@@ -24,6 +29,8 @@ DEFAULT_COLS, DEFAULT_SPLITS = 2, 4
 DEFAULT_UNROLL = 4  # up to UNROLL_MAX_ROWS rows; U = 1 beyond
 UNROLL_MAX_ROWS = 4
 DEFAULT_QUANT_UNROLL = 1  # blocks per column and lane per step with a quantized B
+QUANT_COLS = 4  # columns per subgroup with a quantized B, from this many rows by format:
+QUANT_COLS_FROM_ROWS = {"q8_0": 3, "q4_0": 1}
 
 
 def gemv_rows_for(M: int) -> int:
@@ -36,8 +43,24 @@ def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None) ->
     rows = gemv_rows_for(M)
     unroll = DEFAULT_QUANT_UNROLL if b_quant is not None else \
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
-    return gemv_tile(rows=rows, cols=DEFAULT_COLS, splits=DEFAULT_SPLITS,
+    wide = b_quant is not None and rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
+    cols = QUANT_COLS if wide else DEFAULT_COLS
+    return gemv_tile(rows=rows, cols=cols, splits=DEFAULT_SPLITS,
                      unroll=unroll, subgroup_size=subgroup_size, b_quant=b_quant)
+
+
+# Rows up to which a quantized B's gemv kernel keeps the driver's bounds checks, by
+# format. Without them (GemvTraits.storage_checks) every gemv kernel the policy runs was
+# as fast or 1-9% faster on the H200 (2026-11-24, x @ w.T against 4096 x 4096, 14336 x
+# 4096 and 4096 x 14336 weights, 1-4 rows; docs/quantized.md) except q8_0 at one row:
+# 1 x 14336 @ (4096 x 14336)^T 27.0 us against 24.3 with them, 4096^2 9.0 against 8.7.
+CHECKED_QUANT_ROWS = {"q8_0": 1}
+
+
+def checks_storage(M: int, b_quant: str | None = None) -> bool:
+    """Whether the gemv kernel for M rows (of a B quantized as b_quant) keeps the driver's
+    bounds checks."""
+    return b_quant is not None and M <= CHECKED_QUANT_ROWS.get(b_quant, 0)
 
 
 def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024,

@@ -410,6 +410,12 @@ class GemvTraits(GemmTraits):
     family: ClassVar[str] = "gemv"
 
     b_quant: str | None = None
+    # False: the pipeline asks for no driver bounds checks on its storage buffers
+    # (dispatch.pipelines), as KhrTraits.storage_checks. Every gemv kernel may: each load
+    # is of a valid column, row and K unit (clamped, or unit 0 past K), and a quantized
+    # B's words end at most 2 bytes past its last block, inside the pad its buffer keeps.
+    # gemv_tiles.checks_storage says where the checks measured faster.
+    storage_checks: bool = True
 
     @property
     def rows(self) -> int:
@@ -457,6 +463,8 @@ class GemvTraits(GemmTraits):
 
     def describe(self) -> str:
         extra = f"-b{self.b_quant}" if self.b_quant is not None else ""
+        if not self.storage_checks:
+            extra += "-unchecked"
         return self._name((self.rows, self.cols, self.unroll), "general", extra)
 
 

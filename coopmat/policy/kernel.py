@@ -125,27 +125,35 @@ GEMV_DEFAULT_MAX_M = 4
 # gemv's time grows with the rows, the khr kernel's few-row tile takes the same time from
 # 1 to 16; q8_0 gemv was ahead up to 3 rows (3 x 4096 @ (14336 x 4096)^T 40.4 against
 # 44.9 us), behind from 4 (48.7 against 44.7); q4_0 ahead up to 4 (42.2 against 50.8),
-# behind from 5 in all three shapes. (At 8 rows gemv took 2-2.6x khr's time.)
+# behind from 5 in all three shapes. (At 8 rows gemv took 2-2.6x khr's time.) With four
+# columns a subgroup from 3 rows (gemv_tiles.QUANT_COLS_FROM_ROWS) and no driver bounds
+# checks (2026-11-24), q8_0 gemv at 4 rows was ahead in two of the three shapes (14.0
+# against 15.2 us at 4096^2, 37.7 against 40.2 against 14336 columns of K) and 1% behind
+# in the third (45.0 against 44.5), so q8_0 takes gemv up to 4 rows too.
 GEMV_QUANT_DEFAULT = True
-GEMV_QUANT_MAX_M = {"q8_0": 3, "q4_0": 4}
+GEMV_QUANT_MAX_M = {"q8_0": 4, "q4_0": 4}
 
 # Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
 # workgroup of each tile finishes it (KhrTraits.split_k). S by the rows of the few-row
-# tile and the unsplit grid G: (largest G, S) pairs, the first that holds
-# applies, none: unsplit. Measured on the lent H200 (2026-11-23, kernel time, x @ w.T
-# against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, S = 1, 2, 4, 8 each;
-# docs/kernels.md, "Split-K for few-row products"): the 16-row tile ran fastest split 8
-# ways against 4096 columns (G = 64: 13.2 us at 16 rows, 37.7 at 8 rows against the
-# 14336-deep weight) and 2 ways against 14336 columns (G = 224: 38.7-39.9 against 38.5-41.6
-# unsplit); the 32- and 64-row tiles 4 ways against 4096 columns (G = 64; 16.5 and 23.0
-# us) and unsplit against 14336 (32 rows: 50.5 exact, 58.8 split 4). A quantized B on the
-# same tiles (tiles.quant_few_row_tile) ran fastest with the same S, or within 3% of it
-# (decode_sweep.py --quant --tiles --splits 1,2,4,8, 2026-11-23). Other tiles (other
-# devices) keep the workgroup-count rule below.
-SPLIT_K_BY_TILE_ROWS: dict[int, tuple[tuple[int, int], ...]] = {
-    16: ((128, 8), (256, 2)),
-    32: ((128, 4),),
-    64: ((128, 4),),
+# tile and the unsplit grid G: (largest G, S, S of an exact kernel of a float B) triples,
+# the first that holds applies, none: unsplit. Measured on the lent H200 (2026-11-23,
+# kernel time, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, S = 1,
+# 2, 4, 8 each; docs/kernels.md, "Split-K for few-row products"): the 16-row tile ran
+# fastest split 8 ways against 4096 columns (G = 64: 13.2 us at 16 rows, 37.7 at 8 rows
+# against the 14336-deep weight) and 2 ways against 14336 columns (G = 224: 38.7-39.9
+# against 38.5-41.6 unsplit); the 32- and 64-row tiles 4 ways against 4096 columns (G =
+# 64; 16.5 and 23.0 us) and unsplit against 14336 (32 rows: 50.5 exact, 58.8 split 4). A
+# quantized B on the same tiles (tiles.quant_few_row_tile) ran fastest with the same S, or
+# within 3% of it (decode_sweep.py --quant --tiles --splits 1,2,4,8, 2026-11-23). With
+# the exact kernels unchecked and their K loops rolled, 16 rows of a float B against
+# 14336 columns ran fastest unsplit on the 256-deep step (_deepened; 2026-11-24,
+# docs/kernels.md): 33.6-34.0 us against 34.8-35.2 split 2; 8 and 12 rows (the
+# bounds-checked kernel) stayed faster split 2, 38.2-38.5 against 41.1-41.2. Other tiles
+# (other devices) keep the workgroup-count rule below.
+SPLIT_K_BY_TILE_ROWS: dict[int, tuple[tuple[int, int, int], ...]] = {
+    16: ((128, 8, 8), (256, 2, 1)),
+    32: ((128, 4, 4),),
+    64: ((128, 4, 4),),
 }
 SPLIT_K_DEFAULT = True
 # The workgroup-count rule (the two-dispatch split-K's, measured on the H200 before
@@ -648,7 +656,9 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
     table = SPLIT_K_BY_TILE_ROWS.get(t.tile_m)
     if table is not None:
-        S = next((s for most, s in table if groups <= most), 1)
+        exact_float = traits.exact and p.b_quant is None
+        S = next((s_exact if exact_float else s for most, s, s_exact in table
+                  if groups <= most), 1)
     elif groups > SPLIT_K_MAX_GROUPS:
         return 1
     else:
