@@ -12,12 +12,12 @@ occupancy, cost more than loads in flight gain). On the H200 (benchmarks/decode_
 With a quantized B (b_quant) a load is a whole block of 32 weights (34 bytes for q8_0, 18
 for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1, and C
 = 4 columns per subgroup from QUANT_COLS_FROM_ROWS rows of its format (C = 2 below): a
-lane then widens A's 32 elements once for four blocks. On the H200 (2026-11-24, pipelines
-without driver bounds checks, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336
-weights, 1-4 rows; docs/quantized.md) C = 4 was 0-13% faster for q4_0 at every row count
-and shape, and for q8_0 from 3 rows (up to 21%: 4 x 14336 @ (4096 x 14336)^T 37.7 us
-against 47.8), but 1.35x slower at 1 row of that weight (32.8 against 24.2 us). The
-sweep is the same 27 tiles, with tile_k in blocks.
+lane then widens A's 32 elements once for four blocks. On the H200 (2026-11-24, x @ w.T
+against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, 1-4 rows; docs/quantized.md),
+C = 4 without driver bounds checks against C = 2 with them: q4_0 up to 11% faster in 11
+of 12 cases (1% slower at 2 x 4096 @ 4096^2), q8_0 from 3 rows up to 21% faster (4 x
+14336 @ (4096 x 14336)^T 37.7 us against 47.8), but at 1 row of that weight 1.35x
+slower (32.8 against 24.2 us). The sweep is the same 27 tiles, with tile_k in blocks.
 """
 
 from __future__ import annotations

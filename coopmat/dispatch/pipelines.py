@@ -11,7 +11,7 @@ from typing import Any
 
 from coopmat.cachedir import cache_root
 from coopmat.device.logical import Device
-from coopmat.device.vkffi import vk
+from coopmat.device.vkffi import STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT, vk
 from coopmat.dispatch.vkcall import call, check
 from coopmat.errors import MissingFeatureError
 
@@ -23,7 +23,6 @@ PIPELINE_CREATE_DISPATCH_BASE = 0x10
 PIPELINE_CREATE_CAPTURE_STATISTICS = 0x40  # VK_KHR_pipeline_executable_properties
 STATS_ENV = "COOPMAT_PIPELINE_STATS"
 STRUCTURE_TYPE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO = 1000225001
-STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO = 1000068000
 ROBUSTNESS_DEVICE_DEFAULT = 0
 ROBUSTNESS_DISABLED = 1
 ROBUSTNESS_ROBUST_BUFFER_ACCESS = 2
@@ -139,7 +138,7 @@ class PipelineCache:
         if self.device.has("pipelineRobustness"):
             unchecked = not getattr(kernel.traits, "storage_checks", True)
             robustness = v.VkPipelineRobustnessCreateInfoEXT(
-                sType=STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO,
+                sType=STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT,
                 storageBuffers=ROBUSTNESS_DISABLED if unchecked
                 else ROBUSTNESS_ROBUST_BUFFER_ACCESS,
                 uniformBuffers=ROBUSTNESS_DEVICE_DEFAULT,

@@ -128,8 +128,8 @@ GEMV_DEFAULT_MAX_M = 4
 # behind from 5 in all three shapes. (At 8 rows gemv took 2-2.6x khr's time.) With four
 # columns a subgroup from 3 rows (gemv_tiles.QUANT_COLS_FROM_ROWS) and no driver bounds
 # checks (2026-11-24), q8_0 gemv at 4 rows was ahead in two of the three shapes (14.0
-# against 15.2 us at 4096^2, 37.7 against 40.2 against 14336 columns of K) and 1% behind
-# in the third (45.0 against 44.5), so q8_0 takes gemv up to 4 rows too.
+# against 15.2 us at 4096^2, 37.7 against 40.2 at 4 x 14336 @ (4096 x 14336)^T) and 1%
+# behind in the third (45.0 against 44.5), so q8_0 takes gemv up to 4 rows too.
 GEMV_QUANT_DEFAULT = True
 GEMV_QUANT_MAX_M = {"q8_0": 4, "q4_0": 4}
 
