@@ -145,7 +145,8 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                 formats: list[str], top: int, sweep: bool = True,
                 units: tuple[int, ...] = (4, 8), few_tiles: list[Tile] | None = None,
                 splits: tuple[int, ...] = (1,),
-                specialize: str = "auto") -> list[dict[str, Any]]:
+                specialize: str = "auto",
+                prefetch_both: bool = False) -> list[dict[str, Any]]:
     """The quantized sweep (--quant): per format, shape (K, N) and M, the gemv tiles,
     the policy's khr kernel and torch's peer; returns the records. Without `sweep` only
     the policy's kernels of both families (gemv up to GEMV_MAX_M rows). `specialize`:
@@ -184,6 +185,8 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     cands += [("gemv", dataclasses.replace(gemv, tile=t)) for t in gemv_sweep(
                         M, gemv.subgroup_size, info.limits.max_compute_work_group_invocations,
                         b_quant=fmt)] if sweep else [("gemv", gemv)]
+                    if prefetch_both:
+                        cands += flipped_prefetch(cands)
                 elif M <= SMALL_M:  # few rows: the policy's tile split S ways, the tiles
                     cands += [(f"splitk{S}", None) for S in (1, 2, 4, 8)]
                     khr = device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0,
@@ -264,6 +267,14 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
     return records
 
 
+def flipped_prefetch(cands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """--gemv-prefetch both: each gemv candidate again with GemvTraits.prefetch flipped
+    (labels gemvpf / gemvnopf)."""
+    return [("gemvnopf" if t.prefetch else "gemvpf",
+             dataclasses.replace(t, prefetch=not t.prefetch))
+            for label, t in cands if label == "gemv"]
+
+
 def parse_tile(text: str) -> Tile:
     """'16x128x128s1x4' (two buffers) or '...b3': tile_m x tile_n x tile_k, subgroups m x n."""
     sizes, _, rest = text.partition("s")
@@ -292,6 +303,9 @@ def main() -> None:
                     "swept few-row khr tile (labels khrqS)")
     ap.add_argument("--specialize", default="auto", choices=("auto", "always", "never"),
                     help="with --quant: Options.specialize for the khr kernels")
+    ap.add_argument("--gemv-prefetch", default="policy", choices=("policy", "both"),
+                    help="both: time each gemv kernel with and without GemvTraits.prefetch "
+                    "(with --families none, the policy's gemv kernel both ways)")
     ap.add_argument("--units", default="4,8",
                     help="with --quant: the khr kernel's swept staging units (weights)")
     args = ap.parse_args()
@@ -305,7 +319,7 @@ def main() -> None:
                               tuple(int(u) for u in args.units.split(",")),
                               [parse_tile(t) for t in args.tiles.split(",")] if args.tiles
                               else None, tuple(int(x) for x in args.splits.split(",")),
-                              args.specialize)
+                              args.specialize, args.gemv_prefetch == "both")
         print(f"sweep took {time.perf_counter() - t_start:.0f} s")
         if args.json:
             with open(args.json, "w") as f:
@@ -363,6 +377,13 @@ def main() -> None:
                     assert isinstance(gemv, GemvTraits)
                     cands += [("gemv", dataclasses.replace(gemv, tile=t)) for t in gemv_sweep(
                         M, gemv.subgroup_size, info.limits.max_compute_work_group_invocations)]
+                elif args.gemv_prefetch == "both" and layout != "KxN" and M <= GEMV_MAX_M:
+                    gemv_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
+                                          options=Options(family="gemv"))
+                    cands.append(("gemv", gemv_g.traits))
+                    gemv_g.release()
+                if args.gemv_prefetch == "both":
+                    cands += flipped_prefetch(cands)
                 for label, traits in cands:
                     opts = Options(family="khr") if label == "khr" else Options()
                     try:

@@ -258,6 +258,24 @@ def test_default_rule_picks_gemv_for_few_rows(monkeypatch: pytest.MonkeyPatch) -
     assert choose(H200, _problem(1), Options(family="khr")).traits.family == "khr"
 
 
+def test_prefetch_for_deep_float_weights() -> None:
+    """The policy's gemv kernel loads a step ahead from PREFETCH_MIN_STEPS full steps of a
+    float B (1 x 14336 @ (4096 x 14336)^T on the H200), not at K = 4096 nor for a
+    quantized B, and the name says so."""
+    from coopmat.codegen.gemv_tiles import PREFETCH_MIN_STEPS, prefetches
+
+    deep = choose(H200, _problem(1, K=14336)).traits
+    assert isinstance(deep, GemvTraits) and deep.prefetch
+    assert deep.describe().endswith("-prefetch-outf16")
+    assert 14336 >= PREFETCH_MIN_STEPS * deep.tile.tile_k
+    shallow = choose(H200, _problem(2, K=4096)).traits
+    assert isinstance(shallow, GemvTraits) and not shallow.prefetch
+    assert "prefetch" not in shallow.describe()
+    assert not prefetches(14336, deep.tile, "q4_0")
+    at = PREFETCH_MIN_STEPS * deep.tile.tile_k
+    assert prefetches(at, deep.tile) and not prefetches(at - 8, deep.tile)
+
+
 def test_tuned_choice() -> None:
     tile = gemv_tile(rows=8, cols=4, splits=2, unroll=4, subgroup_size=32)
     tuned = {"float16->float32@small-m": ("gemv", tile)}
@@ -431,14 +449,18 @@ def test_bfloat16(live_device_info):
         np.testing.assert_array_equal(d, reference(a, w.T, np.float32))
 
 
+@pytest.mark.parametrize("steps", [0, 1, 3])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 @pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (3, 3, 3)])
-def test_swept_tiles(pairs, live_device_info, cols, splits, unroll):
-    """Explicit traits with other tiles (as a GPU sweep times them)."""
+def test_swept_tiles(pairs, live_device_info, cols, splits, unroll, prefetch, steps):
+    """Explicit traits with other tiles (as a GPU sweep times them), with and without the
+    prefetch: no, one and three whole steps, each with a remainder."""
     require(pairs, "float16", np.float32)
     sg = khr_subgroup_size(live_device_info.limits)
     tile = gemv_tile(rows=8, cols=cols, splits=splits, unroll=unroll, subgroup_size=sg)
     t = gemv_traits(CT.FLOAT16, CT.FLOAT32, live_device_info.limits, False, 7, tile=tile)
-    M, N, K = 7, 3 * t.tile.tile_n + 5, t.tile.tile_k + 8 * sg + 16
+    t = dataclasses.replace(t, prefetch=prefetch)
+    M, N, K = 7, 3 * t.tile.tile_n + 5, steps * t.tile.tile_k + 8 * sg + 16
     a = small_ints((M, K), np.float16)
     w = small_ints((N, K), np.float16)
     out = _run_explicit(t, F16_F32, a, w.T, np.float32)

@@ -543,11 +543,14 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
     return d.numpy()
 
 
+@pytest.mark.parametrize("steps", [0, 2])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)])
-def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll):
+def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     """Tiles of the sweep (gemv_tiles.gemv_sweep) other than the default: U blocks per
-    lane and step, C columns per subgroup, S subgroups; two whole steps and a remainder."""
+    lane and step, C columns per subgroup, S subgroups; no or two whole steps and a
+    remainder, with and without the prefetch."""
     from coopmat.codegen.gemv_tiles import gemv_sweep
     from coopmat.codegen.variants import gemv_traits, khr_subgroup_size
     from coopmat.device.enums import ComponentType as CT
@@ -560,9 +563,9 @@ def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll):
                                       b_quant=fmt)
                 if (t.tile_n // t.subgroups_m, t.subgroups_m, t.buffering)
                 == (cols, splits, unroll))
-    traits = gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, False, M, tile=tile,
-                         b_quant=fmt)
-    N, K = 3 * tile.tile_n + 5, 2 * tile.tile_k + 96
+    traits = replace(gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, False, M, tile=tile,
+                                 b_quant=fmt), prefetch=prefetch)
+    N, K = 3 * tile.tile_n + 5, steps * tile.tile_k + 96
     w = exact_weight(fmt, N, K)
     x = small_x((M, K))
     y = run_gemv(rt, traits, TypePair(CT.FLOAT16, CT.FLOAT32), x, coopmat.quantize(w, fmt),

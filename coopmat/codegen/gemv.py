@@ -42,7 +42,7 @@ kernel with a whole block of a column, instead of 16 bytes, per lane and load.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from coopmat.codegen import abi
 from coopmat.codegen.epilogue import (
@@ -227,20 +227,29 @@ class GemvEmitter:
         """The K loop over lane loads ("units": 16 bytes of a float B, a block of a
         quantized one): `load(unit, valid)` emits the loads of one unit for every row and
         column (zeros where `valid`, a bool id, is false), `accumulate(accs, loaded)` its
-        products into the sums."""
+        products into the sums. With t.prefetch, step i + 1's loads are issued before step
+        i's products (`_prefetched_steps`)."""
         s, f, t = self.s, self.s.f, self.t
         sg = t.subgroup_size
         step = sg * t.unroll  # units of K per step of the subgroup
         full = s.udiv(self.k_units, s.c(step))
         it_var = f.local(s.u32, s.c(0))
 
-        def body() -> None:
-            k0 = s.add(s.mul(f.op(Op.Load, s.u32, it_var), s.c(step)), self.lane)
-            loads = [load(s.add(k0, s.c(u * sg)), None) for u in range(t.unroll)]
+        def loads_at(k0: int, valid: int | None = None) -> list[Loaded]:
+            return [load(s.add(k0, s.c(u * sg)), valid) for u in range(t.unroll)]
+
+        def accumulate_all(loads: list[Loaded]) -> None:
             accs = self._load_accs()
             for loaded in loads:
                 accumulate(accs, loaded)
             self._store_accs(accs)
+
+        if t.prefetch:
+            body = self._prefetched_steps(loads_at, accumulate_all, it_var, full, step)
+        else:
+            def body() -> None:
+                it = f.op(Op.Load, s.u32, it_var)
+                accumulate_all(loads_at(s.add(s.mul(it, s.c(step)), self.lane)))
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, it_var), full), body,
                  lambda: f.emit(Op.Store, it_var, s.add(f.op(Op.Load, s.u32, it_var),
@@ -251,14 +260,52 @@ class GemvEmitter:
 
         def tail() -> None:
             unit = s.add(f.op(Op.Load, s.u32, k_var), self.lane)
-            loaded = load(unit, s.lt(unit, self.k_units))
-            accs = self._load_accs()
-            accumulate(accs, loaded)
-            self._store_accs(accs)
+            accumulate_all([load(unit, s.lt(unit, self.k_units))])
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.k_units), tail,
                  lambda: f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var),
                                                        s.c(sg))))
+
+    def _prefetched_steps(self, loads_at: Callable[..., list[Loaded]],
+                          accumulate_all: Callable[[list[Loaded]], None], it_var: int,
+                          full: int, step: int) -> Callable[[], None]:
+        """Software pipelining of the full steps: step 0's loads before the loop (unit 0,
+        zeros, where there is no full step), then in step i the loads of step i + 1 (of
+        step i again in the last, whose values go unused: always in bounds, no branch)
+        into Function variables, then step i's products from the values loaded a step
+        earlier. The loads stay in flight across the products, which the driver does not
+        arrange by itself for a loop whose trip count is a runtime value."""
+        s, f = self.s, self.s.f
+        first = loads_at(self.lane, s.lt(s.c(0), full))
+        flat = [x for loaded in first for x in self._flat(loaded)]
+        carried = [f.local(ty) for ty, _ in flat]
+        for var, (_, value) in zip(carried, flat, strict=True):
+            f.emit(Op.Store, var, value)
+        per = len(flat) // len(first)
+
+        def body() -> None:
+            it = f.op(Op.Load, s.u32, it_var)
+            values = [f.op(Op.Load, ty, var) for var, (ty, _) in zip(carried, flat, strict=True)]
+            current = [self._unflat(values[i:i + per]) for i in range(0, len(values), per)]
+            after = s.add(it, s.c(1))
+            nxt = s.select(s.u32, s.lt(after, full), after, it)
+            ahead = [x for loaded in loads_at(s.add(s.mul(nxt, s.c(step)), self.lane))
+                     for x in self._flat(loaded)]
+            for var, (_, value) in zip(carried, ahead, strict=True):
+                f.emit(Op.Store, var, value)
+            accumulate_all(current)
+
+        return body
+
+    def _flat(self, loaded: Any) -> list[tuple[int, int]]:
+        """One unit's loads as (type, value) pairs, to carry in variables; `_unflat`
+        undoes it."""
+        a, b = loaded
+        return [(self.uvec4, x) for x in (*a, *b)]
+
+    def _unflat(self, values: list[int]) -> Any:
+        rows = self.t.rows
+        return values[:rows], values[rows:]
 
     # -- reduction and epilogue -----------------------------------------------------------
     def _store(self, row: int, col: int, acc: int) -> None:

@@ -26,19 +26,31 @@ shift of the same words (quant.funnel with skip_half). Those words end at most 2
 past the block (when p is a multiple of 4), so the kernel never reads past the last block
 + QUANT_PAD_BYTES (abi.overread_bytes_b).
 
-The weights are widened to float32 four at a time, in the order gemv.py's `_widen` puts
-A's elements (float16: consecutive; bfloat16: even then odd), so A is widened exactly as
-for a float B: q = the signed field of 8 bits (q8_0) or 4 bits (q4_0) at the weight's bit
-of its run, by two shifts of a uvec4. For q4_0 each run is first XORed with 0x88888888:
-flipping a nibble's top bit turns n into the 4-bit two's complement of n - 8, so the
-signed field is the weight's (n - 8) at once.
+The weights become float32 two at a time through packed float16, as the khr staging
+makes them (quant.py), but without the scale: the fields at bits b and b + 16 of a run,
+masked under float16 1024's bits (q8_0's sign bits flipped by the same operation), are
+(1024 + u, 1024 + u'); minus 1024 + the zero point they are the integer weights, exactly;
+widened to float32 (two weights per run shift, no integer-to-float conversion and no
+per-weight shift). A pair's two weights lie 2 apart in the block, so A's 32 elements,
+widened once per row and step as for a float B, are regrouped into vectors in the
+weights' order (register renaming, no instructions). On the H200 this took 2 x 14336 @
+(4096 x 14336)^T q4_0 from 24.2 to 21.0 us and 4 rows from 36.3 to 29.5, against shifts
+and conversions per weight (docs/quantized.md).
 """
 
 from __future__ import annotations
 
 from coopmat.codegen import abi
 from coopmat.codegen.gemv import GemvEmitter
-from coopmat.codegen.quant import block_words, funnel, read_words, row_bytes, scale
+from coopmat.codegen.quant import (
+    F16_MAGIC,
+    F16_MAGIC_VALUE,
+    block_words,
+    funnel,
+    read_words,
+    row_bytes,
+    scale,
+)
 from coopmat.codegen.shader import Buffer
 from coopmat.codegen.spv import Op
 from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits
@@ -59,6 +71,13 @@ class QuantGemvEmitter(GemvEmitter):
         assert t.b_quant is not None
         self.fmt = quant_format(t.b_quant)
         self.block_words = block_words(self.fmt)
+
+    def _declare(self) -> None:
+        super()._declare()
+        mb = self.s.mb
+        self.f16 = mb.type_float(16)
+        self.h2 = mb.type_vector(self.f16, 2)
+        self.vec2 = mb.type_vector(self.f32, 2)
 
     # -- B: blocks as 32-bit words ---------------------------------------------------------
     def _b_buffer(self) -> Buffer:
@@ -94,50 +113,86 @@ class QuantGemvEmitter(GemvEmitter):
                  for units in a]
         return a, b
 
+    def _flat(self, loaded: _Loaded) -> list[tuple[int, int]]:
+        s = self.s
+        a, b = loaded
+        return ([(self.uvec4, x) for units in a for x in units]
+                + [(s.u32, x) for words, sh in b for x in (*words, sh)])
+
+    def _unflat(self, values: list[int]) -> _Loaded:
+        n_a = self.t.rows * _A_UNITS
+        a = [values[i:i + _A_UNITS] for i in range(0, n_a, _A_UNITS)]
+        per = self.block_words + 1
+        b = [(values[i:i + per - 1], values[i + per - 1])
+             for i in range(n_a, len(values), per)]
+        return a, b
+
     # -- arithmetic -------------------------------------------------------------------------
-    def _weights(self, block: _Block) -> tuple[int, list[int]]:
-        """(d, the block's 32 weights as 8 float32 vec4s in `_widen`'s order of A's
-        elements: unit i's vec4 h holds weights 8 i + _widened(h))."""
-        s, f = self.s, self.s.f
+    def _weights(self, block: _Block) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
+        """(d, the block's 32 weights as 8 float32 vec4s, each with the indices in the
+        block of the 4 weights it holds).
+
+        Two weights at a time in packed float16, with no integer-to-float conversion and
+        no per-weight shift: a run's fields at bits b and b + 16 masked under float16
+        1024's bits are (1024 + u, 1024 + u') exactly, u a field read unsigned (q8_0's
+        bytes with their sign bits flipped, folded into the same mask); minus 1024 + the
+        zero point, the weights q, q' exactly (small integers); widened to float32. A run
+        of 8 nibbles takes 3 shifts and 4 masks, of 4 bytes 1 and 2."""
+        s, f, fmt = self.s, self.s.f, self.fmt
         words, sh = block
         d = scale(s, words[0], sh)
         runs = funnel(s, words, sh, skip_half=True)  # the bytes after d
-        width = self.fmt.bits
-        if self.fmt.nibbles:  # nibble n -> the 4-bit two's complement of n - 8
-            runs = [f.op(Op.BitwiseXor, s.u32, r, s.c(0x88888888)) for r in runs]
-        top = s.mb.const_composite(self.uvec4, [s.c(32 - width)] * 4)
-        out = []
-        for i in range(_A_UNITS):
-            for half in (0, 1):
-                fields = [self._field(8 * i + e) for e in self._widened(half)]
-                vec = f.op(Op.CompositeConstruct, self.uvec4, *(runs[r] for r, _ in fields))
-                # The signed field of `width` bits at bit b: shifted to the top, then back
-                # down arithmetically (sign-extending).
-                up = s.mb.const_composite(self.uvec4, [s.c(32 - width - b) for _, b in fields])
-                q = f.op(Op.ShiftRightArithmetic, self.uvec4,
-                         f.op(Op.ShiftLeftLogical, self.uvec4, vec, up), top)
-                out.append(f.op(Op.ConvertSToF, self.vec4, q))
+        mask = fmt.field_mask | fmt.field_mask << 16
+        # q8_0: the sign bits flipped inside the mask, with the same XOR as the magic.
+        flip = 0 if fmt.nibbles else (1 << (fmt.bits - 1)) * 0x10001
+        magic = s.c((F16_MAGIC << 16 | F16_MAGIC) ^ flip)
+        zero = s.mb.constant(self.f16, F16_MAGIC_VALUE + fmt.zero_point)
+        offset = s.mb.const_composite(self.h2, [zero, zero])
+        pairs: list[tuple[int, tuple[int, int]]] = []
+        for r, run in enumerate(runs):
+            for shift in range(0, 16, fmt.bits):  # fields at bits shift and shift + 16
+                x = f.op(Op.ShiftRightLogical, s.u32, run, s.c(shift)) if shift else run
+                u = f.op(Op.BitwiseXor, s.u32, f.op(Op.BitwiseAnd, s.u32, x, s.c(mask)), magic)
+                q = f.op(Op.FSub, self.h2, f.op(Op.Bitcast, self.h2, u), offset)
+                pairs.append((f.op(Op.FConvert, self.vec2, q),
+                              (self._field_index(r, shift), self._field_index(r, shift + 16))))
+        out: list[tuple[int, tuple[int, ...]]] = []
+        for (x, ix), (y, iy) in zip(pairs[::2], pairs[1::2], strict=True):
+            out.append((f.op(Op.VectorShuffle, self.vec4, x, y, 0, 1, 2, 3), ix + iy))
         return d, out
 
-    def _field(self, k: int) -> tuple[int, int]:
-        """(run, bit): where weight k of a block sits among its data runs. q8_0: byte k;
-        q4_0: the low nibble of byte k for k < 16, the high nibble of byte k - 16 after."""
+    def _field_index(self, run: int, bit: int) -> int:
+        """Which weight of a block sits at bit `bit` of data run `run`. q8_0: byte
+        4 run + bit / 8; q4_0: the low nibble of byte k is weight k, the high one k + 16."""
         if self.fmt.nibbles:
-            byte, bit = k % (BLOCK_ELEMS // 2), 4 * (k // (BLOCK_ELEMS // 2))
-        else:
-            byte, bit = k, 0
-        return byte // 4, 8 * (byte % 4) + bit
+            byte = 4 * run + bit // 8
+            return byte + (BLOCK_ELEMS // 2 if bit % 8 else 0)
+        return 4 * run + bit // 8
 
     def _accumulate_blocks(self, accs: list[list[int]], loaded: _Loaded) -> None:
         """accs[r][j] += d_j * (the block's weights of column j . A's row r there)."""
         f, v = self.s.f, self.vec4
         a_units, blocks = loaded
-        a = [[x for unit in units for x in self._widen(unit)] for units in a_units]
+        # A's 32 elements of each row as float32, by index in the block.
+        a = []
+        for units in a_units:
+            elems: dict[int, int] = {}
+            for i, unit in enumerate(units):
+                for half, vec in enumerate(self._widen(unit)):
+                    for c, e in enumerate(self._widened(half)):
+                        elems[8 * i + e] = f.op(Op.CompositeExtract, self.f32, vec, c)
+            a.append(elems)
+        gathered: dict[tuple[int, tuple[int, ...]], int] = {}  # (row, indices) -> vec4
         for j, block in enumerate(blocks):
             d, w = self._weights(block)
             for r in range(self.t.rows):
-                partial = f.op(Op.FMul, v, a[r][0], w[0])
-                for x, y in zip(a[r][1:], w[1:], strict=True):
-                    partial = f.op(Op.FAdd, v, partial, f.op(Op.FMul, v, x, y))
+                partial = None
+                for vec, ix in w:
+                    key = (r, ix)
+                    if key not in gathered:
+                        gathered[key] = f.op(Op.CompositeConstruct, v, *(a[r][e] for e in ix))
+                    prod = f.op(Op.FMul, v, gathered[key], vec)
+                    partial = prod if partial is None else f.op(Op.FAdd, v, partial, prod)
+                assert partial is not None
                 accs[r][j] = f.op(Op.FAdd, v, accs[r][j],
                                   f.op(Op.VectorTimesScalar, v, partial, d))

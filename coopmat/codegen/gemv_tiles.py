@@ -63,6 +63,20 @@ def checks_storage(M: int, b_quant: str | None = None) -> bool:
     return b_quant is not None and M <= CHECKED_QUANT_ROWS.get(b_quant, 0)
 
 
+# Full K steps (of tile_k) from which the gemv kernel of a float B loads each step a step
+# ahead (GemvTraits.prefetch). On the H200 (2026-11-24, x @ w.T, the default tile, 1024
+# elements of K a step; docs/kernels.md) it took 1 x 14336 @ (4096 x 14336)^T (14 steps)
+# from 37.2 to 30.2 us, 2 rows 38.3 -> 31.0, 4 rows 43.4 -> 41.2; at K = 4096 (4 steps) it
+# was as fast at one row and up to 23% slower at 2 and 4. With a quantized B it was slower
+# in 22 of 30 cases (up to 1.36x), 1-4% faster in the others: off there.
+PREFETCH_MIN_STEPS = 8
+
+
+def prefetches(K: int, tile: Tile, b_quant: str | None = None) -> bool:
+    """Whether the gemv kernel for K (its tile `tile`) prefetches a step ahead."""
+    return b_quant is None and K >= PREFETCH_MIN_STEPS * tile.tile_k
+
+
 def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024,
                b_quant: str | None = None) -> list[Tile]:
     """Tiles worth timing on a GPU for M rows (b_quant: with a quantized B of that

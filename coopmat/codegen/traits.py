@@ -416,6 +416,10 @@ class GemvTraits(GemmTraits):
     # B's words end at most 2 bytes past its last block, inside the pad its buffer keeps.
     # gemv_tiles.checks_storage says where the checks measured faster.
     storage_checks: bool = True
+    # True: each K step's loads are issued before the previous step's products, their
+    # values carried across the loop (gemv.py's `_walk_k`), so a lane's arithmetic
+    # overlaps the next step's memory latency. gemv_tiles.prefetches says where.
+    prefetch: bool = False
 
     @property
     def rows(self) -> int:
@@ -465,6 +469,8 @@ class GemvTraits(GemmTraits):
         extra = f"-b{self.b_quant}" if self.b_quant is not None else ""
         if not self.storage_checks:
             extra += "-unchecked"
+        if self.prefetch:
+            extra += "-prefetch"
         return self._name((self.rows, self.cols, self.unroll), "general", extra)
 
 

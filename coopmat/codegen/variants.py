@@ -248,13 +248,20 @@ GEMV_OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLimits,
                 has_c: bool, M: int, *, tile: Tile | None = None,
                 out_type: ComponentType | None = None,
-                ops: EpilogueOps | None = None, b_quant: str | None = None) -> GemvTraits:
+                ops: EpilogueOps | None = None, b_quant: str | None = None,
+                K: int | None = None) -> GemvTraits:
     """gemv traits (row-major A, column-major B; b_quant: B as GGUF blocks of that
     format) for M rows on a device: `tile` (its tile_m replaced by the rows M needs), else
     the default tile (gemv_tiles.py); at the subgroup size khr kernels use (the smallest
     the device lets a pipeline require); without the driver's bounds checks where
-    gemv_tiles.checks_storage says."""
-    from coopmat.codegen.gemv_tiles import checks_storage, default_gemv_tile, gemv_rows_for
+    gemv_tiles.checks_storage says, and for a known K loading a step ahead where
+    gemv_tiles.prefetches says."""
+    from coopmat.codegen.gemv_tiles import (
+        checks_storage,
+        default_gemv_tile,
+        gemv_rows_for,
+        prefetches,
+    )
 
     sg = khr_subgroup_size(limits)
     tile = default_gemv_tile(M, sg, b_quant) if tile is None else \
@@ -262,7 +269,8 @@ def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLim
     return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
                       a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,
                       tile=tile, subgroup_size=sg, out_type=out_type, ops=ops,
-                      b_quant=b_quant, storage_checks=checks_storage(M, b_quant))
+                      b_quant=b_quant, storage_checks=checks_storage(M, b_quant),
+                      prefetch=K is not None and prefetches(K, tile, b_quant))
 
 
 def gemv_variants(info: PhysicalDeviceInfo) -> list[GemvTraits]:

@@ -489,7 +489,7 @@ def gemv_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     for t in (tile, None) if tile is not None else (None,):
         gemv = gemv_traits(pair.operand, pair.result, info.limits, problem.has_c, problem.M,
                            tile=t, out_type=pair.out, ops=problem.ops,
-                           b_quant=problem.b_quant)
+                           b_quant=problem.b_quant, K=problem.K)
         try:
             gemv.check_tile()
         except ValueError as exc:
