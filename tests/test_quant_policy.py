@@ -142,6 +142,27 @@ def test_gemv_forced(h200, fmt):
                              Options(family="khr")).traits, KhrTraits)
 
 
+def test_gemv_quant_one_row_tile(h200):
+    """One row of a quantized B takes the tile gemv_tiles.QUANT_ONE_ROW gives for its N:
+    q8_0 two columns a subgroup and two blocks a step at any N; q4_0 two columns and four
+    blocks against few columns, four columns and one block against many; more rows and
+    an unknown N keep the default."""
+    from coopmat.codegen.gemv_tiles import QUANT_ONE_ROW
+
+    def shape(fmt, M, N, K=4096):
+        t = choose(h200, _problem(h200, M, N, K, fmt)).traits
+        assert isinstance(t, GemvTraits)
+        return t.cols, t.unroll, t.tile.tile_k
+
+    assert set(QUANT_ONE_ROW) <= set(FORMATS)
+    assert shape("q8_0", 1, 4096) == shape("q8_0", 1, 14336) == (2, 2, 2048)
+    assert shape("q8_0", 1, 4096, 14336) == (2, 2, 2048)
+    assert shape("q4_0", 1, 4096) == shape("q4_0", 1, 4096, 14336) == (2, 4, 4096)
+    assert shape("q4_0", 1, 14336) == shape("q4_0", 1, 8192) == (4, 1, 1024)
+    assert shape("q4_0", 2, 4096) == (4, 1, 1024) and shape("q8_0", 2, 4096) == (2, 1, 1024)
+    assert default_gemv_tile(1, 32, "q4_0") == default_gemv_tile(1, 32, "q4_0", 14336)
+
+
 def test_other_families_refused(h200):
     for family in ("nv2", "rows"):
         with pytest.raises(ValueError, match=f"khr or gemv kernel families only, not "
@@ -173,10 +194,19 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
         assert 1 <= most <= GEMV_MAX_M
         assert rule(h200, _problem(h200, 1, 4096, 4096, fmt))
         assert rule(h200, _problem(h200, most, 14336, 4096, fmt))
-        assert not rule(h200, _problem(h200, most + 1, 4096, 4096, fmt))
+        assert not rule(h200, _problem(h200, most + 1, 14336, 4096, fmt))
+        few = policy_kernel.gemv_quant_max_m(fmt, 4096)
+        assert most <= few <= GEMV_MAX_M and rule(h200, _problem(h200, few, 4096, 4096, fmt))
+        assert not rule(h200, _problem(h200, few + 1, 4096, 4096, fmt))
         assert not rule(lavapipe, _problem(lavapipe, 1, 4096, 4096, fmt))  # a CPU driver
-    # The measured crossovers (docs/quantized.md): khr's few-row tile from 5 rows.
+    # The measured crossovers (docs/quantized.md): khr's few-row tile from 5 rows, from 6
+    # for q4_0 against fewer than 8192 columns.
     assert policy_kernel.GEMV_QUANT_MAX_M == {"q8_0": 4, "q4_0": 4}
+    assert rule(h200, _problem(h200, 5, 4096, 14336, "q4_0"))
+    assert rule(h200, _problem(h200, 5, 4096, 4096, "q4_0"))
+    assert not rule(h200, _problem(h200, 5, 14336, 4096, "q4_0"))
+    assert not rule(h200, _problem(h200, 6, 4096, 4096, "q4_0"))
+    assert not rule(h200, _problem(h200, 5, 4096, 4096, "q8_0"))
     assert not rule(h200, _problem(h200, 1, 4096, 4096, None))  # a float B: gemv_by_default
     # On by default: gemv for decode shapes on a GPU (up to GEMV_QUANT_MAX_M rows) and khr
     # otherwise; off, khr.

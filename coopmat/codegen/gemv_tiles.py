@@ -38,13 +38,30 @@ def gemv_rows_for(M: int) -> int:
     return max(1, min(M, GEMV_MAX_ROWS))
 
 
-def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None) -> Tile:
-    """The default tile for M rows (b_quant: for a quantized B of that format)."""
+# One row of a quantized B: (fewest columns N, columns per subgroup C, blocks per lane
+# and step U), the first row whose N the product reaches. On the H200 (2026-11-24, a
+# 27-tile sweep per shape, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336
+# weights; docs/quantized.md): q8_0 at C 2, U 2 took 8.1 / 21.1 / 22.5 us against the
+# default tile's 8.6 / 22.3 / 23.6; q4_0 against 4096 columns at C 2, U 4 7.0 and 16.2 us
+# against 7.7 and 18.2 (more subgroups for few columns, four blocks in flight a lane),
+# while against 14336 columns four columns, one block, stayed the fastest (15.7 us).
+QUANT_ONE_ROW = {"q8_0": ((0, 2, 2),), "q4_0": ((8192, QUANT_COLS, 1), (0, 2, 4))}
+
+
+def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
+                      N: int | None = None) -> Tile:
+    """The default tile for M rows (b_quant: for a quantized B of that format; N: the
+    product's columns where known)."""
     rows = gemv_rows_for(M)
     unroll = DEFAULT_QUANT_UNROLL if b_quant is not None else \
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
     wide = b_quant is not None and rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
     cols = QUANT_COLS if wide else DEFAULT_COLS
+    one_row = QUANT_ONE_ROW.get(b_quant or "", ()) if M == 1 and N is not None else ()
+    for least, c, u in one_row:
+        if N is not None and N >= least:
+            cols, unroll = c, u
+            break
     return gemv_tile(rows=rows, cols=cols, splits=DEFAULT_SPLITS,
                      unroll=unroll, subgroup_size=subgroup_size, b_quant=b_quant)
 

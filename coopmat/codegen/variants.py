@@ -249,13 +249,13 @@ def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLim
                 has_c: bool, M: int, *, tile: Tile | None = None,
                 out_type: ComponentType | None = None,
                 ops: EpilogueOps | None = None, b_quant: str | None = None,
-                K: int | None = None) -> GemvTraits:
+                K: int | None = None, N: int | None = None) -> GemvTraits:
     """gemv traits (row-major A, column-major B; b_quant: B as GGUF blocks of that
     format) for M rows on a device: `tile` (its tile_m replaced by the rows M needs), else
     the default tile (gemv_tiles.py); at the subgroup size khr kernels use (the smallest
     the device lets a pipeline require); without the driver's bounds checks where
     gemv_tiles.checks_storage says, and for a known K loading a step ahead where
-    gemv_tiles.prefetches says."""
+    gemv_tiles.prefetches says (N, where known, shapes a quantized B's one-row tile)."""
     from coopmat.codegen.gemv_tiles import (
         checks_storage,
         default_gemv_tile,
@@ -264,7 +264,7 @@ def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLim
     )
 
     sg = khr_subgroup_size(limits)
-    tile = default_gemv_tile(M, sg, b_quant) if tile is None else \
+    tile = default_gemv_tile(M, sg, b_quant, N) if tile is None else \
         replace(tile, tile_m=gemv_rows_for(M))
     return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
                       a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,

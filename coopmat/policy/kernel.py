@@ -14,7 +14,7 @@ The rules, each with its measurement in docs/kernels.md:
   preconditions hold, else khr), else khr;
 - quantized B (Problem.b_quant; docs/quantized.md): khr or gemv only, forced by Options
   (other families are an error); else gemv where `gemv_quant_by_default` says so
-  (GEMV_QUANT_DEFAULT: at most GEMV_QUANT_MAX_M rows by format, a GPU), else khr; never
+  (GEMV_QUANT_DEFAULT: at most gemv_quant_max_m rows by format and N, a GPU), else khr; never
   a tuned tile (the tables time float B); khr with its default tile for the shape class,
   tile_k whole blocks (on a GPU with more than SMALL_M rows tiles.quant_general_tile and a
   staging unit by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile; or, where
@@ -130,8 +130,20 @@ GEMV_DEFAULT_MAX_M = 4
 # checks (2026-11-24), q8_0 gemv at 4 rows was ahead in two of the three shapes (14.0
 # against 15.2 us at 4096^2, 37.7 against 40.2 at 4 x 14336 @ (4096 x 14336)^T) and 1%
 # behind in the third (45.0 against 44.5), so q8_0 takes gemv up to 4 rows too.
+# With the packed-float16 weights (2026-11-24, later) q4_0 gemv at 5 rows beat the khr
+# kernel against 4096 columns (13.7 against 18.5 us at 4096^2, 33.5 against 47.7 at 5 x
+# 14336 @ (4096 x 14336)^T) and lost against 14336 (46.8 against 40.9); at 6 rows it lost
+# in all three shapes, q8_0 from 5 rows. GEMV_QUANT_FEW_COLUMNS: (columns below which, rows
+# up to which) by format.
 GEMV_QUANT_DEFAULT = True
 GEMV_QUANT_MAX_M = {"q8_0": 4, "q4_0": 4}
+GEMV_QUANT_FEW_COLUMNS = {"q4_0": (8192, 5)}
+
+
+def gemv_quant_max_m(fmt: str, N: int) -> int:
+    """Rows up to which the policy runs gemv for a B quantized as `fmt` with N columns."""
+    below, rows = GEMV_QUANT_FEW_COLUMNS.get(fmt, (0, 0))
+    return max(GEMV_QUANT_MAX_M[fmt], rows if N < below else 0)
 
 # Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
 # workgroup of each tile finishes it (KhrTraits.split_k). S by the rows of the few-row
@@ -458,11 +470,11 @@ def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
 def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                     b_layout: Layout, params: GemmParams) -> bool:
     """The rule that picks gemv unforced and untuned: at most GEMV_DEFAULT_MAX_M rows
-    (GEMV_QUANT_MAX_M of its format with a quantized B) against a column-major B on a GPU
+    (gemv_quant_max_m of its format and N with a quantized B) against a column-major B on a GPU
     (not a CPU driver), where its preconditions hold. The policy applies it while
     GEMV_DEFAULT is on, to a float B (a quantized one: gemv_quant_by_default)."""
     most = (GEMV_DEFAULT_MAX_M if problem.b_quant is None
-            else GEMV_QUANT_MAX_M[problem.b_quant])
+            else gemv_quant_max_m(problem.b_quant, problem.N))
     return (problem.M <= most and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
             and gemv_violation(info, problem, a_layout, b_layout, params) is None)
 
@@ -489,7 +501,7 @@ def gemv_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     for t in (tile, None) if tile is not None else (None,):
         gemv = gemv_traits(pair.operand, pair.result, info.limits, problem.has_c, problem.M,
                            tile=t, out_type=pair.out, ops=problem.ops,
-                           b_quant=problem.b_quant, K=problem.K)
+                           b_quant=problem.b_quant, K=problem.K, N=problem.N)
         try:
             gemv.check_tile()
         except ValueError as exc:
