@@ -71,7 +71,10 @@ def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
 # as fast or 1-9% faster on the H200 (2026-11-24, x @ w.T against 4096 x 4096, 14336 x
 # 4096 and 4096 x 14336 weights, 1-4 rows; docs/quantized.md) except q8_0 at one row:
 # 1 x 14336 @ (4096 x 14336)^T 27.0 us against 24.3 with them, 4096^2 9.0 against 8.7.
-CHECKED_QUANT_ROWS = {"q8_0": 1}
+# On its later tile (QUANT_ONE_ROW, packed-float16 weights) one row of q8_0 was 1-3%
+# faster without them too (2026-11-24, same shapes, 8 runs each: 7.9-8.0 against 8.2-8.3
+# us at 4096^2, 22.1-22.2 against 22.6 at 1 x 14336 @ (4096 x 14336)^T), so none keeps them.
+CHECKED_QUANT_ROWS: dict[str, int] = {}
 
 
 def checks_storage(M: int, b_quant: str | None = None) -> bool:
