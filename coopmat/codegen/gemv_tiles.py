@@ -39,7 +39,7 @@ def gemv_rows_for(M: int) -> int:
 
 
 # One row of a quantized B: (fewest columns N, columns per subgroup C, blocks per lane
-# and step U), the first row whose N the product reaches. On the H200 (2026-11-24, a
+# and step U), the first entry whose fewest N the product has. On the H200 (2026-11-24, a
 # 27-tile sweep per shape, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336
 # weights; docs/quantized.md): q8_0 at C 2, U 2 took 8.1 / 21.1 / 22.5 us against the
 # default tile's 8.6 / 22.3 / 23.6; q4_0 against 4096 columns at C 2, U 4 7.0 and 16.2 us
