@@ -269,7 +269,7 @@ def test_prefetch_for_deep_float_weights() -> None:
     """The policy's gemv kernel loads a step ahead from PREFETCH_MIN_STEPS full steps of a
     float B (1 x 14336 @ (4096 x 14336)^T on the H200), not at K = 4096 nor for a
     quantized B, and the name says so."""
-    from coopmat.codegen.gemv_tiles import PREFETCH_MIN_STEPS, prefetches
+    from coopmat.codegen.gemv_tiles import PREFETCH_MIN_STEPS, PREFETCH_TILES, prefetches
 
     deep = choose(H200, _problem(1, K=14336)).traits
     assert isinstance(deep, GemvTraits) and deep.prefetch
@@ -281,6 +281,15 @@ def test_prefetch_for_deep_float_weights() -> None:
     assert not prefetches(14336, deep.tile, "q4_0")
     at = PREFETCH_MIN_STEPS * deep.tile.tile_k
     assert prefetches(at, deep.tile) and not prefetches(at - 8, deep.tile)
+    # Four rows of a deep weight take their own tile (gemv_tiles.PREFETCH_TILES), still
+    # prefetched; of a shallow one the default.
+    four = choose(H200, _problem(4, K=14336)).traits
+    assert isinstance(four, GemvTraits) and four.prefetch
+    assert (four.cols, four.splits, four.unroll) == PREFETCH_TILES[4] == (2, 8, 2)
+    shallow4 = choose(H200, _problem(4, K=4096)).traits
+    assert isinstance(shallow4, GemvTraits) and not shallow4.prefetch
+    assert shallow4.tile == default_gemv_tile(4, 32)
+    assert deep.tile == default_gemv_tile(1, 32)
 
 
 def test_tuned_choice() -> None:

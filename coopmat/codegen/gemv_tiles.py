@@ -48,22 +48,35 @@ def gemv_rows_for(M: int) -> int:
 QUANT_ONE_ROW = {"q8_0": ((0, 2, 2),), "q4_0": ((8192, QUANT_COLS, 1), (0, 2, 4))}
 
 
+# Rows of a float B deep enough to prefetch (`prefetches` on the tile above): (C, S, U)
+# by rows. On the H200 (2026-11-24, a 27-tile sweep with the prefetch, 4 x 14336 @ (4096 x
+# 14336)^T; docs/kernels.md) C 2, S 8, U 2 took 33.9 us against the default tile's 40.8
+# (fewer registers, 128 against 166, for the 4 rows' sums and the carried loads); at 1
+# and 2 rows the default was within 1% of the best.
+PREFETCH_TILES = {4: (2, 8, 2)}
+
+
 def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
-                      N: int | None = None) -> Tile:
-    """The default tile for M rows (b_quant: for a quantized B of that format; N: the
-    product's columns where known)."""
+                      N: int | None = None, K: int | None = None) -> Tile:
+    """The default tile for M rows (b_quant: for a quantized B of that format; N and K:
+    the product's columns and depth where known)."""
     rows = gemv_rows_for(M)
     unroll = DEFAULT_QUANT_UNROLL if b_quant is not None else \
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
     wide = b_quant is not None and rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
-    cols = QUANT_COLS if wide else DEFAULT_COLS
+    cols, splits = (QUANT_COLS if wide else DEFAULT_COLS), DEFAULT_SPLITS
     one_row = QUANT_ONE_ROW.get(b_quant or "", ()) if M == 1 and N is not None else ()
     for least, c, u in one_row:
         if N is not None and N >= least:
             cols, unroll = c, u
             break
-    return gemv_tile(rows=rows, cols=cols, splits=DEFAULT_SPLITS,
-                     unroll=unroll, subgroup_size=subgroup_size, b_quant=b_quant)
+    tile = gemv_tile(rows=rows, cols=cols, splits=splits, unroll=unroll,
+                     subgroup_size=subgroup_size, b_quant=b_quant)
+    if K is not None and rows in PREFETCH_TILES and prefetches(K, tile, b_quant):
+        cols, splits, unroll = PREFETCH_TILES[rows]
+        tile = gemv_tile(rows=rows, cols=cols, splits=splits, unroll=unroll,
+                         subgroup_size=subgroup_size, b_quant=b_quant)
+    return tile
 
 
 # Rows up to which a quantized B's gemv kernel keeps the driver's bounds checks, by

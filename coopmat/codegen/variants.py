@@ -264,7 +264,7 @@ def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLim
     )
 
     sg = khr_subgroup_size(limits)
-    tile = default_gemv_tile(M, sg, b_quant, N) if tile is None else \
+    tile = default_gemv_tile(M, sg, b_quant, N, K) if tile is None else \
         replace(tile, tile_m=gemv_rows_for(M))
     return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
                       a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,
