@@ -26,6 +26,8 @@ rows it times the khr kernel dequantizing as it stages B ("khr") and the weight
 dequantized into a float16 B by a pass first, then the float kernel ("first": both
 dispatches). --policy-only times just the kernels the policy runs (gemv up
 to GEMV_MAX_M rows, khr, "first", and those splits), beside the float16 product and torch.
+--gemv-prefetch both adds each gemv kernel with GemvTraits.prefetch flipped (labels gemvpf,
+gemvnopf; with --families none the policy's gemv kernel both ways).
 """
 
 from __future__ import annotations
