@@ -65,11 +65,9 @@ def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
     wide = b_quant is not None and rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
     cols, splits = (QUANT_COLS if wide else DEFAULT_COLS), DEFAULT_SPLITS
-    one_row = QUANT_ONE_ROW.get(b_quant or "", ()) if M == 1 and N is not None else ()
-    for least, c, u in one_row:
-        if N is not None and N >= least:
-            cols, unroll = c, u
-            break
+    if b_quant is not None and M == 1 and N is not None:
+        cols, unroll = next(((c, u) for least, c, u in QUANT_ONE_ROW.get(b_quant, ())
+                             if N >= least), (cols, unroll))
     tile = gemv_tile(rows=rows, cols=cols, splits=splits, unroll=unroll,
                      subgroup_size=subgroup_size, b_quant=b_quant)
     if K is not None and rows in PREFETCH_TILES and prefetches(K, tile, b_quant):

@@ -11,7 +11,7 @@ from typing import Any
 
 from coopmat.cachedir import cache_root
 from coopmat.device.logical import Device
-from coopmat.device.vkffi import STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT, vk
+from coopmat.device.vkffi import vk
 from coopmat.dispatch.vkcall import call, check
 from coopmat.errors import MissingFeatureError
 
@@ -23,9 +23,6 @@ PIPELINE_CREATE_DISPATCH_BASE = 0x10
 PIPELINE_CREATE_CAPTURE_STATISTICS = 0x40  # VK_KHR_pipeline_executable_properties
 STATS_ENV = "COOPMAT_PIPELINE_STATS"
 STRUCTURE_TYPE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO = 1000225001
-ROBUSTNESS_DEVICE_DEFAULT = 0
-ROBUSTNESS_DISABLED = 1
-ROBUSTNESS_ROBUST_BUFFER_ACCESS = 2
 
 
 @dataclass
@@ -137,12 +134,13 @@ class PipelineCache:
         # variants ran 1.25-3x slower without them on the H200.
         if self.device.has("pipelineRobustness"):
             unchecked = not getattr(kernel.traits, "storage_checks", True)
+            default = v.VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DEVICE_DEFAULT_EXT
             robustness = v.VkPipelineRobustnessCreateInfoEXT(
-                sType=STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT,
-                storageBuffers=ROBUSTNESS_DISABLED if unchecked
-                else ROBUSTNESS_ROBUST_BUFFER_ACCESS,
-                uniformBuffers=ROBUSTNESS_DEVICE_DEFAULT,
-                vertexInputs=ROBUSTNESS_DEVICE_DEFAULT, images=ROBUSTNESS_DEVICE_DEFAULT)
+                sType=v.VK_STRUCTURE_TYPE_PIPELINE_ROBUSTNESS_CREATE_INFO_EXT,
+                storageBuffers=v.VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_DISABLED_EXT
+                if unchecked else v.VK_PIPELINE_ROBUSTNESS_BUFFER_BEHAVIOR_ROBUST_BUFFER_ACCESS_EXT,
+                uniformBuffers=default, vertexInputs=default,
+                images=v.VK_PIPELINE_ROBUSTNESS_IMAGE_BEHAVIOR_DEVICE_DEFAULT_EXT)
         info = v.VkComputePipelineCreateInfo(
             pNext=robustness, flags=create_flags, stage=stage, layout=layout,
             basePipelineIndex=-1)
