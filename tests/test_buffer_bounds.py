@@ -76,7 +76,8 @@ CHILD = textwrap.dedent('''
         want = (a.astype(np.int64) @ b.astype(np.int64)).astype(res)
         report["cases"].append({
             "case": f"{np.dtype(dtype).name}->{np.dtype(res).name} {M}x{N}x{K} {layouts} "
-                    f"{tr.tile.describe()} exact={tr.exact} aligned={tr.aligned} "
+                    f"{tr.tile.describe()} exact={tr.exact} clamp_rows={tr.clamp_rows} "
+                    f"aligned={tr.aligned} "
                     f"packs={len(g.dispatches) - 1}",
             "equal": bool(np.array_equal(out[0], want)),
             "errors": instance.validation_errors[before:]})
@@ -112,6 +113,12 @@ CHILD = textwrap.dedent('''
     for buffering in (2, 3, 5):
         check(np.float16, np.float32, 37, 29, 53, "nn", Tile(32, 32, 16, 2, 2, buffering),
               "general")
+    # 8 rows on a 32-row tile: the exact variant with clamped rows, whose A would end 24
+    # rows short of the tile (the buffer's end) without the clamp.
+    for buffering in (2, 5):
+        for layouts in ("nn", "tn"):
+            check(np.float16, np.float16, 8, 64, 64, layouts,
+                  Tile(32, 32, 16, 2, 2, buffering), "best")
 
     # A quantized B on the gemv kernel: blocks 2 bytes short of their pooled buffer's
     # end, the last one 4-byte aligned, so that the kernel's widest read (the words that
@@ -191,6 +198,7 @@ def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path):
     bad = [c for c in report["cases"] if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]
     assert report["control_errors"] > 0, "GPU-AV did not flag the out-of-bounds control"
-    assert len(report["cases"]) == 33
+    assert len(report["cases"]) == 37
+    assert sum("clamp_rows=True" in c["case"] for c in report["cases"]) == 4
     assert sum(" gemv-" in c["case"] for c in report["cases"]) == 2
     assert sum("packs=1" in c["case"] for c in report["cases"]) == 4

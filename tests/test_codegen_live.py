@@ -31,6 +31,7 @@ from coopmat.codegen import (
     cache,
     exact_ok,
 )
+from coopmat.codegen.abi import clamped_ok
 from coopmat.device.enums import ComponentType as CT
 
 pytestmark = pytest.mark.live
@@ -136,7 +137,9 @@ def run_case(runner: KernelRunner, tr: KhrTraits, case: Case, seed: int = 0) -> 
     kernel = build_gemm(tr)
     if tr.aligned:
         assert aligned_ok(tr, p), "test case does not meet the aligned preconditions"
-    if tr.exact:
+    if tr.clamp_rows:
+        assert clamped_ok(tr, p) and not exact_ok(tr, p), "test case is not N, K tiles"
+    elif tr.exact:
         assert exact_ok(tr, p), "test case is not whole tiles"
     sentinel = np.array(_fill(tr.result_type), dtype=NP[tr.result_type])
     d_flat = np.full((batch - 1) * bs["d"] + (M - 1) * ldd + N, sentinel)
@@ -231,6 +234,25 @@ def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
     alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
     run_case(runner, tr, Case(64, 96, 80, batch=2, pad=16, broadcast="b", alpha=alpha,
                               beta=beta), seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
+
+
+@pytest.mark.parametrize(("buffering", "M"), [(1, 40), (2, 8), (3, 40), (4, 8), (5, 40)],
+                         ids=["buf1-M40", "buf2-M8", "buf3-M40", "buf4-M8", "buf5-M40"])
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+def test_clamped_rows_variant(runner: KernelRunner, config: tuple[CT, CT],
+                              layouts: tuple[Layout, Layout], has_c: bool, buffering: int,
+                              M: int) -> None:
+    """The exact variant with clamped rows: N and K whole tiles, M ending inside the last
+    row block (8 rows of a 32-row tile; one whole block and 8 rows). A's padding is NaN
+    and D's gaps are checked, so a read of a row past M or a store of one shows."""
+    ab, res = config
+    tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
+                 exact=True, clamp_rows=True)
+    case = Case(M, 96, 80, batch=2, pad=16, broadcast="b", alpha=0.5 if res.is_float else 3,
+                beta=-1.5 if res.is_float else -2)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering, M)) % 1000)
 
 
 @pytest.mark.parametrize("size", [(1, 1, 1), (1, 19, 3), (23, 1, 7), (8, 8, 8), (9, 7, 1),

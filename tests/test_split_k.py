@@ -118,8 +118,8 @@ def test_rule_on_h200_decode_shapes() -> None:
     tuned = tuning.choices(replace(H200, device_id=0x2335))  # the shipped table
     want = {  # (M, N, K): S, as docs/kernels.md's split-K table measured it best
         (8, 4096, 4096): 8, (16, 4096, 4096): 8, (8, 4096, 14336): 8, (16, 4096, 14336): 8,
-        (8, 14336, 4096): 2, (12, 14336, 4096): 2,
         (16, 14336, 4096): 1,  # exact: unsplit, on the 256-deep step
+        (8, 14336, 4096): 1, (12, 14336, 4096): 1,  # exact with clamped rows: the same
         (32, 4096, 4096): 4, (32, 14336, 4096): 1, (32, 4096, 14336): 4,
         (64, 4096, 4096): 4, (64, 4096, 14336): 4, (64, 14336, 4096): 1,
     }
@@ -172,11 +172,12 @@ def test_rolled_loops_and_unchecked_storage_on_h200() -> None:
         (32, 14336, 4096): (True, True),    # covering, exact, 32 steps
         (64, 4096, 14336): (True, True),    # split 4: 28 steps a slice
         (16, 14336, 4096): (True, True),    # unsplit, 256-deep step: 16 steps
-        (12, 14336, 4096): (True, False),   # split 2: 16 steps, bounds-checked
         (16, 4096, 14336): (False, True),   # split 8: 14 steps
         (16, 4096, 4096): (False, True),    # split 8: 4 steps
-        (8, 14336, 4096): (True, False),    # 8 rows of a 16-row tile: bounds-checked
-        (48, 14336, 4096): (False, False),  # 48 rows of the 64-row tile: checked, covering
+        (8, 14336, 4096): (True, True),     # 8 rows of a 16-row tile: clamped rows
+        (48, 14336, 4096): (True, True),    # 48 rows of the 64-row tile: clamped, covering
+        (12, 14336, 4104): (True, False),   # no whole K step: bounds-checked, 33 steps
+        (48, 14336, 4104): (False, False),  # the same on the covering tile
     }
     for (M, N, K), (rolled, unchecked) in want.items():
         t = khr_of(choose(H200, decode(H200, M, N, K), Options(), tuned))
@@ -186,7 +187,8 @@ def test_rolled_loops_and_unchecked_storage_on_h200() -> None:
                                       OperandLayout(Layout.ROW_MAJOR, 4096)), Options(), tuned))
     assert big.exact and not big.storage_checks and not big.k_loop_rolled
     for (M, N, K), want_q in {(16, 14336, 4096): (True, True), (16, 4096, 4096): (False, False),
-                              (8, 14336, 4096): (True, False)}.items():
+                              (8, 14336, 4096): (True, True),
+                              (8, 14336, 4128): (True, False)}.items():
         q = khr_of(choose(H200, decode(H200, M, N, K, b_quant="q4_0"), Options(), tuned))
         assert (q.k_loop_rolled, not q.storage_checks) == want_q, (M, N, K)
     # The bounds-checked fallback (operands without read-past margins) takes the checks back.
@@ -248,7 +250,8 @@ def test_unsplit_few_row_products_stream_deeper() -> None:
         c = pick(M, wide, 4096)
         t = c.traits.tile
         assert c.split_k == 1 and (t.tile_m, t.tile_n, t.tile_k) == (16, 64, 256)
-        assert c.traits.exact == (M == 16) and c.why == "tuned"  # 8 rows: a partial tile
+        assert c.traits.exact and c.why == "tuned"
+        assert c.traits.clamp_rows == (M == 8)  # 8 rows: a partial tile
         forced = choose(H200, decode(H200, M, wide, 4096), Options(family="khr"), tuned)
         assert forced.traits.tile.tile_k == 128
         odd = pick(M, wide, 4104)  # no whole K step: not exact
@@ -280,7 +283,8 @@ def test_deeper_step_fits_without_margins() -> None:
                 t = choose(H200, p, Options(), tuned).traits
                 if isinstance(t, KhrTraits):
                     deep += t.tile.tile_k == 256
-                    assert plan_kernel(replace(t, exact=False)).shared_bytes <= limit, (M, n, b)
+                    checked = policy_kernel.bounds_checked(t)
+                    assert plan_kernel(checked).shared_bytes <= limit, (M, n, b)
     assert deep  # the rule still applies somewhere
 
 

@@ -127,6 +127,13 @@ def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
             and p.K % t.tile_k == 0)
 
 
+def clamped_ok(traits: GemmTraits, p: GemmParams) -> bool:
+    """Whether `p` may run on the exact variant with clamp_rows: the aligned variant's
+    preconditions, and N and K whole multiples of the workgroup tile (M need not be)."""
+    t = traits.tile
+    return aligned_ok(traits, p) and p.N % t.tile_n == 0 and p.K % t.tile_k == 0
+
+
 def lookahead_steps(traits: KhrTraits) -> int:
     """K steps past K that the khr kernel's unchecked look-ahead reads: none but in the
     exact variant with a register prefetch; there one, two with two shared stages

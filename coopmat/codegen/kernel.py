@@ -37,7 +37,11 @@ class Kernel:
             if t.aligned and not abi.aligned_ok(t, p):
                 raise ValueError("these sizes/strides break the aligned variant's "
                                  "preconditions; use the general variant")
-            if t.exact and not abi.exact_ok(t, p):
+            if t.clamp_rows and not abi.clamped_ok(t, p):
+                raise ValueError("these sizes are not whole workgroup tiles; the exact "
+                                 "variant with clamped rows needs N, K multiples of its "
+                                 "tile")
+            if t.exact and not t.clamp_rows and not abi.exact_ok(t, p):
                 raise ValueError("these sizes are not whole workgroup tiles; the exact "
                                  "variant needs M, N, K multiples of its tile")
         if isinstance(t, RowsTraits):

@@ -82,11 +82,12 @@ class KernelPlan:
     def scratch_elems(self) -> int:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
         and every tile's element-wise epilogue where D's type has no listed accumulator
-        matrix (KhrTraits.scratch_epilogue); none in the exact variant without it, which
-        has no edge tiles. None in a split-K (KhrTraits.split_k): its accumulators go whole
-        to a workspace padded to whole tiles."""
+        matrix (KhrTraits.scratch_epilogue); none in the exact variant without either,
+        which has no edge tiles (with clamp_rows its last row block is one). None in a
+        split-K (KhrTraits.split_k): its accumulators go whole to a workspace padded to
+        whole tiles."""
         t = self.traits
-        if t.split_k > 1 or (t.exact and not t.scratch_epilogue):
+        if t.split_k > 1 or not (t.edge_rows or t.scratch_epilogue):
             return 0
         return t.m * t.n
 
@@ -190,6 +191,8 @@ def plan_kernel(traits: KhrTraits) -> KernelPlan:
         raise ValueError("specialized holds M, N, K, lda, ldb, ldc, ldd and 4 batch strides")
     if t.exact and not t.aligned:
         raise ValueError("the exact variant is a refinement of the khr aligned variant")
+    if t.clamp_rows and not t.exact:
+        raise ValueError("clamp_rows is a refinement of the exact variant")
     if t.c_type != t.result_type:
         raise ValueError("C and Result component types must match (accumulators double as C)")
     if not t.out_matrix and t.out_type in (None, t.result_type):

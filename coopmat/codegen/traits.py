@@ -230,10 +230,22 @@ class KhrTraits(GemmTraits):
     # allocated); policy.kernel.checks_off decides. NVIDIA's driver otherwise checks each
     # load.
     storage_checks: bool = True
+    # With exact: N and K are whole tiles but M may end inside the last row block. A's
+    # loads read row min(row, M - 1) (inside A, no check; the rows past M are never
+    # stored) and the last row block's D goes through the scratch, element by element.
+    # So few rows on a tile of more (8 rows on the 16-row tile) keep the exact kernel's
+    # unchecked loads (abi.clamped_ok says when it may run).
+    clamp_rows: bool = False
 
     @property
     def variant(self) -> str:
         return "exact" if self.exact else "aligned" if self.aligned else "general"
+
+    @property
+    def edge_rows(self) -> bool:
+        """Whether some workgroup's tile may straddle M (every variant but exact without
+        clamp_rows)."""
+        return not self.exact or self.clamp_rows
 
     @property
     def scratch_epilogue(self) -> bool:
@@ -275,6 +287,8 @@ class KhrTraits(GemmTraits):
             extra += "-rolled"
         if not self.storage_checks:
             extra += "-unchecked"
+        if self.clamp_rows:
+            extra += "-clamped"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 

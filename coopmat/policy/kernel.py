@@ -27,8 +27,9 @@ The rules, each with its measurement in docs/kernels.md:
 - khr tile: tuned, else the default for the shape class (few rows, or general); on a
   GPU, a few-row tile with fewer rows than M is widened to hold them all
   (tiles.covering_rows_tile);
-- khr variant: exact (whole tiles, no bounds checks) > aligned (vector loads) > general,
-  whichever the sizes and strides allow; sizes and strides compiled in for problems of
+- khr variant: exact (whole tiles, no bounds checks) > exact with clamped rows (N and K
+  whole tiles, M any) > aligned (vector loads) > general, whichever the sizes and
+  strides allow; sizes and strides compiled in for problems of
   SPECIALIZE_MIN_OPS or more, and for few-row products on a covering tile of
   SPECIALIZE_COVERING_MIN_OPS or more (Options.specialize);
 - 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M;
@@ -159,9 +160,11 @@ def gemv_quant_max_m(fmt: str, N: int) -> int:
 # within 3% of it (decode_sweep.py --quant --tiles --splits 1,2,4,8, 2026-11-23). With
 # the exact kernels unchecked and their K loops rolled, 16 rows of a float B against
 # 14336 columns ran fastest unsplit on the 256-deep step (_deepened; 2026-11-24,
-# docs/kernels.md): 33.6-34.0 us against 34.8-35.2 split 2; 8 and 12 rows (the
-# bounds-checked kernel) stayed faster split 2, 38.2-38.5 against 41.1-41.2. Other tiles
-# (other devices) keep the workgroup-count rule below.
+# docs/kernels.md): 33.6-34.0 us against 34.8-35.2 split 2. 8 and 12 rows, then the
+# bounds-checked kernel, stayed faster split 2 (38.2-38.5 against 41.1-41.2); since they
+# run the exact kernel with clamped rows they take its entry (8 rows unsplit 33.6-33.8
+# against split 2's 35.0; docs/kernels.md, "Clamped rows"). Other tiles (other devices)
+# keep the workgroup-count rule below.
 SPLIT_K_BY_TILE_ROWS: dict[int, tuple[tuple[int, int, int], ...]] = {
     16: ((128, 8, 8), (256, 2, 1)),
     32: ((128, 4, 4),),
@@ -363,7 +366,7 @@ def rolls_k_loop(traits: KhrTraits, params: GemmParams, covering: bool) -> bool:
 def bounds_checked(traits: KhrTraits) -> KhrTraits:
     """The bounds-checked (aligned) variant of exact traits, for operands without the
     exact variant's read-past margins: with the driver's checks back on."""
-    return replace(traits, exact=False, storage_checks=True)
+    return replace(traits, exact=False, clamp_rows=False, storage_checks=True)
 
 
 def checks_off(traits: KhrTraits) -> bool:
@@ -392,21 +395,24 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
                     options: Options | None = None, covering: bool = False,
                     few_rows: bool = False) -> GemmTraits:
     """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
-    checks), else aligned (vector loads), else general; specialized for these sizes and
+    checks), else exact with clamp_rows (N and K whole tiles), else aligned (vector
+    loads), else general; specialized for these sizes and
     strides where `specializes` says so (`covering`: the tile was widened to hold a
     few-row product's rows); the K loop rolled where `few_rows` (a few-row product on a
     GPU) and `rolls_k_loop` say so; without the driver's bounds checks where `checks_off`
     says so."""
     if not isinstance(traits, KhrTraits):  # nv2: one kernel for every alignment and shape
         return traits
-    general = replace(traits, aligned=False, exact=False, specialized=(),
+    general = replace(traits, aligned=False, exact=False, clamp_rows=False, specialized=(),
                       storage_checks=True, k_loop_rolled=False)
     aligned = replace(general, aligned=True)
     if not abi.aligned_ok(aligned, params):
         best = general
     else:
         exact = replace(aligned, exact=True)
-        best = exact if abi.exact_ok(exact, params) else aligned
+        clamped = replace(exact, clamp_rows=True)
+        best = (exact if abi.exact_ok(exact, params) else
+                clamped if abi.clamped_ok(clamped, params) else aligned)
     if specializes(best, params, batch, options or Options(), covering):
         best = replace(best, specialized=abi.shape_values(params))
     if few_rows and rolls_k_loop(best, params, covering):
@@ -820,7 +826,7 @@ def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tun
     # lack the exact variant's read-past margins (dispatch.gemm._make_plan), and it stages
     # more (49408 bytes for 16 x 256 @ 256^2 on the H200, over its 48 KiB).
     try:
-        if max(plan_kernel(v).shared_bytes for v in {traits, replace(traits, exact=False)}) \
+        if max(plan_kernel(v).shared_bytes for v in {traits, bounds_checked(traits)}) \
                 > info.limits.max_compute_shared_memory_size:
             return choice
     except ValueError:  # a tile the kernel cannot lay out
