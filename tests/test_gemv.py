@@ -258,6 +258,11 @@ def test_default_rule_picks_gemv_for_few_rows(monkeypatch: pytest.MonkeyPatch) -
     assert choose(H200, _problem(most)).traits.family == "gemv"
     assert choose(H200, _problem(most + 1)).traits.family == "khr"
     assert choose(H200, _problem(16)).traits.family == "khr"
+    # Against 8192 columns or more, gemv for one row only (docs/kernels.md, "Clamped rows").
+    assert policy_kernel.gemv_max_m(None, 14336) == 1
+    assert choose(H200, _problem(1, N=14336)).traits.family == "gemv"
+    assert choose(H200, _problem(2, N=14336)).traits.family == "khr"
+    assert choose(H200, _problem(4, N=8191)).traits.family == "gemv"
     monkeypatch.setattr(policy_kernel, "GEMV_DEFAULT", False)
     assert choose(H200, _problem(1)).traits.family == "khr"
     monkeypatch.setattr(policy_kernel, "GEMV_DEFAULT", True)

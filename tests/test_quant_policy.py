@@ -193,20 +193,22 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
         most = policy_kernel.GEMV_QUANT_MAX_M[fmt]
         assert 1 <= most <= GEMV_MAX_M
         assert rule(h200, _problem(h200, 1, 4096, 4096, fmt))
-        assert rule(h200, _problem(h200, most, 14336, 4096, fmt))
-        assert not rule(h200, _problem(h200, most + 1, 14336, 4096, fmt))
-        few = policy_kernel.gemv_quant_max_m(fmt, 4096)
-        assert most <= few <= GEMV_MAX_M and rule(h200, _problem(h200, few, 4096, 4096, fmt))
-        assert not rule(h200, _problem(h200, few + 1, 4096, 4096, fmt))
+        assert rule(h200, _problem(h200, most, 4096, 14336, fmt))
+        assert not rule(h200, _problem(h200, most + 1, 4096, 14336, fmt))
+        wide = policy_kernel.gemv_max_m(fmt, 14336)
+        assert 1 <= wide <= most and rule(h200, _problem(h200, wide, 14336, 4096, fmt))
+        assert not rule(h200, _problem(h200, wide + 1, 14336, 4096, fmt))
         assert not rule(lavapipe, _problem(lavapipe, 1, 4096, 4096, fmt))  # a CPU driver
-    # The measured crossovers (docs/quantized.md): khr's few-row tile from 5 rows, from 6
-    # for q4_0 against fewer than 8192 columns.
+    # The measured crossovers (docs/quantized.md, docs/kernels.md "Clamped rows"): khr's
+    # few-row tile from 5 rows, from 4 against 8192 columns or more.
     assert policy_kernel.GEMV_QUANT_MAX_M == {"q8_0": 4, "q4_0": 4}
-    assert rule(h200, _problem(h200, 5, 4096, 14336, "q4_0"))
-    assert rule(h200, _problem(h200, 5, 4096, 4096, "q4_0"))
-    assert not rule(h200, _problem(h200, 5, 14336, 4096, "q4_0"))
-    assert not rule(h200, _problem(h200, 6, 4096, 4096, "q4_0"))
-    assert not rule(h200, _problem(h200, 5, 4096, 4096, "q8_0"))
+    for fmt in FORMATS:
+        assert rule(h200, _problem(h200, 4, 4096, 4096, fmt))
+        assert rule(h200, _problem(h200, 3, 14336, 4096, fmt))
+        assert not rule(h200, _problem(h200, 4, 14336, 4096, fmt))
+        assert rule(h200, _problem(h200, 4, 8191, 4096, fmt))
+        assert not rule(h200, _problem(h200, 4, 8192, 4096, fmt))
+        assert not rule(h200, _problem(h200, 5, 4096, 4096, fmt))
     assert not rule(h200, _problem(h200, 1, 4096, 4096, None))  # a float B: gemv_by_default
     # On by default: gemv for decode shapes on a GPU (up to GEMV_QUANT_MAX_M rows) and khr
     # otherwise; off, khr.

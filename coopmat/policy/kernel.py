@@ -9,12 +9,12 @@ without a GPU; the dispatcher (coopmat.dispatch.gemm) carries the choice out.
 
 The rules, each with its measurement in docs/kernels.md:
 - family: forced by Options; else gemv where `gemv_by_default` says so (GEMV_DEFAULT: at
-  most GEMV_DEFAULT_MAX_M rows, a column-major B, a GPU, gemv_violation None); else the
+  most gemv_max_m rows, a column-major B, a GPU, gemv_violation None); else the
   tuned choice for the device, dtype pair and shape class (rows and gemv run where their
   preconditions hold, else khr), else khr;
 - quantized B (Problem.b_quant; docs/quantized.md): khr or gemv only, forced by Options
   (other families are an error); else gemv where `gemv_quant_by_default` says so
-  (GEMV_QUANT_DEFAULT: at most gemv_quant_max_m rows by format and N, a GPU), else khr; never
+  (GEMV_QUANT_DEFAULT: at most gemv_max_m rows by format and N, a GPU), else khr; never
   a tuned tile (the tables time float B); khr with its default tile for the shape class,
   tile_k whole blocks (on a GPU with more than SMALL_M rows tiles.quant_general_tile and a
   staging unit by format, QUANT_GENERAL_UNIT), gemv with its default quantized tile; or, where
@@ -132,19 +132,28 @@ GEMV_DEFAULT_MAX_M = 4
 # against 15.2 us at 4096^2, 37.7 against 40.2 at 4 x 14336 @ (4096 x 14336)^T) and 1%
 # behind in the third (45.0 against 44.5), so q8_0 takes gemv up to 4 rows too.
 # With the packed-float16 weights (2026-11-24, later) q4_0 gemv at 5 rows beat the khr
-# kernel against 4096 columns (13.7 against 18.5 us at 4096^2, 33.5 against 47.7 at 5 x
-# 14336 @ (4096 x 14336)^T) and lost against 14336 (46.8 against 40.9); at 6 rows it lost
-# in all three shapes, q8_0 from 5 rows. GEMV_QUANT_FEW_COLUMNS: (columns below which, rows
-# up to which) by format.
+# kernel's bounds-checked variant against 4096 columns (13.7 against 18.5 us at 4096^2)
+# and lost against 14336; it lost to the exact variant with clamped rows (KhrTraits.
+# clamp_rows, the same day) in all three shapes (13.8 against 13.1, 34.9 against 32.9).
 GEMV_QUANT_DEFAULT = True
 GEMV_QUANT_MAX_M = {"q8_0": 4, "q4_0": 4}
-GEMV_QUANT_FEW_COLUMNS = {"q4_0": (8192, 5)}
+# Fewer rows of gemv against a wide weight, by B's format (None: float): (from N columns,
+# at most R rows). With few rows off the khr tile running its exact variant with clamped
+# rows (2026-11-24; docs/kernels.md, "Clamped rows"), the khr kernel beat gemv on the
+# H200 against 14336 columns (x @ w.T, K = 4096), two processes each: float16 at 4 rows
+# 33.1 us against 36.1-36.2, at 2 and 3 rows 32.9-33.1 against 33.2-33.6; q8_0 and q4_0
+# at 4 rows 41.0-41.1 against 43.5-43.6 and 37.2 against 38.6-38.8. Against 4096 columns
+# (K = 4096 or 14336) gemv stayed ahead at every row count up to 4.
+GEMV_WIDE_MAX_M: dict[str | None, tuple[int, int]] = {
+    None: (8192, 1), "q8_0": (8192, 3), "q4_0": (8192, 3)}
 
 
-def gemv_quant_max_m(fmt: str, N: int) -> int:
-    """Rows up to which the policy runs gemv for a B quantized as `fmt` with N columns."""
-    below, rows = GEMV_QUANT_FEW_COLUMNS.get(fmt, (0, 0))
-    return max(GEMV_QUANT_MAX_M[fmt], rows if N < below else 0)
+def gemv_max_m(fmt: str | None, N: int) -> int:
+    """Rows up to which the policy runs gemv for a B of format `fmt` (None: float) with
+    N columns."""
+    most = GEMV_DEFAULT_MAX_M if fmt is None else GEMV_QUANT_MAX_M[fmt]
+    wide, rows = GEMV_WIDE_MAX_M.get(fmt, (0, most))
+    return min(most, rows) if N >= wide else most
 
 # Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
 # workgroup of each tile finishes it (KhrTraits.split_k). S by the rows of the few-row
@@ -475,12 +484,11 @@ def gemv_violation(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
 
 def gemv_by_default(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                     b_layout: Layout, params: GemmParams) -> bool:
-    """The rule that picks gemv unforced and untuned: at most GEMV_DEFAULT_MAX_M rows
-    (gemv_quant_max_m of its format and N with a quantized B) against a column-major B on a GPU
-    (not a CPU driver), where its preconditions hold. The policy applies it while
-    GEMV_DEFAULT is on, to a float B (a quantized one: gemv_quant_by_default)."""
-    most = (GEMV_DEFAULT_MAX_M if problem.b_quant is None
-            else gemv_quant_max_m(problem.b_quant, problem.N))
+    """The rule that picks gemv unforced and untuned: at most gemv_max_m rows (by B's
+    format and N) against a column-major B on a GPU (not a CPU driver), where its
+    preconditions hold. The policy applies it while GEMV_DEFAULT is on, to a float B (a
+    quantized one: gemv_quant_by_default)."""
+    most = gemv_max_m(problem.b_quant, problem.N)
     return (problem.M <= most and b_layout == Layout.COLUMN_MAJOR and not is_cpu(info)
             and gemv_violation(info, problem, a_layout, b_layout, params) is None)
 
