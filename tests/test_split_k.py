@@ -131,6 +131,16 @@ def test_rule_on_h200_decode_shapes() -> None:
         assert choice.split_k == S, (M, N, K)
     deep = choose(H200, decode(H200, 16, 14336, 4096), Options(), tuned).traits
     assert deep.tile.tile_k == 256 and deep.exact, deep
+    # A row-major B's deeper step does not fit the H200's 48 KiB, so the exact kernel
+    # splits as the others do (docs/kernels.md, "Clamped rows": 35.2 against 39.4 us).
+    for M in (1, 8, 16):
+        p = Problem(resolve(H200, F16, F16), M, 14336, 4096,
+                    OperandLayout(Layout.ROW_MAJOR, 4096), OperandLayout(Layout.ROW_MAJOR, 14336))
+        row_b = choose(H200, p, Options(), tuned)
+        assert row_b.split_k == 2 and row_b.traits.exact and row_b.traits.tile.tile_k == 128
+        whole = choose(H200, p, Options(split_k=1), tuned).traits
+        assert split_k_for(H200, p, whole, deepens=False) == 2
+        assert split_k_for(H200, p, whole) == 1  # as for a column-major B
     # Not 512 of K a slice: fewer slices, or none.
     assert choose(H200, decode(H200, 16, 4096, 2048), Options(), tuned).split_k == 4
     assert choose(H200, decode(H200, 16, 4096, 512), Options(), tuned).split_k == 1

@@ -666,7 +666,8 @@ def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str
     return None
 
 
-def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) -> int:
+def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
+                deepens: bool = True) -> int:
     """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
     family, M <= SMALL_M, batch 1, unsplit grid G workgroups: on a tile of
     SPLIT_K_BY_TILE_ROWS' rows, that table's S for G; otherwise, where G <=
@@ -674,7 +675,9 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
     SPLIT_K_TARGET_GROUPS / G) (on a log scale: powers of two are geometric; ties go to
     the smaller). S halves until K % (S * tile_k) == 0 (whole K steps per slice) and
     K / S >= SPLIT_K_MIN_SLICE; 1: unsplit.
-    `traits`: the unsplit kernel's."""
+    `traits`: the unsplit kernel's; `deepens`: whether unsplit it would take the deeper
+    K step (_deep_traits), which the table's entries for an exact kernel of a float B
+    count on (a row-major B's deeper tile does not fit 48 KiB on the H200)."""
     p = problem
     if is_cpu(info) or not isinstance(traits, KhrTraits) or p.M > SMALL_M or p.batch != 1:
         return 1
@@ -682,7 +685,7 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits) 
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
     table = SPLIT_K_BY_TILE_ROWS.get(t.tile_m)
     if table is not None:
-        exact_float = traits.exact and p.b_quant is None
+        exact_float = traits.exact and p.b_quant is None and deepens
         S = next((s_exact if exact_float else s for most, s, s_exact in table
                   if groups <= most), 1)
     elif groups > SPLIT_K_MAX_GROUPS:
@@ -777,7 +780,8 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     if options.split_k is not None:
         S = options.split_k
     else:
-        S = split_k_for(info, p, choice.traits) if SPLIT_K_DEFAULT else 1
+        deepens = _deep_traits(info, p, options, choice) is not None
+        S = split_k_for(info, p, choice.traits, deepens) if SPLIT_K_DEFAULT else 1
     if S <= 1 or split_k_violation(info, p, S) is not None:
         return _deepened(info, p, options, tuned, choice)
     sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
@@ -815,19 +819,20 @@ def _dequantized(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: 
     return replace(choice, packs=(pack, *choice.packs))
 
 
-def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
-               choice: KernelChoice) -> KernelChoice:
-    """An unsplit few-row product of a float B on a GPU, on the few-row tile: that tile
-    with twice the K step (tiles.deep_few_row_tile), unless a family was forced or its
-    tile given."""
+def _deep_traits(info: PhysicalDeviceInfo, p: Problem, options: Options,
+                 choice: KernelChoice) -> KhrTraits | None:
+    """The traits of `choice` (unsplit) on the few-row tile with twice the K step
+    (tiles.deep_few_row_tile), where the policy takes it: a few-row product of a float B
+    on a GPU, on the few-row tile, no family forced, and the deeper tile fitting the
+    device's shared memory; else None."""
     t = choice.traits
     if (options.family is not None or is_cpu(info) or p.b_quant is not None
             or not isinstance(t, KhrTraits) or p.M > SMALL_M):
-        return choice
+        return None
     cfg = config_for(info, p.pair)
     deep = khr_deep_tile(cfg, t.tile) if cfg is not None else t.tile
     if deep == t.tile:
-        return choice
+        return None
     traits = fastest_variant(replace(t, tile=deep), choice.params, p.batch, options,
                              few_rows=True)
     # The bounds-checked variant too: a plan falls back to it where the operands' buffers
@@ -836,8 +841,18 @@ def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tun
     try:
         if max(plan_kernel(v).shared_bytes for v in {traits, bounds_checked(traits)}) \
                 > info.limits.max_compute_shared_memory_size:
-            return choice
+            return None
     except ValueError:  # a tile the kernel cannot lay out
+        return None
+    return traits
+
+
+def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
+              choice: KernelChoice) -> KernelChoice:
+    """An unsplit few-row product of a float B on a GPU, on the few-row tile: that tile
+    with twice the K step where `_deep_traits` gives it."""
+    traits = _deep_traits(info, p, options, choice)
+    if traits is None:
         return choice
     return replace(_choose(info, p, options, tuned, traits), why=choice.why)
 
