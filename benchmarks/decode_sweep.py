@@ -344,11 +344,6 @@ def main() -> None:
                 b = w if layout == "KxN" else wt.T
                 gb = K * N * 2 / 1e12
                 found = []
-                base_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
-                                      options=Options(family="rows"))
-                base = base_g.traits
-                base_g.release()
-                assert isinstance(base, RowsTraits)
                 cands: list[tuple[str, object]] = [("policy", None), ("khr", None)]
                 families = args.families.split(",")
                 if "khrtiles" in families:  # the khr kernel's few-row tuning candidates
@@ -368,6 +363,11 @@ def main() -> None:
                     cands += [("khrtile", dataclasses.replace(khr_t, tile=t))
                               for t in dict.fromkeys(tiles)]
                 if "rows" in families:
+                    base_g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0,
+                                          options=Options(family="rows"))
+                    base = base_g.traits
+                    base_g.release()
+                    assert isinstance(base, RowsTraits)
                     cands += [("rows", dataclasses.replace(base, tile=t))
                               for t in rows_sweep(base, smem)]
                 # gemv reads a column-major B

@@ -77,6 +77,7 @@ CHILD = textwrap.dedent('''
         report["cases"].append({
             "case": f"{np.dtype(dtype).name}->{np.dtype(res).name} {M}x{N}x{K} {layouts} "
                     f"{tr.tile.describe()} exact={tr.exact} clamp_rows={tr.clamp_rows} "
+                    f"clamp_cols={tr.clamp_cols} "
                     f"aligned={tr.aligned} "
                     f"packs={len(g.dispatches) - 1}",
             "equal": bool(np.array_equal(out[0], want)),
@@ -119,6 +120,9 @@ CHILD = textwrap.dedent('''
         for layouts in ("nn", "tn"):
             check(np.float16, np.float16, 8, 64, 64, layouts,
                   Tile(32, 32, 16, 2, 2, buffering), "best")
+    # 8 columns of a 32-column tile: clamped columns, B ending 24 columns short of it.
+    for layouts in ("nt", "nn"):
+        check(np.float16, np.float16, 64, 8, 64, layouts, Tile(32, 32, 16, 2, 2, 2), "best")
 
     # A quantized B on the gemv kernel: blocks 2 bytes short of their pooled buffer's
     # end, the last one 4-byte aligned, so that the kernel's widest read (the words that
@@ -198,7 +202,8 @@ def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path):
     bad = [c for c in report["cases"] if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]
     assert report["control_errors"] > 0, "GPU-AV did not flag the out-of-bounds control"
-    assert len(report["cases"]) == 37
+    assert len(report["cases"]) == 39
     assert sum("clamp_rows=True" in c["case"] for c in report["cases"]) == 4
+    assert sum("clamp_cols=True" in c["case"] for c in report["cases"]) == 2
     assert sum(" gemv-" in c["case"] for c in report["cases"]) == 2
     assert sum("packs=1" in c["case"] for c in report["cases"]) == 4

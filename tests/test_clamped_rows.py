@@ -1,6 +1,7 @@
-"""The khr kernel's exact variant with clamped rows (KhrTraits.clamp_rows): N and K whole
-tiles, M ending inside the last row block. Rows past M read A's row M - 1 and are never
-stored; the last row block's D goes element by element. Live tests run on the device
+"""The khr kernel's exact variant with clamped rows and columns (KhrTraits.clamp_rows,
+clamp_cols): K whole tiles, M or N ending inside the last block. Rows past M read A's row
+M - 1, columns past N B's column N - 1, and neither is stored; the straddling blocks'
+D goes element by element. Live tests run on the device
 scripts/test runs on (lavapipe in CI, the GPU by hand) against numpy in float64: small
 integer operands give exact sums, so results must equal the float64 product rounded
 once; general data and the fused operations get test_epilogue's bound.
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.live
 RNG = np.random.default_rng(41)
 F16, F32 = np.float16, np.float32
 N, K = 256, 512  # whole tiles of every device's few-row and general tiles
+N_EDGE = 200  # 8 elements past a multiple of every device's tile_n (32, 64, 128)
 
 
 def small_ints(*shape: int) -> np.ndarray:
@@ -46,25 +48,28 @@ def khr(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 @pytest.mark.parametrize("S", [1, 2], ids=["unsplit", "split2"])
 @pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
 @pytest.mark.parametrize("b_col", [True, False], ids=["w.T", "b_row"])
+@pytest.mark.parametrize("n", [N, N_EDGE])
 @pytest.mark.parametrize("M", [5, 8, 12, 20, 48, 100])
-def test_results(live_device_info, khr, M: int, b_col: bool, out: type, S: int) -> None:
+def test_results(live_device_info, khr, M: int, n: int, b_col: bool, out: type,
+                 S: int) -> None:
     khr.setenv(SPLIT_K_ENV, str(S))
     a = small_ints(M, K)
-    b = np.ascontiguousarray(small_ints(N, K)).T if b_col else small_ints(K, N)
+    b = np.ascontiguousarray(small_ints(n, K)).T if b_col else small_ints(K, n)
     d = coopmat.matmul(a, b, dtype=out)
     np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(out))
     t = last_traits()
     assert t.exact and t.clamp_rows == (M % t.tile.tile_m != 0), t.describe()
+    assert t.clamp_cols == (n % t.tile.tile_n != 0), t.describe()
     assert coopmat.linalg._last.result.split_k in (1, S)
 
 
-@pytest.mark.parametrize("M", [8, 20])
-def test_fused_operations(live_device_info, khr, M: int) -> None:
-    """bias, gelu and a residual on the edge row block's element-wise path."""
+@pytest.mark.parametrize(("M", "n"), [(8, N), (20, N), (32, N_EDGE), (20, N_EDGE)])
+def test_fused_operations(live_device_info, khr, M: int, n: int) -> None:
+    """bias, gelu and a residual on the edge blocks' element-wise path."""
     x = (RNG.standard_normal((M, K)) / 8).astype(F16)
-    w = (RNG.standard_normal((N, K)) / 8).astype(F16)
-    bias = RNG.standard_normal(N).astype(F16)
-    residual = RNG.standard_normal((M, N)).astype(F16)
+    w = (RNG.standard_normal((n, K)) / 8).astype(F16)
+    bias = RNG.standard_normal(n).astype(F16)
+    residual = RNG.standard_normal((M, n)).astype(F16)
     d = coopmat.linear(x, w, bias=bias, activation="gelu_tanh", residual=residual)
     t = last_traits()
     assert t.exact and t.clamp_rows == (M % t.tile.tile_m != 0), t.describe()

@@ -137,8 +137,8 @@ def run_case(runner: KernelRunner, tr: KhrTraits, case: Case, seed: int = 0) -> 
     kernel = build_gemm(tr)
     if tr.aligned:
         assert aligned_ok(tr, p), "test case does not meet the aligned preconditions"
-    if tr.clamp_rows:
-        assert clamped_ok(tr, p) and not exact_ok(tr, p), "test case is not N, K tiles"
+    if tr.clamp_rows or tr.clamp_cols:
+        assert clamped_ok(tr, p) and not exact_ok(tr, p), "test case is not K tiles"
     elif tr.exact:
         assert exact_ok(tr, p), "test case is not whole tiles"
     sentinel = np.array(_fill(tr.result_type), dtype=NP[tr.result_type])
@@ -236,23 +236,26 @@ def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
                               beta=beta), seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
 
 
-@pytest.mark.parametrize(("buffering", "M"), [(1, 40), (2, 8), (3, 40), (4, 8), (5, 40)],
-                         ids=["buf1-M40", "buf2-M8", "buf3-M40", "buf4-M8", "buf5-M40"])
+@pytest.mark.parametrize(("buffering", "M", "N"),
+                         [(1, 40, 96), (2, 8, 96), (3, 40, 88), (4, 8, 88), (5, 64, 88)],
+                         ids=["buf1-M40", "buf2-M8", "buf3-M40-N88", "buf4-M8-N88",
+                              "buf5-N88"])
 @pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
 @pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
 @pytest.mark.parametrize("config", CONFIGS, ids=param_id)
-def test_clamped_rows_variant(runner: KernelRunner, config: tuple[CT, CT],
-                              layouts: tuple[Layout, Layout], has_c: bool, buffering: int,
-                              M: int) -> None:
-    """The exact variant with clamped rows: N and K whole tiles, M ending inside the last
-    row block (8 rows of a 32-row tile; one whole block and 8 rows). A's padding is NaN
-    and D's gaps are checked, so a read of a row past M or a store of one shows."""
+def test_clamped_variant(runner: KernelRunner, config: tuple[CT, CT],
+                         layouts: tuple[Layout, Layout], has_c: bool, buffering: int, M: int,
+                         N: int) -> None:
+    """The exact variant with clamped rows and/or columns: K whole tiles, M or N ending
+    inside the last block of a 32 x 32 tile (8 rows: inside the first; 88 columns: 24
+    into the third). The padding of A and B is NaN and D's gaps are checked, so a read
+    of a row or column past the matrix, or a store of one, shows."""
     ab, res = config
     tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
-                 exact=True, clamp_rows=True)
-    case = Case(M, 96, 80, batch=2, pad=16, broadcast="b", alpha=0.5 if res.is_float else 3,
+                 exact=True, clamp_rows=M % 32 != 0, clamp_cols=N % 32 != 0)
+    case = Case(M, N, 80, batch=2, pad=16, broadcast="b", alpha=0.5 if res.is_float else 3,
                 beta=-1.5 if res.is_float else -2)
-    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering, M)) % 1000)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering, M, N)) % 1000)
 
 
 @pytest.mark.parametrize("size", [(1, 1, 1), (1, 19, 3), (23, 1, 7), (8, 8, 8), (9, 7, 1),

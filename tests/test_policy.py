@@ -158,6 +158,8 @@ def test_variants_follow_sizes_and_strides() -> None:
     general = khr(choose(LAVAPIPE, row_major(61, 63, 63, pair)))
     assert (exact.exact, exact.clamp_rows, exact.aligned) == (True, False, True)
     assert (clamped.exact, clamped.clamp_rows, clamped.aligned) == (True, True, True)
+    cols = khr(choose(LAVAPIPE, row_major(64, 56, 64, pair)))  # N ends inside a tile
+    assert (cols.exact, cols.clamp_rows, cols.clamp_cols) == (True, False, True)
     assert (aligned.exact, aligned.aligned) == (False, True)
     assert (general.exact, general.aligned) == (False, False)
 

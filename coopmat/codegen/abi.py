@@ -128,10 +128,13 @@ def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
 
 
 def clamped_ok(traits: GemmTraits, p: GemmParams) -> bool:
-    """Whether `p` may run on the exact variant with clamp_rows: the aligned variant's
-    preconditions, and N and K whole multiples of the workgroup tile (M need not be)."""
+    """Whether `p` may run on the exact variant with its clamping (KhrTraits.clamp_rows,
+    clamp_cols): the aligned variant's preconditions, K a whole multiple of the workgroup
+    tile, and M and N too unless their clamp is on."""
     t = traits.tile
-    return aligned_ok(traits, p) and p.N % t.tile_n == 0 and p.K % t.tile_k == 0
+    rows = getattr(traits, "clamp_rows", False) or p.M % t.tile_m == 0
+    cols = getattr(traits, "clamp_cols", False) or p.N % t.tile_n == 0
+    return aligned_ok(traits, p) and rows and cols and p.K % t.tile_k == 0
 
 
 def lookahead_steps(traits: KhrTraits) -> int:

@@ -37,11 +37,12 @@ class Kernel:
             if t.aligned and not abi.aligned_ok(t, p):
                 raise ValueError("these sizes/strides break the aligned variant's "
                                  "preconditions; use the general variant")
-            if t.clamp_rows and not abi.clamped_ok(t, p):
+            clamps = t.clamp_rows or t.clamp_cols
+            if clamps and not abi.clamped_ok(t, p):
                 raise ValueError("these sizes are not whole workgroup tiles; the exact "
-                                 "variant with clamped rows needs N, K multiples of its "
-                                 "tile")
-            if t.exact and not t.clamp_rows and not abi.exact_ok(t, p):
+                                 "variant needs K, and M and N where not clamped, "
+                                 "multiples of its tile")
+            if t.exact and not clamps and not abi.exact_ok(t, p):
                 raise ValueError("these sizes are not whole workgroup tiles; the exact "
                                  "variant needs M, N, K multiples of its tile")
         if isinstance(t, RowsTraits):

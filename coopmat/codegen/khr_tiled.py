@@ -252,11 +252,14 @@ class TiledGemmEmitter:
             outer, inner = s.add(op.outer0, line), s.add(k0, col)
         else:
             outer, inner = s.add(k0, line), s.add(op.outer0, col)
-        if op is self.A and self.t.clamp_rows:  # rows past M read row M - 1, never stored
+        # Rows past M read row M - 1, columns past N column N - 1; never stored.
+        limit = (self.P["M"] if op is self.A and self.t.clamp_rows else
+                 self.P["N"] if op is self.B and self.t.clamp_cols else None)
+        if limit is not None:
             if op.k_is_inner:
-                outer = self._clamp(outer, self.P["M"], 1)
-            else:  # M is contiguous: the last whole unit (aligned_ok: M of whole units)
-                inner = self._clamp(inner, self.P["M"], st.unit_elems)
+                outer = self._clamp(outer, limit, 1)
+            else:  # M or N is contiguous: the last whole unit (aligned_ok: whole units)
+                inner = self._clamp(inner, limit, st.unit_elems)
         index = s.add(s.add(op.base, s.mul(outer, op.ld)), inner)
         if st.unit_elems > 1:  # aligned variant: every term is a multiple of the vector
             index = s.shr(index, s.c(st.unit_elems.bit_length() - 1))
@@ -770,7 +773,7 @@ class TiledGemmEmitter:
         tile = t.tile
         if t.scratch_epilogue:
             for acc, i0, j0 in self._blocks():
-                self._store_checked(acc, i0, j0, checked=t.edge_rows)
+                self._store_checked(acc, i0, j0, checked=t.edges)
             return
         def direct() -> None:
             blocks = self._blocks()
@@ -782,12 +785,11 @@ class TiledGemmEmitter:
             for b, (acc, i0, j0) in enumerate(blocks):
                 self._store_fused(acc, i0, j0, residual(b))
 
-        if not t.edge_rows:  # no workgroup straddles an edge
+        if not t.edges:  # no workgroup straddles an edge
             direct()
             return
-        interior = s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"])
-        if not t.exact:  # with clamp_rows N is whole tiles
-            interior = s.and_(interior, s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
+        interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
+                          s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
         if not t.aligned:  # the general variant checks C/D alignment at run time
             flag = s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(abi.FLAG_DIRECT_CD))
             interior = s.and_(interior, s.f.op(Op.INotEqual, s.bool, flag, s.c(0)))

@@ -83,11 +83,11 @@ class KernelPlan:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
         and every tile's element-wise epilogue where D's type has no listed accumulator
         matrix (KhrTraits.scratch_epilogue); none in the exact variant without either,
-        which has no edge tiles (with clamp_rows its last row block is one). None in a
+        which has no edge tiles (clamping rows or columns makes the last blocks ones). None in a
         split-K (KhrTraits.split_k): its accumulators go whole to a workspace padded to
         whole tiles."""
         t = self.traits
-        if t.split_k > 1 or not (t.edge_rows or t.scratch_epilogue):
+        if t.split_k > 1 or not (t.edges or t.scratch_epilogue):
             return 0
         return t.m * t.n
 
@@ -191,8 +191,10 @@ def plan_kernel(traits: KhrTraits) -> KernelPlan:
         raise ValueError("specialized holds M, N, K, lda, ldb, ldc, ldd and 4 batch strides")
     if t.exact and not t.aligned:
         raise ValueError("the exact variant is a refinement of the khr aligned variant")
-    if t.clamp_rows and not t.exact:
-        raise ValueError("clamp_rows is a refinement of the exact variant")
+    if (t.clamp_rows or t.clamp_cols) and not t.exact:
+        raise ValueError("clamp_rows and clamp_cols are refinements of the exact variant")
+    if t.clamp_cols and t.b_quant is not None:
+        raise ValueError("a quantized B's columns are not clamped")
     if t.c_type != t.result_type:
         raise ValueError("C and Result component types must match (accumulators double as C)")
     if not t.out_matrix and t.out_type in (None, t.result_type):

@@ -230,22 +230,25 @@ class KhrTraits(GemmTraits):
     # allocated); policy.kernel.checks_off decides. NVIDIA's driver otherwise checks each
     # load.
     storage_checks: bool = True
-    # With exact: N and K are whole tiles but M may end inside the last row block. A's
-    # loads read row min(row, M - 1) (inside A, no check; the rows past M are never
-    # stored) and the last row block's D goes through the scratch, element by element.
-    # So few rows on a tile of more (8 rows on the 16-row tile) keep the exact kernel's
-    # unchecked loads (abi.clamped_ok says when it may run).
+    # With exact: K is whole tiles but M may end inside the last row block (clamp_rows)
+    # and N inside the last column block (clamp_cols). A's loads read row min(row, M - 1)
+    # and B's column min(col, N - 1) (inside the matrix, no check; what they feed is
+    # never stored), and workgroups straddling M or N store D through the scratch,
+    # element by element. So few rows on a tile of more (8 rows on the 16-row tile) keep
+    # the exact kernel's unchecked loads (abi.clamped_ok says when it may run). Not with
+    # a quantized B's columns.
     clamp_rows: bool = False
+    clamp_cols: bool = False
 
     @property
     def variant(self) -> str:
         return "exact" if self.exact else "aligned" if self.aligned else "general"
 
     @property
-    def edge_rows(self) -> bool:
-        """Whether some workgroup's tile may straddle M (every variant but exact without
-        clamp_rows)."""
-        return not self.exact or self.clamp_rows
+    def edges(self) -> bool:
+        """Whether some workgroup's tile may straddle M or N (every variant but exact
+        without clamping)."""
+        return not self.exact or self.clamp_rows or self.clamp_cols
 
     @property
     def scratch_epilogue(self) -> bool:
@@ -289,6 +292,8 @@ class KhrTraits(GemmTraits):
             extra += "-unchecked"
         if self.clamp_rows:
             extra += "-clamped"
+        if self.clamp_cols:
+            extra += "-clampedcols"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 

@@ -375,7 +375,8 @@ def rolls_k_loop(traits: KhrTraits, params: GemmParams, covering: bool) -> bool:
 def bounds_checked(traits: KhrTraits) -> KhrTraits:
     """The bounds-checked (aligned) variant of exact traits, for operands without the
     exact variant's read-past margins: with the driver's checks back on."""
-    return replace(traits, exact=False, clamp_rows=False, storage_checks=True)
+    return replace(traits, exact=False, clamp_rows=False, clamp_cols=False,
+                   storage_checks=True)
 
 
 def checks_off(traits: KhrTraits) -> bool:
@@ -404,7 +405,7 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
                     options: Options | None = None, covering: bool = False,
                     few_rows: bool = False) -> GemmTraits:
     """khr traits with the fastest variant `params` allow: exact (whole tiles, no bounds
-    checks), else exact with clamp_rows (N and K whole tiles), else aligned (vector
+    checks), else exact with clamped rows and columns (K whole tiles), else aligned (vector
     loads), else general; specialized for these sizes and
     strides where `specializes` says so (`covering`: the tile was widened to hold a
     few-row product's rows); the K loop rolled where `few_rows` (a few-row product on a
@@ -412,14 +413,16 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
     says so."""
     if not isinstance(traits, KhrTraits):  # nv2: one kernel for every alignment and shape
         return traits
-    general = replace(traits, aligned=False, exact=False, clamp_rows=False, specialized=(),
-                      storage_checks=True, k_loop_rolled=False)
+    general = replace(traits, aligned=False, exact=False, clamp_rows=False, clamp_cols=False,
+                      specialized=(), storage_checks=True, k_loop_rolled=False)
     aligned = replace(general, aligned=True)
     if not abi.aligned_ok(aligned, params):
         best = general
     else:
         exact = replace(aligned, exact=True)
-        clamped = replace(exact, clamp_rows=True)
+        t = traits.tile
+        clamped = replace(exact, clamp_rows=params.M % t.tile_m != 0,
+                          clamp_cols=params.N % t.tile_n != 0 and traits.b_quant is None)
         best = (exact if abi.exact_ok(exact, params) else
                 clamped if abi.clamped_ok(clamped, params) else aligned)
     if specializes(best, params, batch, options or Options(), covering):
