@@ -27,10 +27,10 @@ The rules, each with its measurement in docs/kernels.md:
 - khr tile: tuned, else the default for the shape class (few rows, or general); on a
   GPU, a few-row tile with fewer rows than M is widened to hold them all
   (tiles.covering_rows_tile);
-- khr variant: exact (whole tiles, no bounds checks) > exact with clamped rows (N and K
-  whole tiles, M any) > aligned (vector loads) > general, whichever the sizes and
-  strides allow; sizes and strides compiled in for problems of
-  SPECIALIZE_MIN_OPS or more, and for few-row products on a covering tile of
+- khr variant: exact (whole tiles, no bounds checks) > exact with clamped rows and
+  columns (K whole tiles, M and N any; N whole for a quantized B) > aligned (vector
+  loads) > general, whichever the sizes and strides allow; sizes and strides compiled in
+  for problems of SPECIALIZE_MIN_OPS or more, and for few-row products on a covering tile of
   SPECIALIZE_COVERING_MIN_OPS or more (Options.specialize);
 - 8-bit operands that are not K-contiguous are repacked first when M > SMALL_M;
 - split-K (KernelChoice.split_k = S > 1: the khr GEMM over S slices of K in one
