@@ -131,9 +131,11 @@ def clamped_ok(traits: GemmTraits, p: GemmParams) -> bool:
     """Whether `p` may run on the exact variant with its clamping (KhrTraits.clamp_rows,
     clamp_cols): the aligned variant's preconditions, K a whole multiple of the workgroup
     tile, and M and N too unless their clamp is on."""
+    if not isinstance(traits, KhrTraits):
+        return False  # only the khr family has an exact variant
     t = traits.tile
-    rows = getattr(traits, "clamp_rows", False) or p.M % t.tile_m == 0
-    cols = getattr(traits, "clamp_cols", False) or p.N % t.tile_n == 0
+    rows = traits.clamp_rows or p.M % t.tile_m == 0
+    cols = traits.clamp_cols or p.N % t.tile_n == 0
     return aligned_ok(traits, p) and rows and cols and p.K % t.tile_k == 0
 
 

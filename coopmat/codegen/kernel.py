@@ -37,14 +37,10 @@ class Kernel:
             if t.aligned and not abi.aligned_ok(t, p):
                 raise ValueError("these sizes/strides break the aligned variant's "
                                  "preconditions; use the general variant")
-            clamps = t.clamp_rows or t.clamp_cols
-            if clamps and not abi.clamped_ok(t, p):
+            if t.exact and not abi.clamped_ok(t, p):
                 raise ValueError("these sizes are not whole workgroup tiles; the exact "
-                                 "variant needs K, and M and N where not clamped, "
-                                 "multiples of its tile")
-            if t.exact and not clamps and not abi.exact_ok(t, p):
-                raise ValueError("these sizes are not whole workgroup tiles; the exact "
-                                 "variant needs M, N, K multiples of its tile")
+                                 "variant needs M, N, K multiples of its tile (M and N "
+                                 "not where clamped)")
         if isinstance(t, RowsTraits):
             why = abi.rows_violation(t, p)
             if why is not None:

@@ -419,12 +419,10 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
     if not abi.aligned_ok(aligned, params):
         best = general
     else:
-        exact = replace(aligned, exact=True)
-        t = traits.tile
-        clamped = replace(exact, clamp_rows=params.M % t.tile_m != 0,
-                          clamp_cols=params.N % t.tile_n != 0 and traits.b_quant is None)
-        best = (exact if abi.exact_ok(exact, params) else
-                clamped if abi.clamped_ok(clamped, params) else aligned)
+        t = traits.tile  # clamped where M or N ends inside a tile (none: whole tiles)
+        exact = replace(aligned, exact=True, clamp_rows=params.M % t.tile_m != 0,
+                        clamp_cols=params.N % t.tile_n != 0 and traits.b_quant is None)
+        best = exact if abi.clamped_ok(exact, params) else aligned
     if specializes(best, params, batch, options or Options(), covering):
         best = replace(best, specialized=abi.shape_values(params))
     if few_rows and rolls_k_loop(best, params, covering):
@@ -780,17 +778,17 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
     choice = _choose(info, p, options, tuned, None)
     if not isinstance(choice.traits, KhrTraits):  # split-K is the khr family's
         return choice
+    deep = _deep_traits(info, p, options, choice)
     if options.split_k is not None:
         S = options.split_k
     else:
-        deepens = _deep_traits(info, p, options, choice) is not None
-        S = split_k_for(info, p, choice.traits, deepens) if SPLIT_K_DEFAULT else 1
+        S = split_k_for(info, p, choice.traits, deep is not None) if SPLIT_K_DEFAULT else 1
     if S <= 1 or split_k_violation(info, p, S) is not None:
-        return _deepened(info, p, options, tuned, choice)
+        return _deepened(info, p, options, tuned, choice, deep)
     sliced = _choose(info, slice_problem(p, S), replace(options, family="khr"), tuned, None)
     assert isinstance(sliced.traits, KhrTraits)
     if _split_tiles_violation(sliced.traits, p) is not None:
-        return _deepened(info, p, options, tuned, choice)
+        return _deepened(info, p, options, tuned, choice, deep)
     return replace(split_choice(p, sliced, S), why="forced" if options.split_k else choice.why)
 
 
@@ -851,13 +849,12 @@ def _deep_traits(info: PhysicalDeviceInfo, p: Problem, options: Options,
 
 
 def _deepened(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
-              choice: KernelChoice) -> KernelChoice:
+              choice: KernelChoice, deep: KhrTraits | None) -> KernelChoice:
     """An unsplit few-row product of a float B on a GPU, on the few-row tile: that tile
-    with twice the K step where `_deep_traits` gives it."""
-    traits = _deep_traits(info, p, options, choice)
-    if traits is None:
+    with twice the K step where `_deep_traits` gave `deep`."""
+    if deep is None:
         return choice
-    return replace(_choose(info, p, options, tuned, traits), why=choice.why)
+    return replace(_choose(info, p, options, tuned, deep), why=choice.why)
 
 
 def _choose(info: PhysicalDeviceInfo, p: Problem, options: Options, tuned: Tuned,
