@@ -15,6 +15,8 @@ PhysicalStorageBufferAddresses); the blocks travel in a float16 array of the wei
 logical size (the plan's bounds), the blocks at its start.
 
     python benchmarks/nv2_decode_probe.py q4_0 --ms 16,512 --shapes 4096x4096,4096x14336
+    python benchmarks/nv2_decode_probe.py q4_0 --all-tiles --ms 16,512   # every nv2 tile
+    python benchmarks/nv2_decode_probe.py q4_0 --operand a ...  # w @ x.T, A the weight
     python benchmarks/nv2_decode_probe.py q4_0 --spirv out.spv   # the module, no GPU
 
 One format per process: the nv2 pipelines are cached by traits, which do not name the
@@ -204,6 +206,9 @@ def main() -> None:
     ap.add_argument("--spirv", default="", help="write one module here and stop")
     ap.add_argument("--operand", default="b", choices=("a", "b"),
                     help="b: x @ w.T with B the weight; a: w @ x.T with A the weight")
+    ap.add_argument("--all-tiles", action="store_true",
+                    help="time every nv2 tile candidate (nv2_tile_candidates), not only "
+                    "the policy's")
     args = ap.parse_args()
     if args.spirv:
         from coopmat.codegen import default_nv2_tile, nv2_traits
@@ -223,6 +228,7 @@ def main() -> None:
     from decode_sweep import measure, quant_sweep
 
     from coopmat.bench_infer import warm_up
+    from coopmat.codegen.variants import nv2_tiles
     from coopmat.dispatch.gemm import PreparedGemm
     from coopmat.dispatch.runtime import runtime
     from coopmat.policy import Options, resolve
@@ -244,18 +250,29 @@ def main() -> None:
             x = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
             ref = x.astype(np.float64) @ deq.T
             pair = resolve(rt.device.info, x.dtype, x.dtype)
-            if args.operand == "b":
-                g = PreparedGemm(rt, pair, x[None], carrier.T[None], None, 1, 1, 0,
-                                 options=Options(family="nv2"))
-                t, t1, label, name, regs, err = measure(rt, g, "nv2dec", ref)
-            else:  # D^T = w @ x.T
-                g = PreparedGemm(rt, pair, carrier[None], x.T[None], None, 1, 1, 0,
-                                 options=Options(family="nv2"))
-                t, t1, label, name, regs, err = measure(rt, g, "nv2dec", ref.T)
+            a, b, want = (x, carrier.T, ref) if args.operand == "b" else \
+                (carrier, x.T, ref.T)  # D^T = w @ x.T
+            g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0,
+                             options=Options(family="nv2"))
+            base = g.traits
+            found = [measure(rt, g, "nv2dec", want)]
+            if args.all_tiles:
+                for tile in nv2_tiles(rt.device.info, base.a_type, base.result_type):
+                    if tile == base.tile:
+                        continue
+                    try:
+                        g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0,
+                                         options=Options(family="nv2"),
+                                         traits=replace(base, tile=tile))
+                    except Exception as exc:  # a tile the device refuses
+                        print(f"  skip {tile}: {exc}", file=sys.stderr)
+                        continue
+                    found.append(measure(rt, g, "nv2dec", want))
             tb = q.nbytes / 1e12
-            print(f"== {args.format} {M} x {K} -> {N}: nv2 decode of {args.operand} "
-                  f"{t * 1e6:8.1f} us {tb / t:5.2f} TB/s (alone {t1 * 1e6:.1f})  "
-                  f"regs {regs}  err {err:.2e}  {name}", flush=True)
+            for t, t1, _label, name, regs, err in sorted(found):
+                print(f"== {args.format} {M} x {K} -> {N}: nv2 decode of {args.operand} "
+                      f"{t * 1e6:8.1f} us {tb / t:5.2f} TB/s (alone {t1 * 1e6:.1f})  "
+                      f"regs {regs}  err {err:.2e}  {name}", flush=True)
         quant_sweep(rt, [(K, N)], ms, [args.format], 4, sweep=False)
 
 
