@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import struct
 import sys
 from dataclasses import replace
 
@@ -44,33 +43,30 @@ from coopmat.codegen.nv2_workgroup import (  # noqa: E402
     _Operand,
 )
 from coopmat.codegen.spv import (  # noqa: E402
+    AddressingModel,
+    Capability,
     Decoration,
     MemoryAccess,
     Op,
+    StorageClass,
     TensorAddressingOperands,
     TensorClampMode,
 )
 from coopmat.codegen.traits import Layout, Nv2Traits  # noqa: E402
 from coopmat.quant_formats import BLOCK_ELEMS, quant_format  # noqa: E402
 
-# SPIR-V numbers this probe needs beyond coopmat/codegen/spv.py (SPIR-V 1.6 spec,
-# SPV_NV_cooperative_matrix2).
-STORAGE_PHYSICAL = 5349  # StorageClass PhysicalStorageBuffer
-CAP_PHYSICAL_ADDRESSES = 5347  # PhysicalStorageBufferAddresses
-CAP_BLOCK_LOADS = 5434  # CooperativeMatrixBlockLoadsNV
-CAP_INT16 = 22
-ADDRESSING_PHYSICAL64 = 5348
-OP_MEMORY_MODEL = 14
+PHYSICAL = StorageClass.PhysicalStorageBuffer
 
 
 class QuantNv2Emitter(Nv2GemmEmitter):
-    """The nv2 GEMM with B = a column-major GGUF weight (N x K, K / 32 blocks a row)."""
+    """The nv2 GEMM with one operand a GGUF weight (N x K, K / 32 blocks a row)."""
 
     def __init__(self, traits: Nv2Traits, fmt: str, operand: str = "b") -> None:
         """operand "b": B is the weight (x @ w.T, B column-major); "a": A is (w @ x.T,
         A row-major: the weight's rows are A's, as llama.cpp's mul_mm_cm2 runs it)."""
-        want = traits.b_layout if operand == "b" else traits.a_layout
-        if want != (Layout.COLUMN_MAJOR if operand == "b" else Layout.ROW_MAJOR):
+        layout, k_contiguous = (traits.b_layout, Layout.COLUMN_MAJOR) if operand == "b" \
+            else (traits.a_layout, Layout.ROW_MAJOR)
+        if layout != k_contiguous:
             raise ValueError("the weight's K must be contiguous")
         super().__init__(traits)
         self.fmt = quant_format(fmt)
@@ -79,7 +75,9 @@ class QuantNv2Emitter(Nv2GemmEmitter):
     def _declare(self) -> None:
         super()._declare()
         s, mb = self.s, self.s.mb
-        mb.capability(CAP_PHYSICAL_ADDRESSES, CAP_BLOCK_LOADS, CAP_INT16)  # type: ignore[arg-type]
+        mb.capability(Capability.PhysicalStorageBufferAddresses,
+                      Capability.CooperativeMatrixBlockLoadsNV, Capability.Int16)
+        mb.addressing = AddressingModel.PhysicalStorageBuffer64
         self.q_clamped_t = mb.type_tensor_layout(2, TensorClampMode.Constant)
         self.q_fast_t = mb.type_tensor_layout(2, TensorClampMode.Undefined)
         self.q_view_t = mb.type_tensor_view(2, False, (1, 0))
@@ -90,7 +88,7 @@ class QuantNv2Emitter(Nv2GemmEmitter):
         block = mb.type_struct([f16, data])
         mb.member_decorate(block, 0, Decoration.Offset, 0)
         mb.member_decorate(block, 1, Decoration.Offset, 2)
-        self.block_ptr = mb.type_pointer(STORAGE_PHYSICAL, block)  # type: ignore[arg-type]
+        self.block_ptr = mb.type_pointer(PHYSICAL, block)
         self.f16, self.u16 = f16, u16
         self.coords = mb.type_array(s.u32, 2)
         self.decode_fn = self._decode_function()
@@ -108,13 +106,12 @@ class QuantNv2Emitter(Nv2GemmEmitter):
             f = fb
             c = f.op(Op.CompositeExtract, s.u32, inside, 1)
             aligned = (int(MemoryAccess.Aligned), 2)
-            d_ptr = f.op(Op.AccessChain, mb.type_pointer(STORAGE_PHYSICAL, self.f16),  # type: ignore[arg-type]
-                         ptr, s.c(0))
+            d_ptr = f.op(Op.AccessChain, mb.type_pointer(PHYSICAL, self.f16), ptr, s.c(0))
             d = f.op(Op.Load, self.f16, d_ptr, *aligned)
             byte = f.op(Op.BitwiseAnd, s.u32, c, s.c(15)) if fmt.nibbles else c
             word_at = s.shr(byte, s.c(1))
-            w_ptr = f.op(Op.AccessChain, mb.type_pointer(STORAGE_PHYSICAL, self.u16),  # type: ignore[arg-type]
-                         ptr, s.c(1), word_at)
+            w_ptr = f.op(Op.AccessChain, mb.type_pointer(PHYSICAL, self.u16), ptr, s.c(1),
+                         word_at)
             word = f.op(Op.UConvert, s.u32, f.op(Op.Load, self.u16, w_ptr, *aligned))
             shift = f.op(Op.ShiftLeftLogical, s.u32, f.op(Op.BitwiseAnd, s.u32, byte, s.c(1)),
                          s.c(3))
@@ -171,14 +168,6 @@ class QuantNv2Emitter(Nv2GemmEmitter):
             return self._load_q(k0, clamped=tail)
         return super()._fast_load(fo, zero, k0, tail)
 
-    def build(self) -> bytes:
-        words = list(struct.unpack(f"<{len(spv := super().build()) // 4}I", spv))
-        for i in range(5, len(words)):  # the memory model: Logical -> PhysicalStorageBuffer64
-            if words[i] == (3 << 16 | OP_MEMORY_MODEL):
-                words[i + 1] = ADDRESSING_PHYSICAL64
-                break
-        return struct.pack(f"<{len(words)}I", *words)
-
 
 def install(fmt: str, operand: str) -> None:
     """Build every nv2 kernel of this process with `operand` as `fmt` blocks, and enable
@@ -207,8 +196,8 @@ def main() -> None:
     ap.add_argument("--operand", default="b", choices=("a", "b"),
                     help="b: x @ w.T with B the weight; a: w @ x.T with A the weight")
     ap.add_argument("--all-tiles", action="store_true",
-                    help="time every nv2 tile candidate (nv2_tile_candidates), not only "
-                    "the policy's")
+                    help="time every nv2 tile the device allows (variants.nv2_tiles), not "
+                    "only the policy's")
     args = ap.parse_args()
     if args.spirv:
         from coopmat.codegen import default_nv2_tile, nv2_traits
@@ -246,6 +235,7 @@ def main() -> None:
         carrier = np.zeros((N, K), np.float16)  # the plan's bounds; blocks at the start
         raw = np.frombuffer(q.blocks(), np.uint8)
         carrier.reshape(-1).view(np.uint8)[:raw.size] = raw
+        tb = q.nbytes / 1e12
         for M in ms:
             x = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
             ref = x.astype(np.float64) @ deq.T
@@ -268,7 +258,6 @@ def main() -> None:
                         print(f"  skip {tile}: {exc}", file=sys.stderr)
                         continue
                     found.append(measure(rt, g, "nv2dec", want))
-            tb = q.nbytes / 1e12
             for t, t1, _label, name, regs, err in sorted(found):
                 print(f"== {args.format} {M} x {K} -> {N}: nv2 decode of {args.operand} "
                       f"{t * 1e6:8.1f} us {tb / t:5.2f} TB/s (alone {t1 * 1e6:.1f})  "

@@ -69,6 +69,9 @@ class ModuleBuilder:
         self._dedup: dict[tuple[object, ...], int] = {}
         self._scalars: dict[int, ScalarInfo] = {}
         self.interface: list[int] = []  # every global variable (SPIR-V 1.4+ entry points)
+        # PhysicalStorageBuffer64 where the module uses buffer addresses (pointers of
+        # storage class PhysicalStorageBuffer).
+        self.addressing = AddressingModel.Logical
 
     # -- ids and module-level declarations ---------------------------------------------
     def new_id(self) -> int:
@@ -256,7 +259,7 @@ class ModuleBuilder:
         words += [w for c in self._capabilities for w in instruction(Op.Capability, c)]
         words += [w for e in self._extensions for w in instruction(Op.Extension, e)]
         words += [w for n, i in self._imports.items() for w in instruction(Op.ExtInstImport, i, n)]
-        words += instruction(Op.MemoryModel, AddressingModel.Logical, MemoryModel.Vulkan)
+        words += instruction(Op.MemoryModel, self.addressing, MemoryModel.Vulkan)
         for section in (self._entry, self._modes, self._names, self._annotations,
                         self._globals, self._functions):
             for inst in section:

@@ -141,8 +141,10 @@ class Capability(enum.IntEnum):
     BFloat16CooperativeMatrixKHR = 5118
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
+    PhysicalStorageBufferAddresses = 5347
     CooperativeMatrixPerElementOperationsNV = 5432
     CooperativeMatrixTensorAddressingNV = 5433
+    CooperativeMatrixBlockLoadsNV = 5434
     TensorAddressingNV = 5439
     CooperativeMatrixKHR = 6022
 
@@ -161,6 +163,7 @@ class GLSLstd450(enum.IntEnum):
 
 class AddressingModel(enum.IntEnum):
     Logical = 0
+    PhysicalStorageBuffer64 = 5348
 
 
 class MemoryModel(enum.IntEnum):
@@ -182,6 +185,7 @@ class StorageClass(enum.IntEnum):
     Function = 7
     PushConstant = 9
     StorageBuffer = 12
+    PhysicalStorageBuffer = 5349
 
 
 class Decoration(enum.IntEnum):
