@@ -99,7 +99,8 @@ def checks_storage(M: int, b_quant: str | None = None) -> bool:
 # elements of K a step; docs/kernels.md) it took 1 x 14336 @ (4096 x 14336)^T (14 steps)
 # from 37.2 to 30.2 us, 2 rows 38.3 -> 31.0, 4 rows 43.4 -> 41.2; at K = 4096 (4 steps) it
 # was as fast at one row and up to 23% slower at 2 and 4. With a quantized B it was slower
-# in 22 of 30 cases (up to 1.36x), 1-4% faster in the others: off there.
+# in 22 of 30 cases (up to 1.36x), 1-4% faster in the others, and with the packed-float16
+# arithmetic slower in all 24 policy cases (docs/quantized.md, "One row of q4_0"): off there.
 PREFETCH_MIN_STEPS = 8
 
 
