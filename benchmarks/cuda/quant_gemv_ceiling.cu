@@ -41,7 +41,7 @@
 #include <functional>
 #include <vector>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
+#include "probe.cuh"
 
 constexpr int BLOCK_BYTES = 18;
 constexpr int PAD = 64;  // bytes past the last block that a variant may read
@@ -153,8 +153,8 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_run(const uint8_t* W, const _
 }
 
 // The warp's C columns' step read as 16-byte loads into shared memory, then as gemv_run.
-// A column's step is 32 B blocks: 576 B bytes, 36 B 16-byte units; it needs K % (32 * 32 B)
-// == 0 so every step starts 16-byte aligned.
+// A column's step is 32 B blocks: 576 B bytes, 36 B 16-byte units. It needs whole steps
+// (K / 32 a multiple of 32 B); with B even every step then starts 16-byte aligned.
 template <int C, int WARPS, int B>
 __global__ void __launch_bounds__(WARPS * 32) gemv_smem(const uint8_t* W, const __half* x, float* y, int N, int K) {
   constexpr int UNITS = 36 * B;          // 16-byte units of one column's step
@@ -200,20 +200,6 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_smem(const uint8_t* W, const 
   finish<C>(acc, y, col0, N);
 }
 
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t* r, uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
-}
-__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One block dequantized to float16 in K order, (q - 8) * d rounded once (as coopmat's khr
 // staging makes it), as 4 16-byte units: weights 0-7, 8-15, 16-23, 24-31.
@@ -356,22 +342,6 @@ __global__ void read_only(const uint4* W, size_t n, uint32_t* sink) {
 
 __global__ void empty_kernel() {}
 
-static float time_us(const std::function<void()>& launch) {
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0); cudaEventCreate(&e1);
-  for (int i = 0; i < 20; ++i) launch();
-  std::vector<float> ts;
-  for (int r = 0; r < 7; ++r) {
-    cudaEventRecord(e0);
-    for (int i = 0; i < 50; ++i) launch();
-    cudaEventRecord(e1);
-    CK(cudaEventSynchronize(e1));
-    float ms; cudaEventElapsedTime(&ms, e0, e1); ts.push_back(ms * 1e3f / 50);
-  }
-  CK(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  return ts[3];
-}
 
 template <typename F>
 static int regs_of(F kernel) {
