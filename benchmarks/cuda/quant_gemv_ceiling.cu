@@ -24,6 +24,9 @@
 // ldmatrix and mma.sync m16n8k16 take W as A (16 weight rows x 16 k) and x^T as B (16 k
 // x 8 rows of x): the 16 x 8 x 16 cooperative matrix NVIDIA's Vulkan driver offers. No
 // workgroup barrier; slices add into y with atomics (not cleared between timed launches).
+// tcreg: the same product with no shared memory: each lane dequantizes straight into
+// mma's A fragment (K permuted inside each block to match, x read already permuted),
+// which a Vulkan cooperative matrix's opaque layout does not allow.
 // Also: an empty kernel launched back to back (the launch floor) and a read of the same
 // bytes as 16-byte loads with no arithmetic (the read ceiling for these bytes).
 // Each line: microseconds per product (median of 7 timings of 50 launches back to back,
@@ -231,6 +234,25 @@ __device__ __forceinline__ void dequant_block(const uint32_t* w, int sh, uint4* 
   out[3] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
 }
 
+// y (M x N) from the accumulators of mma m16n8k16 (lane (g, t): weight rows g, g + 8 of
+// each 16, rows 2t, 2t + 1 of x in each 8); SPLIT > 1 adds with atomics.
+template <int CT, int MT, int SPLIT>
+__device__ __forceinline__ void store_fragments(const float (&acc)[CT][MT][4], float* y, int n0, int M, int N) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int ct = 0; ct < CT; ++ct)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int n = n0 + ct * 16 + g + (e / 2) * 8, m = mt * 8 + 2 * t + e % 2;
+        if (m < M && n < N) {
+          if (SPLIT > 1) atomicAdd(&y[(size_t)m * N + n], acc[ct][mt][e]);
+          else y[(size_t)m * N + n] = acc[ct][mt][e];
+        }
+      }
+}
+
 // Tensor cores: each warp owns 16 CT weight rows and a K slice (blockIdx.y of SPLIT); per
 // step it dequantizes SB blocks of each row (one or more per lane, loaded a step ahead)
 // into its own shared tile, stages the matching M x 32 SB of x (rows past M zero), and
@@ -316,18 +338,82 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_tc(const uint8_t* W, const __
     }
     __syncwarp();
   }
+  store_fragments<CT, MT, SPLIT>(acc, y, n0, M, N);
+}
+
+// Tensor cores without shared memory (tcreg): each lane dequantizes straight into the
+// registers of mma's A fragment. Lane (g, t) = (lane / 4, lane % 4) holds weight rows g and
+// g + 8 of the warp's 16; from each block of those rows it reads the 4 qs bytes 4t..4t+3
+// (and d), whose fields at bits s and s + 16 are weight pairs: (4t, 4t+2) for s = 0,
+// (4t+1, 4t+3) for 8, and 16 more for 4 and 12. K is permuted inside each block so that
+// these pairs are the fragment's (k 2t, 2t+1) and (k 2t+8, 2t+9) of the block's two k16
+// chunks, and x, read straight from memory as 8-byte pieces, is permuted to match. A
+// CUDA kernel can do this because mma's fragment layout is documented; a Vulkan
+// cooperative matrix's is not. Same rounding as tc; slices add with atomics.
+template <int CT, int SB, int MT, int WARPS, int SPLIT>
+__global__ void __launch_bounds__(WARPS * 32) gemv_tcreg(const uint8_t* W, const __half* x, float* y, int M, int N, int K) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int n0 = (blockIdx.x * WARPS + warp) * 16 * CT;
+  const int nb = K / 32;
+  const size_t rw = (size_t)nb * BLOCK_BYTES / 4;  // a row's 32-bit words (nb even)
+  const uint32_t* W32 = reinterpret_cast<const uint32_t*>(W);
+  const int kb0 = blockIdx.y * (nb / SPLIT), steps = nb / SPLIT / SB;
+  const __half2 off = __floats2half2_rn(1032.f, 1032.f);
+  float acc[CT][MT][4] = {};
+  for (int step = 0; step < steps; ++step) {
 #pragma unroll
-  for (int ct = 0; ct < CT; ++ct)
+    for (int b = 0; b < SB; ++b) {
+      const int blk = kb0 + step * SB + b;  // even b <-> even blk (kb0 and SB even)
+      uint32_t bx[MT][2][2];                // [mt][chunk][b0, b1]
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt) {
+        const int m = mt * 8 + g;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int n = n0 + ct * 16 + lane / 4 + (e / 2) * 8, m = mt * 8 + 2 * (lane % 4) + e % 2;
-        if (m < M && n < N) {
-          if (SPLIT > 1) atomicAdd(&y[(size_t)m * N + n], acc[ct][mt][e]);
-          else y[(size_t)m * N + n] = acc[ct][mt][e];
+        for (int c = 0; c < 2; ++c) {
+          uint2 v = make_uint2(0, 0);
+          if (m < M) v = __ldg(reinterpret_cast<const uint2*>(x + (size_t)m * K + blk * 32 + 16 * c + 4 * t));
+          bx[mt][c][0] = __byte_perm(v.x, v.y, 0x5410);  // (x 4t, x 4t+2)
+          bx[mt][c][1] = __byte_perm(v.x, v.y, 0x7632);  // (x 4t+1, x 4t+3)
         }
       }
+#pragma unroll
+      for (int ct = 0; ct < CT; ++ct) {
+        uint32_t a[2][4];  // [chunk][fragment register]
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // rows g and g + 8
+          const size_t row = (size_t)(n0 + ct * 16 + g + 8 * h);
+          const size_t w0 = row * rw + ((size_t)blk * BLOCK_BYTES) / 4;  // word holding the block's first byte
+          uint32_t dbits, qs;
+          if ((b & 1) == 0) {  // block starts 4-byte aligned: d low, qs from bit 16 on
+            uint32_t first = __ldg(W32 + w0);
+            dbits = first & 0xFFFFu;
+            uint32_t lo = t == 0 ? first : __ldg(W32 + w0 + t);
+            qs = __funnelshift_r(lo, __ldg(W32 + w0 + t + 1), 16);
+          } else {  // block starts at bit 16 of word w0: d high, qs aligned from w0 + 1
+            dbits = __ldg(W32 + w0) >> 16;
+            qs = __ldg(W32 + w0 + 1 + t);
+          }
+          const __half2 d2 = __half2half2(__ushort_as_half((unsigned short)dbits));
+          uint32_t f[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {  // shifts 0, 8 (chunk 0), 4, 12 (chunk 1)
+            const int sh = i == 0 ? 0 : i == 1 ? 8 : i == 2 ? 4 : 12;
+            uint32_t u = ((qs >> sh) & 0x000F000Fu) | 0x64006400u;
+            __half2 v = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&u), off), d2);
+            f[i] = *reinterpret_cast<uint32_t*>(&v);
+          }
+          a[0][h] = f[0]; a[0][2 + h] = f[1];
+          a[1][h] = f[2]; a[1][2 + h] = f[3];
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(acc[ct][mt], a[0], bx[mt][0][0], bx[mt][0][1]);
+          mma(acc[ct][mt], a[1], bx[mt][1][0], bx[mt][1][1]);
+        }
+      }
+    }
+  }
+  store_fragments<CT, MT, SPLIT>(acc, y, n0, M, N);
 }
 
 // Read the weight as 16-byte loads, no arithmetic (a xor per load keeps them).
@@ -419,6 +505,12 @@ int main() {
       TCV(2, 4, MT, 2, 2); TCV(2, 4, MT, 2, 4); TCV(2, 4, MT, 2, 8); \
       TCV(2, 2, MT, 4, 4); TCV(2, 2, MT, 4, 8); TCV(1, 8, MT, 2, 16);
       if (M <= 8) { TCM(1); TCV(2, 8, 1, 2, 4); } else { TCM(2); }
+#define TRV(CT, SB, MT, WARPS, SPLIT) if (M <= 8 * MT && (K / 32 / SPLIT) % SB == 0 && (K / 32 / SPLIT) % 2 == 0) report("tcreg CT" #CT " SB" #SB " MT" #MT " w" #WARPS " split" #SPLIT, regs_of(gemv_tcreg<CT, SB, MT, WARPS, SPLIT>), [&] { gemv_tcreg<CT, SB, MT, WARPS, SPLIT><<<dim3(N / (16 * CT * WARPS), SPLIT), WARPS * 32>>>(dW, dx, dy, M, N, K); }, true)
+#define TRM(MT) \
+      TRV(1, 2, MT, 4, 1); TRV(1, 2, MT, 4, 2); TRV(1, 2, MT, 4, 4); TRV(1, 4, MT, 4, 2); \
+      TRV(1, 4, MT, 4, 4); TRV(2, 2, MT, 4, 1); TRV(2, 2, MT, 4, 2); TRV(2, 4, MT, 4, 2); \
+      TRV(2, 4, MT, 4, 4); TRV(1, 8, MT, 4, 2); TRV(1, 4, MT, 8, 4);
+      if (M <= 8) { TRM(1); } else { TRM(2); }
     }
     CK(cudaFree(dW)); CK(cudaFree(dx)); CK(cudaFree(dy)); CK(cudaFree(sink));
   }
