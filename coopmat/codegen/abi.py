@@ -121,10 +121,10 @@ def aligned_ok(traits: GemmTraits, p: GemmParams) -> bool:
 
 def exact_ok(traits: GemmTraits, p: GemmParams) -> bool:
     """Whether `p` may run on the exact variant: the aligned variant's preconditions, and
-    M, N, K whole multiples of the workgroup tile (no edge tiles, no partial K step)."""
-    t = traits.tile
-    return (aligned_ok(traits, p) and p.M % t.tile_m == 0 and p.N % t.tile_n == 0
-            and p.K % t.tile_k == 0)
+    M, N, K whole multiples of the workgroup tile (no edge tiles, no partial K step):
+    clamped_ok with neither clamp."""
+    return isinstance(traits, KhrTraits) and clamped_ok(
+        replace(traits, clamp_rows=False, clamp_cols=False), p)
 
 
 def clamped_ok(traits: GemmTraits, p: GemmParams) -> bool:

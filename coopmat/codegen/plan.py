@@ -83,9 +83,9 @@ class KernelPlan:
         """Per-subgroup room for one accumulator, for edge tiles' bounds-checked stores
         and every tile's element-wise epilogue where D's type has no listed accumulator
         matrix (KhrTraits.scratch_epilogue); none in the exact variant without either,
-        which has no edge tiles (clamping rows or columns makes the last blocks ones). None in a
-        split-K (KhrTraits.split_k): its accumulators go whole to a workspace padded to
-        whole tiles."""
+        which has no edge tiles (clamping rows or columns makes the last blocks ones).
+        None in a split-K (KhrTraits.split_k): its accumulators go whole to a workspace
+        padded to whole tiles."""
         t = self.traits
         if t.split_k > 1 or not (t.edges or t.scratch_epilogue):
             return 0
