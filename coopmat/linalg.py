@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from typing import Any
 
@@ -234,6 +235,11 @@ def _result_dtype_arg(dtype: Any, out_dtype: Any) -> Any:
 
 def _scalars(pair: TypePair, alpha: float | int, beta: float | int) -> tuple[Any, Any]:
     """alpha and beta as the kernel takes them: integers for integer results."""
+    for name, val in (("alpha", alpha), ("beta", beta)):
+        # Python and numpy real scalars, and 0-d real arrays; not strings or complex.
+        if not (isinstance(val, numbers.Real) or isinstance(val, np.ndarray)
+                and val.ndim == 0 and val.dtype.kind in "biuf"):
+            raise TypeError(f"matmul: {name} must be a real number, not {val!r}")
     if not pair.result.is_float:
         for name, val in (("alpha", alpha), ("beta", beta)):
             if not float(val).is_integer():

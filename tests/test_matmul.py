@@ -356,6 +356,19 @@ def test_c_alpha_beta_int(pairs):
         coopmat.matmul(a, b, alpha=0.5)
 
 
+@pytest.mark.parametrize("name, value", [("alpha", "2"), ("beta", 1j), ("alpha", [2.0]),
+                                         ("beta", np.ones(2))])
+def test_alpha_beta_not_real(pairs, name, value):
+    """A scalar that is not a real number is a TypeError naming it, not a conversion error
+    from inside; numpy's real scalars and 0-d arrays are taken."""
+    require(pairs, "float16", np.float32)
+    a, b = operands("float16", 9, 10, 11)
+    with pytest.raises(TypeError, match=f"matmul: {name} must be a real number"):
+        coopmat.matmul(a, b, **{name: value}, out_dtype=np.float32)
+    d = coopmat.matmul(a, b, alpha=np.float16(2), beta=np.array(0.0), out_dtype=np.float32)
+    np.testing.assert_array_equal(d, 2 * reference(a, b, np.float32))
+
+
 def test_nan_and_inf_propagate(pairs):
     require(pairs, "float16", np.float16)
     for out_dtype in (None, np.float32):
