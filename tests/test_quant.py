@@ -313,12 +313,19 @@ ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
                   ("q4_0", 2, "aligned", 4), ("q8_0", 5, "exact", 8)]
 
 
-@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k",
-                         [(*c, 64) for c in VARIANT_CASES] + [(*c, 32) for c in ODD_STEP_CASES])
-def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k):
+# Tiles of more than SMALL_M rows stage with the magic as a literal, fewer-row tiles with
+# it held in a register (quant.held_constant): both forms on this device.
+TALL_TILE_CASES = [("q4_0", 2, "general", 8), ("q8_0", 2, "general", 32)]
+
+
+@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k,tile_m",
+                         [(*c, 64, None) for c in VARIANT_CASES]
+                         + [(*c, 32, None) for c in ODD_STEP_CASES]
+                         + [(*c, 64, 128) for c in TALL_TILE_CASES])
+def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, tile_m):
     """Buffering modes, variants and unit sizes the policy does not pick on this device,
-    with a tile 64 deep (two blocks per K step) or 32 (one); edge tiles for the checked
-    variants."""
+    with a tile 64 deep (two blocks per K step) or 32 (one), or 128 rows tall; edge tiles
+    for the checked variants."""
     from coopmat.codegen import GemmParams, Layout, build_gemm
     from coopmat.dispatch.executor import Dispatch
     from coopmat.policy import choose
@@ -331,7 +338,8 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k):
     problem = Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
                       OperandLayout(Layout.COLUMN_MAJOR, K), b_quant=fmt)
     base = choose(info, problem).traits
-    tile = replace(base.tile, tile_k=tile_k, buffering=buffering)
+    tile = replace(base.tile, tile_k=tile_k, buffering=buffering,
+                   tile_m=tile_m or base.tile.tile_m)
     # Enough units of B for every invocation: a 64-column tile one block deep has only 64
     # whole-block units, fewer than a GPU's 128 invocations.
     invocations = tile.subgroups_m * tile.subgroups_n * base.subgroup_size

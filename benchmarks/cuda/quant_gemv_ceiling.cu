@@ -17,6 +17,12 @@
 //           consecutive addresses, into shared memory, then lane l reads its B
 //           consecutive blocks from there; the next step's 16-byte loads are in flight
 //           during the arithmetic.
+// block's arithmetic, other ways to the same sums ("arithA"; block_dot):
+//   1: float32 with no float16 step, nibble u under 1.0's bits as 1 + u / 16 (one
+//      shift, mask and fma a weight), the offset taken out of the block's sum;
+//   2: the same with two nibbles a shift (16 + u / 16 and 1 + u / 16);
+//   3: coopmat's, with the float16 magic in a register (one LOP3 a pair, not two);
+//   4: 3 with high nibbles masked in place (one shift a run, not three).
 // 1, 8 and 16 rows, tensor cores (tc): a warp owns 16 CT weight rows and one of SPLIT
 // slices of K. Per step a lane dequantizes CT SB / 2 blocks ((q - 8) * d rounded once to
 // float16, as coopmat's khr staging) into the warp's own shared tile; x's M x 32 SB
@@ -63,18 +69,79 @@ __device__ __forceinline__ void run_dot(uint32_t run, const float* xb, int r, fl
   }
 }
 
+// The same 8 weights made float32 with no float16 step: nibble u moved to bits 19-22 under
+// 1.0's bits is 1 + u / 16, whose product with x (5 x 11 significant bits) is exact. The
+// block's sum then holds sum(x) + sum(u x) / 16; the caller starts it at -1.5 sum(x), so
+// 16 sum = sum((u - 8) x). One shift, one mask and one fma a weight.
+__device__ __forceinline__ void run_dot_f32(uint32_t run, const float* xb, int r, float& sum) {
+#pragma unroll
+  for (int p = 0; p < 32; p += 4) {
+    uint32_t v = p <= 19 ? run << (19 - p) : run >> (p - 19);
+    float f = __uint_as_float((v & 0x00780000u) | 0x3F800000u);
+    int s = p % 16;
+    int k = 4 * r + (s / 8) + ((s % 8) ? 16 : 0) + (p >= 16 ? 2 : 0);
+    sum = fmaf(f, xb[k], sum);
+  }
+}
+
+// Two nibbles per shift: after one shift the low nibble of a byte sits at bits 15-18 and
+// the high one at 19-22. Under 16.0's bits the first is 16 + u / 16, under 1.0's the second
+// 1 + u / 16; both products exact. The caller starts the sum at -(16.5 sum(x_low) + 1.5
+// sum(x_high)), x_low the block's weights 0-15 (low nibbles), so again 16 sum = sum((u - 8) x).
+__device__ __forceinline__ void run_dot_pair(uint32_t run, const float* xb, int r, float& sum) {
+#pragma unroll
+  for (int p = 0; p < 32; p += 8) {  // byte p / 8: low nibble at p, high at p + 4
+    uint32_t v = p <= 15 ? run << (15 - p) : run >> (p - 15);
+    float lo = __uint_as_float((v & 0x00078000u) | 0x41800000u);
+    float hi = __uint_as_float((v & 0x00780000u) | 0x3F800000u);
+    int k = 4 * r + p / 8;
+    sum = fmaf(lo, xb[k], sum);
+    sum = fmaf(hi, xb[k + 16], sum);
+  }
+}
+
+// run_dot with the float16 magic passed in a register (`magic`, a kernel argument, so the
+// compiler cannot fold it into an immediate): the mask and the OR become one LOP3. With
+// `fold` the high nibbles are masked in place (bits 4-7 of each half: 1024 + 16 u, exact)
+// and made u - 8 by one fma, (1024 + 16 u) / 16 - 72; a run then takes one shift, not 3.
+template <bool fold>
+__device__ __forceinline__ void run_dot_reg(uint32_t run, const float* xb, int r, float& sum, uint32_t magic) {
+#pragma unroll
+  for (int s = 0; s < 16; s += fold ? 8 : 4) {
+    uint32_t v = run >> s;
+#pragma unroll
+    for (int hi = 0; hi < (fold ? 2 : 1); ++hi) {
+      uint32_t u = (v & (hi ? 0x00F000F0u : 0x000F000Fu)) | magic;
+      __half2 h = *reinterpret_cast<__half2*>(&u);
+      h = hi ? __hfma2(h, __floats2half2_rn(0.0625f, 0.0625f), __floats2half2_rn(-72.f, -72.f))
+             : __hsub2(h, __floats2half2_rn(1032.f, 1032.f));
+      float2 q = __half22float2(h);
+      int bit = s + 4 * hi;
+      int k = 4 * r + (bit / 8) + ((bit % 8) ? 16 : 0);
+      sum = fmaf(q.x, xb[k], sum);
+      sum = fmaf(q.y, xb[k + 2], sum);
+    }
+  }
+}
+
 // One block from its words: d in the low (sh == 0) or high half of w[0], the data the 16
-// bytes after it.
-__device__ __forceinline__ float block_dot(const uint32_t* w, int sh, const float* xb) {
+// bytes after it. ARITH 3: run_dot_reg<false>, 4: run_dot_reg<true>. ARITH 0: float16 pairs (coopmat's kernel); 1: run_dot_f32; 2: run_dot_pair,
+// with xs the block's sum of x (ARITH 1) or (sum of x[0..15], sum of x[16..31]) (ARITH 2).
+template <int ARITH = 0>
+__device__ __forceinline__ float block_dot(const uint32_t* w, int sh, const float* xb, float2 xs = {},
+                                           uint32_t magic = 0) {
   uint32_t dbits = sh ? (w[0] >> 16) : (w[0] & 0xFFFFu);
   float d = __half2float(__ushort_as_half((unsigned short)dbits));
-  float sum = 0.f;
+  float sum = ARITH == 1 ? -1.5f * (xs.x + xs.y) : ARITH == 2 ? -(16.5f * xs.x + 1.5f * xs.y) : 0.f;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     uint32_t run = __funnelshift_rc(w[r], w[r + 1], sh + 16);
-    run_dot(run, xb, r, sum);
+    if (ARITH == 0) run_dot(run, xb, r, sum);
+    else if (ARITH == 1) run_dot_f32(run, xb, r, sum);
+    else if (ARITH == 2) run_dot_pair(run, xb, r, sum);
+    else run_dot_reg<ARITH == 4>(run, xb, r, sum, magic);
   }
-  return sum * d;
+  return ARITH == 1 || ARITH == 2 ? 16.f * sum * d : sum * d;
 }
 
 __device__ __forceinline__ void load_x(const __half* x, int k0, int n, float* out) {
@@ -102,9 +169,10 @@ __device__ __forceinline__ void finish(float* acc, float* y, int col0, int N) {
   }
 }
 
-// lane l: block l of each column, step after step (coopmat's gemv today).
-template <int C, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) gemv_block(const uint8_t* W, const __half* x, float* y, int N, int K) {
+// lane l: block l of each column, step after step (coopmat's gemv today; ARITH as block_dot).
+template <int C, int WARPS, int ARITH = 0>
+__global__ void __launch_bounds__(WARPS * 32) gemv_block(const uint8_t* W, const __half* x, float* y, int N, int K,
+                                                         uint32_t magic = 0x64006400u) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int col0 = (blockIdx.x * WARPS + warp) * C;
   const int nb = K / 32;
@@ -113,6 +181,11 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_block(const uint8_t* W, const
   for (int b = lane; b < nb; b += 32) {
     float xb[32];
     load_x(x, 32 * b, 32, xb);
+    float2 xs = {0.f, 0.f};
+    if (ARITH == 1 || ARITH == 2) {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) { xs.x += xb[k]; xs.y += xb[k + 16]; }
+    }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       size_t p = (size_t)(col0 + c) * rb + (size_t)b * BLOCK_BYTES;
@@ -120,7 +193,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_block(const uint8_t* W, const
       uint32_t w[5];
 #pragma unroll
       for (int i = 0; i < 5; ++i) w[i] = __ldg(wp + i);
-      acc[c] += block_dot(w, (int)(p & 3) * 8, xb);
+      acc[c] += block_dot<ARITH>(w, (int)(p & 3) * 8, xb, xs, magic);
     }
   }
   finish<C>(acc, y, col0, N);
@@ -495,6 +568,11 @@ int main() {
 #define BLOCKV(C, WARPS) report("block C" #C " w" #WARPS, regs_of(gemv_block<C, WARPS>), [&] { gemv_block<C, WARPS><<<(N + C * WARPS - 1) / (C * WARPS), WARPS * 32>>>(dW, dx, dy, N, K); }, true)
 #define RUNV(C, WARPS, B) if (nb % (32 * B) == 0) report("run" #B " C" #C " w" #WARPS, regs_of(gemv_run<C, WARPS, B>), [&] { gemv_run<C, WARPS, B><<<(N + C * WARPS - 1) / (C * WARPS), WARPS * 32>>>(dW, dx, dy, N, K); }, true)
         BLOCKV(2, 4); BLOCKV(4, 4); BLOCKV(2, 8);
+#define BLOCKA(C, WARPS, A) report("block C" #C " w" #WARPS " arith" #A, regs_of(gemv_block<C, WARPS, A>), [&] { gemv_block<C, WARPS, A><<<(N + C * WARPS - 1) / (C * WARPS), WARPS * 32>>>(dW, dx, dy, N, K); }, true)
+        BLOCKA(2, 4, 1); BLOCKA(4, 4, 1); BLOCKA(2, 8, 1);
+        BLOCKA(2, 4, 2); BLOCKA(4, 4, 2); BLOCKA(2, 8, 2);
+        BLOCKA(2, 4, 3); BLOCKA(4, 4, 3); BLOCKA(2, 8, 3);
+        BLOCKA(2, 4, 4); BLOCKA(4, 4, 4); BLOCKA(2, 8, 4);
         RUNV(2, 4, 2); RUNV(4, 4, 2); RUNV(2, 4, 4);
         if (nb % 64 == 0) { report("smem2 C4 w4", regs_of(gemv_smem<4, 4, 2>), [&] { gemv_smem<4, 4, 2><<<N / 16, 128>>>(dW, dx, dy, N, K); }, true); }
       }

@@ -94,13 +94,27 @@ F16_MAGIC, F16_MAGIC_VALUE = 0x6400, 1024.0
 F32_MAGIC, F32_MAGIC_VALUE = 0x4B000000, 2.0 ** 23
 
 
+def held_constant(s: ShaderContext, value: int, size: int) -> int:
+    """The u32 `value`, made at run time from `size` (a runtime value below 2^31, such as
+    K): value | size >> 31 is value. A field masked and ORed under a magic takes two
+    logic instructions when both constants are literals (NVIDIA's LOP3 takes one
+    immediate), one when the magic is in a register, and a driver keeps a value computed
+    from a push constant in one. On the H200 the khr kernel's few-row tiles ran 1-3%
+    faster so at 8 and 16 rows; its prefill tile 1-2% slower with q8_0, and the gemv
+    kernel 3-9% slower at one and two rows: those keep their literals
+    (docs/quantized.md)."""
+    return s.f.op(Op.BitwiseOr, s.u32, s.c(value), s.shr(size, s.c(31)))
+
+
 class QuantReader:
     """Emits the loads and arithmetic of one dequantized unit."""
 
     def __init__(self, s: ShaderContext, fmt: QuantFormat, buf: Buffer, operand_el: int,
-                 unit_type: int, unit: int, ldb: int, base: int) -> None:
+                 unit_type: int, unit: int, ldb: int, base: int, *,
+                 held_magic: bool = False) -> None:
         """`ldb`: the weight's K; `base`: where along it B's first weight is (a split-K
-        slice's; whole blocks); both runtime values."""
+        slice's; whole blocks); both runtime values. `held_magic`: the magic as
+        `held_constant`, not a literal."""
         self.s, self.fmt, self.buf, self.unit = s, fmt, buf, unit
         self.operand_el, self.unit_type = operand_el, unit_type
         mb = s.mb
@@ -113,6 +127,8 @@ class QuantReader:
         self.v2op = mb.type_vector(operand_el, 2)
         self.row_bytes = row_bytes(s, fmt, ldb)
         self.base_bytes = row_bytes(s, fmt, base)
+        magic = F16_MAGIC << 16 | F16_MAGIC if self.packed else F32_MAGIC
+        self.magic = held_constant(s, magic, ldb) if held_magic else s.c(magic)
         if self.packed:
             offset = mb.constant(f16, F16_MAGIC_VALUE + fmt.zero_point)
             self.offset = mb.const_composite(self.h2, [offset, offset])
@@ -204,7 +220,7 @@ class QuantReader:
         s, f, mask = self.s, self.s.f, self.fmt.field_mask
         d = f.op(Op.Bitcast, self.h2, s.shr(scale_word, sh))  # d in its low half
         dd = f.op(Op.VectorShuffle, self.h2, d, d, 0, 0)
-        magic, both = s.c(F16_MAGIC << 16 | F16_MAGIC), s.c(mask << 16 | mask)
+        magic, both = self.magic, s.c(mask << 16 | mask)
 
         def weights(fields: int) -> int:  # fields at bits 0 and 16 -> (w, w') in float16
             h = f.op(Op.Bitcast, self.h2,
@@ -228,7 +244,7 @@ class QuantReader:
             run, bit = runs[e // 4], 8 * (e % 4)
             u = self._op(Op.BitwiseAnd, s.shr(run, s.c(bit)) if bit else run, s.c(mask))
             w = f.op(Op.FSub, self.f32,
-                     f.op(Op.Bitcast, self.f32, self._op(Op.BitwiseOr, u, s.c(F32_MAGIC))),
+                     f.op(Op.Bitcast, self.f32, self._op(Op.BitwiseOr, u, self.magic)),
                      self.offset)
             values.append(f.op(Op.FConvert, self.operand_el, f.op(Op.FMul, self.f32, w, d)))
         return [f.op(Op.Bitcast, s.u32,
