@@ -11,7 +11,7 @@ SASS and a summary: instruction counts and the order of loads, stores, barriers 
 matrix operations.
 
     python benchmarks/vk_sass.py --m 32 --k 4096 --n 14336 --out /tmp/sass [--quant q4_0]
-        [--arch SM90] [--label NAME]
+        [--bias] [--activation gelu_tanh] [--residual] [--arch SM90] [--label NAME]
     python benchmarks/vk_sass.py --decode DIR --out /tmp/sass     # cache files saved earlier
 
 The policy's choice follows the usual variables (COOPMAT_FAMILY, COOPMAT_SPLIT_K,
@@ -120,7 +120,15 @@ def build(args: argparse.Namespace) -> None:
     w = (rng.standard_normal((args.n, args.k), dtype=np.float32) / 64).astype(np.float16)
     x = rng.standard_normal((args.m, args.k), dtype=np.float32).astype(np.float16)
     W = coopmat.quantize(w, args.quant) if args.quant else coopmat.asarray(w)
-    np.asarray(coopmat.matmul(x, W.T))  # an Array, or numpy for a quantized W
+    epilogue: dict[str, object] = {}
+    if args.bias:
+        epilogue["bias"] = rng.standard_normal(args.n, dtype=np.float32).astype(np.float16)
+    if args.activation:
+        epilogue["activation"] = args.activation
+    if args.residual:
+        epilogue["residual"] = rng.standard_normal((args.m, args.n),
+                                                   dtype=np.float32).astype(np.float16)
+    np.asarray(coopmat.matmul(x, W.T, **epilogue))  # an Array, or numpy for a quantized W
     for p in runtime().pipelines._pipelines.values():
         traits = getattr(p.kernel, "traits", None)
         print(traits.describe() if traits is not None else type(p.kernel).__name__)
@@ -132,6 +140,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--n", type=int, default=14336)
     ap.add_argument("--quant", default="")
+    ap.add_argument("--bias", action="store_true", help="fuse a bias (float16, N)")
+    ap.add_argument("--activation", default="", help="fuse relu, gelu_tanh or silu")
+    ap.add_argument("--residual", action="store_true", help="fuse a residual (M x N)")
     ap.add_argument("--arch", default="SM90")
     ap.add_argument("--out", default=".")
     ap.add_argument("--label", default="")
@@ -160,7 +171,9 @@ def main() -> None:
     if child.returncode:
         raise SystemExit(f"the product failed:\n{child.stderr[-2000:]}")
     out = Path(args.out)
-    label = args.label or f"m{args.m}k{args.k}n{args.n}{args.quant}"
+    fused = ("-bias" if args.bias else "") + (f"-{args.activation}" if args.activation else "") \
+        + ("-residual" if args.residual else "")
+    label = args.label or f"m{args.m}k{args.k}n{args.n}{args.quant}{fused}"
     if not can_decode():
         shutil.copytree(cache, out / f"{label}.glcache", dirs_exist_ok=True)
         shutil.rmtree(cache, ignore_errors=True)
