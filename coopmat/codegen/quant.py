@@ -94,16 +94,20 @@ F16_MAGIC, F16_MAGIC_VALUE = 0x6400, 1024.0
 F32_MAGIC, F32_MAGIC_VALUE = 0x4B000000, 2.0 ** 23
 
 
-def held_constant(s: ShaderContext, value: int, size: int) -> int:
+def held_constant(s: ShaderContext, value: int, size: int, lane: int | None = None) -> int:
     """The u32 `value`, made at run time from `size` (a runtime value below 2^31, such as
-    K): value | size >> 31 is value. A field masked and ORed under a magic takes two
-    logic instructions when both constants are literals (NVIDIA's LOP3 takes one
-    immediate), one when the magic is in a register, and a driver keeps a value computed
-    from a push constant in one. On the H200 the khr kernel's few-row tiles ran 1-3%
-    faster so at 8 and 16 rows; its prefill tile 1-2% slower with q8_0, and the gemv
-    kernel 3-9% slower at one and two rows: those keep their literals
-    (docs/quantized.md)."""
-    return s.f.op(Op.BitwiseOr, s.u32, s.c(value), s.shr(size, s.c(31)))
+    K) and, where given, `lane` (an invocation's index in its subgroup): value | size >>
+    31, or value | (size / 2 + lane) >> 31, is value. A field masked and ORed under a
+    magic takes two logic instructions when both constants are literals (NVIDIA's LOP3
+    takes one immediate), one when the magic is in a register, and a driver keeps a value
+    computed from a push constant in one: a uniform register when the value is the same
+    for every invocation (which LOP3's third operand cannot read: a MOV a use), a vector
+    register with `lane` in it. On the H200 (docs/quantized.md): the khr kernel's few-row
+    tiles 1-3% faster at 8 and 16 rows (uniform); q4_0's gemv kernel up to 6% faster at
+    1-4 rows with `lane` (3-9% slower at 1-2 rows without); q8_0's gemv and the khr
+    prefill tile measured mixed or slower and keep the literal."""
+    x = size if lane is None else s.add(s.shr(size, s.c(1)), lane)
+    return s.f.op(Op.BitwiseOr, s.u32, s.c(value), s.shr(x, s.c(31)))
 
 
 class QuantReader:
