@@ -726,11 +726,101 @@ def test_numpy_to_numpy_pipelined(rt, monkeypatch, dtype):
     assert np.abs(got_t - got.T).max() < _tol(96)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
+    # dtype: the result's (float16 operands)
+    """On a device with memory the host maps, a large numpy -> numpy product writes B and
+    then each block of A through the mapping and runs each block's kernel as soon as its
+    rows are there: results against float64 for a new result (over the lanes at first,
+    then copied block by block into a kept pinned block), a kept B (one device copy),
+    alpha, a short last block and out=."""
+    from coopmat.dispatch import gemm, pipeline, transfer
+    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(pipeline, "PIPELINE_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(pipeline, "BLOCK_BYTES", 24 << 10)
+    monkeypatch.setattr(pipeline, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(transfer, "CHUNK_BYTES", 8 << 10)
+    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 16 << 10)
+    monkeypatch.setattr(transfer, "PINNED_MIN_BYTES", 16 << 10)
+    ran = []
+    real = pipeline._run_mapped
+    monkeypatch.setattr(pipeline, "_run_mapped",
+                        lambda *a, **k: ran.append(k.get("out", a[3]) is None) or real(*a, **k))
+    seen: dict[str, list[bool]] = {"target": [], "kept": [], "out": []}
+    t = rt.transfers
+    new_download, pinned_copy, kept_destination = \
+        t.new_download, t._pinned_copy, t.kept_destination
+    monkeypatch.setattr(t, "new_download", lambda n: (
+        lambda got: seen["target"].append(got is not None) or got)(new_download(n)))
+    monkeypatch.setattr(t, "_pinned_copy", lambda *a, **k: (
+        lambda got: seen["kept"].append(got is not None) or got)(pinned_copy(*a, **k)))
+
+    @contextmanager
+    def spy(host):
+        with kept_destination(host) as dest:
+            seen["out"].append(dest is not None)
+            yield dest
+    monkeypatch.setattr(t, "kept_destination", spy)
+    # Results of 1.2 and 2.3 MiB: pinned blocks are whole 2 MiB and fit up to twice that.
+    a, b = _random((600, 96), np.float16, 16), _random((96, 1000), np.float16, 17)
+    want = _ref(a, b)
+    tol = _tol(96) if dtype == np.float16 else 1e-3
+    blocks = pipeline.row_blocks(600, 96 * 2 + 1000 * np.dtype(dtype).itemsize)
+    assert len(blocks) > 2 and blocks[-1][1] - blocks[-1][0] < blocks[0][1] - blocks[0][0]
+    with discrete(rt, mapped=True):
+        first = None
+        for i in range(6):
+            scale = 0.5 if i == 4 else 1.0
+            got = coopmat.matmul(a.copy(), b, alpha=scale, dtype=dtype)  # a new A each time
+            assert got.shape == (600, 1000) and got.dtype == dtype
+            assert np.abs(got.astype(np.float64) - scale * want).max() < tol, i
+            if first is None:
+                first, kept = got, got.copy()
+            del got  # its block comes back for a later result
+            for f in rt.transfers._importing:  # the result's block, B: imported by now
+                f.result()
+        out = np.full((600, 1000), np.nan, dtype)
+        for i in range(3):  # the third call copies each block into out's kept import
+            out[...] = np.nan
+            assert coopmat.matmul(a.copy(), b, out=out, dtype=dtype) is out
+            assert np.abs(out.astype(np.float64) - want).max() < tol, i
+            for f in rt.transfers._importing:
+                f.result()
+        wide = np.zeros((600, 128), np.float16)
+        wide[:, :96] = a
+        strided = coopmat.matmul(wide[:, :96], b, dtype=dtype)  # rows 256 bytes apart
+        for _ in range(3):  # the same A again: kept imported after its second time
+            again = coopmat.matmul(a, b, dtype=dtype)
+            for f in rt.transfers._importing:
+                f.result()
+        int8 = _random((150, 96), np.int8, 18), _random((96, 130), np.int8, 19)
+        got8 = coopmat.matmul(*int8)  # pipelined, or whole where B is repacked first
+    # The third product of the same A is one product: its A goes up in one device copy.
+    assert ran[:12] == [True] * 6 + [False] * 3 + [True] * 3, ran
+    assert ran[12:] in ([], [True])  # int8
+    assert np.abs(strided.astype(np.float64) - want).max() < tol
+    assert np.abs(again.astype(np.float64) - want).max() < tol
+    assert any(seen["target"]), "later results came into a kept pinned block"
+    assert any(seen["kept"]), "B, kept imported, went up in one device copy"
+    assert seen["out"] == [False, False, True], "then into out's kept import"
+    # Each result is the caller's own: the first is unchanged by the later calls.
+    assert np.array_equal(first, kept)
+    assert np.array_equal(got8, int8[0].astype(np.int64) @ int8[1].astype(np.int64))
+
+
+def test_pipeline_way():
+    from coopmat.dispatch import pipeline
+    assert pipeline.way(mapped=True, copy_engines=False, a_kept=False) == "mapped"
+    assert pipeline.way(mapped=True, copy_engines=True, a_kept=True) is None
+    assert pipeline.way(mapped=False, copy_engines=True, a_kept=True) == "copy-queues"
+    assert pipeline.way(mapped=False, copy_engines=False, a_kept=False) is None
+
+
 def test_row_blocks():
     from coopmat.dispatch import pipeline
-    # 8192 rows of 32 KiB (A and D): 256 MiB in blocks of about BLOCK_BYTES (16 MiB)
+    # 8192 rows of 32 KiB (A and D): 256 MiB in blocks of about BLOCK_BYTES (32 MiB)
     blocks = pipeline.row_blocks(8192, 8192 * 4)
-    assert len(blocks) == 16 and all(r1 - r0 == 512 for r0, r1 in blocks)
+    assert len(blocks) == 8 and all(r1 - r0 == 1024 for r0, r1 in blocks)
     # contiguous cover, a short last block
     blocks = pipeline.row_blocks(1000, 1 << 20)
     assert blocks[0][0] == 0 and blocks[-1][1] == 1000

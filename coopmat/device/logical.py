@@ -171,9 +171,9 @@ COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 def _copy_queue_family(physical: Any) -> tuple[int | None, int]:
     """(family, queues to take) of a transfer-only queue family, or (None, 0). Only with
-    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM that uses them measured
-    slower than the plain path on the H200 (docs/arrays.md), so by default everything
-    runs on the compute queue."""
+    COOPMAT_COPY_QUEUES=1: on the H200 they gained the pipelined numpy -> numpy GEMM
+    about 6% in one process's measurement (docs/arrays.md), too little evidence to open
+    extra queues on every device, so by default everything runs on the compute queue."""
     if os.environ.get(COPY_QUEUES_ENV, "0") != "1":
         return None, 0
     v = vk()

@@ -521,12 +521,11 @@ def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.nd
     shape = (batch, a.shape[1], b.shape[2])
     d_bytes = out.nbytes if out is not None else \
         math.prod(shape) * numpy_dtype(pair.stored).itemsize
-    if ops is None and pipeline.applies(rt, a, b, c, shape, a.nbytes + b.nbytes + d_bytes):
-        if out is None:  # the pipeline downloads into the caller's array
-            out = np.empty(shape, numpy_dtype(pair.stored))
+    if ops is None and pipeline.applies(rt, a, b, c, shape, a.nbytes + b.nbytes + d_bytes) \
+            and (out is None or out.flags.c_contiguous):
         done = pipeline.run_pipelined(rt, pair, a, b, out, alpha, options)
         if done is not None:
-            return done, out
+            return done
     g = PreparedGemm(rt, pair, a, b, c, batch, alpha, beta, options=options,
                      bias=bias, residual=residual, ops=ops)
     try:

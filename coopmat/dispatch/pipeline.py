@@ -1,23 +1,36 @@
-"""A large numpy -> numpy GEMM as a pipeline: uploads, kernels and downloads overlap.
+"""A large numpy -> numpy GEMM as a pipeline: the host's copies, kernels and downloads
+overlap.
 
-D = A @ B is cut into row blocks D_i = A_i @ B. B goes up first, then A_0, A_1, ...; the
-GEMM of block i starts once B and A_i are on the device, while A_{i+1} is still crossing
-PCIe; D_i comes back while later blocks compute. On a device with a transfer-only queue
-family (NVIDIA's copy engines) uploads and downloads each run on a queue of their own,
-beside the kernels on the compute queue, tied together by the streams' timeline
-semaphores; elsewhere the same steps run in order on the compute queue (correct, just
-not overlapped). The wall time then tends to the upload of A and B alone.
+D = A @ B is cut into row blocks D_i = A_i @ B. B goes to the device first, then A_0,
+A_1, ...; the GEMM of block i starts once B and A_i are there, while A_{i+1} is still
+crossing PCIe, and D_i comes back while later blocks compute. Two ways, by what the
+device offers:
 
-Status: measured on the H200 it is slower than the unpipelined path (docs/arrays.md), so
-it runs only where copy queues were asked for (COOPMAT_COPY_QUEUES=1).
+- Device memory the host maps (memory.Kind.MAPPED: a resizable BAR, as on the H200): four
+  threads write B and then each A_i through the mapping (a B kept imported goes up in
+  one device copy first). A lane's thread that finishes A_i's last chunk submits GEMM_i
+  on the compute queue, with D_i's copy into the result (a kept pinned block, or the
+  caller's out= array where that is kept imported) in the same submission, or on a copy
+  queue where the device was opened with them. The device runs GEMM_i while the host
+  writes A_{i+1}. An A kept imported takes the unpipelined path instead (way()).
 
-    upload lanes   | B ........ | A_0 | A_1 | A_2 | ... |
-    compute queue               | GEMM_0 | GEMM_1 | ...    |
-    download lanes                        | D_0 | D_1 | ...    | D_last |
+      host (4 threads) | B ........ | A_0 | A_1 | A_2 | ... | A_last |
+      compute queue                       | GEMM_0, D_0 | GEMM_1, D_1 | ... | last |
+
+- Copy queues without such memory (COOPMAT_COPY_QUEUES=1): B and the A_i go up through
+  staging on one copy queue, D_i come back over the lanes on another, the GEMMs run on
+  the compute queue between them, tied by the streams' timeline semaphores. On the H200
+  this measured slower than the unpipelined path (docs/arrays.md): the host's copies into
+  staging bound it.
+
+      upload lanes   | B ........ | A_0 | A_1 | A_2 | ... |
+      compute queue               | GEMM_0 | GEMM_1 | ...    |
+      download lanes                        | D_0 | D_1 | ...    | D_last |
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -26,27 +39,39 @@ from collections.abc import Callable
 import numpy as np
 
 from coopmat.codegen import Layout
+from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import (
     DeviceOperand,
     GemmResult,
+    Plan,
     Staged,
     _plan,
     _staged_view,
     enqueue_gemm,
+    enqueue_plan,
     plan_of,
 )
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import Runtime
+from coopmat.dispatch.transfer import NewDownload
+from coopmat.dtypes import numpy_dtype
 from coopmat.policy import Options, TypePair
 
 # Problems moving at least this many bytes between host and device are pipelined.
 PIPELINE_MIN_BYTES = 24 << 20
 # About this many bytes of A and D a block; blocks are whole multiples of BLOCK_ROWS.
-BLOCK_BYTES = 16 << 20
+BLOCK_BYTES = 32 << 20
 BLOCK_ROWS = 256
 MAX_BLOCKS = 16
-# The pipeline runs where the device has copy queues (COOPMAT_COPY_QUEUES=1); tests set
-# FORCE to run its steps in order on the compute queue of a device without them.
+# The mapped pipeline's writes: chunks of this size on this many threads. On the H200
+# (128 MiB in 8 MiB jobs, idle GPU) 4 threads of 2 MiB chunks wrote 30 GB/s and finished
+# the jobs in order, the first after 0.6 ms; 16 threads of 4 MiB chunks wrote 28-30 GB/s,
+# but the first job took 1.2-1.6 ms and they came out of order; 16 of 512 KiB, 18-21 GB/s.
+WRITE_CHUNK_BYTES = 2 << 20
+WRITE_THREADS = 4
+# Without device memory the host maps, the pipeline runs where the device has copy queues
+# (COOPMAT_COPY_QUEUES=1); tests set FORCE to run those steps in order on the compute
+# queue of a device without them.
 FORCE = False
 # A list to receive (perf_counter seconds, event) of each call's steps, for profiling
 # (benchmarks/profile_numpy_path.py); None: not recorded.
@@ -67,31 +92,48 @@ def row_blocks(M: int, row_bytes: int) -> list[tuple[int, int]]:
     return [(r, min(M, r + rows)) for r in range(0, M, rows)]
 
 
+def mapped(rt: Runtime) -> bool:
+    """Whether the pipeline writes its inputs through the mapping of device memory."""
+    return rt.pool.direct_kind() is Kind.MAPPED
+
+
+def way(mapped: bool, copy_engines: bool, a_kept: bool) -> str | None:
+    """Which pipeline a large product takes: 'mapped' (the host writes A's blocks
+    through the mapping), 'copy-queues', or None (the unpipelined path). An A kept
+    imported goes up in one device copy at 55 GB/s, faster than the pipeline's writes
+    (about 30 GB/s), so it stays unpipelined: on the H200 at 8192^3 with A and B kept and
+    out= kept, 12.3 ms unpipelined against 13.4-13.8 pipelined (an earlier version of
+    the pipeline, with D copied at the end; docs/arrays.md)."""
+    if mapped:
+        return None if a_kept else "mapped"
+    return "copy-queues" if copy_engines or FORCE else None
+
+
 def applies(rt: Runtime, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
             out_shape: tuple[int, ...], io_bytes: int) -> bool:
     """Whether a call takes the pipeline: a discrete GPU, one product (no batch, no C),
-    A row-major (row blocks are contiguous), a large enough problem."""
+    A row-major (row blocks are contiguous), a large enough problem, and a way (way())."""
     device_kind, upload_kind, _ = rt.pool.kinds()
-    return (device_kind is not upload_kind and (rt.copy_engines or FORCE) and c is None
-            and a.shape[0] == 1 and b.shape[0] == 1 and out_shape[0] == 1
-            and io_bytes >= PIPELINE_MIN_BYTES
-            and _plan(a).layout is Layout.ROW_MAJOR
-            and a.shape[1] >= 2 * BLOCK_ROWS)
+    return (device_kind is not upload_kind and c is None and a.shape[0] == 1
+            and b.shape[0] == 1 and out_shape[0] == 1 and io_bytes >= PIPELINE_MIN_BYTES
+            and _plan(a).layout is Layout.ROW_MAJOR and a.shape[1] >= 2 * BLOCK_ROWS
+            and way(mapped(rt), rt.copy_engines, rt.transfers.kept(a[0])) is not None)
 
 
 def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
-                  out: np.ndarray, alpha: float | int,
-                  options: Options | None = None) -> GemmResult | None:
-    """out[0] = alpha * a[0] @ b[0] through the pipeline; None (nothing done) where a
-    block's kernel needs a repack first (8-bit operands): the caller runs it whole."""
+                  out: np.ndarray | None, alpha: float | int,
+                  options: Options | None = None) -> tuple[GemmResult, np.ndarray] | None:
+    """alpha * a[0] @ b[0] through the pipeline, into `out` (C-contiguous, of the result
+    dtype) or a new array; returns the result and that array. None (nothing done) where
+    a block's kernel needs a repack first (8-bit operands): the caller runs it whole."""
     options = options or Options()
     _, M, K = a.shape
     N = b.shape[2]
     sa, sb = _plan(a), _plan(b)
     item = a.itemsize
-    out_item = out.itemsize
-    blocks = row_blocks(M, (K * item + N * out_item))
-    plans = {}
+    result_dtype = numpy_dtype(pair.stored)
+    blocks = row_blocks(M, (K * item + N * result_dtype.itemsize))
+    plans: dict[int, Plan] = {}
     for r0, r1 in blocks:
         rows = r1 - r0
         if rows not in plans:
@@ -99,12 +141,17 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
                                   (1, rows, N, K), alpha, 0, None, options)
     if any(p.packs for p in plans.values()):
         return None
-    result_dtype = next(iter(plans.values())).result_dtype
-    assert out.dtype == result_dtype and out.flags.c_contiguous
-
+    first = plans[blocks[0][1] - blocks[0][0]]
+    result = GemmResult(None, first.traits, first.choice.split_k)
+    assert out is None or (out.dtype == result_dtype and out.flags.c_contiguous)
+    margins = (max(p.margins[0] for p in plans.values()),
+               max(p.margins[1] for p in plans.values()))
+    if mapped(rt):
+        return result, _run_mapped(rt, a, b, out, blocks, plans, sa, sb, margins,
+                                   result_dtype)
+    if out is None:  # the copy queues' lanes download into the caller's array
+        out = np.empty((1, M, N), result_dtype)
     pool = rt.pool
-    margin_a = max(p.margins[0] for p in plans.values())
-    margin_b = max(p.margins[1] for p in plans.values())
     taken: list[Buffer] = []
 
     def take(nbytes: int) -> Buffer:
@@ -112,12 +159,127 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
         return taken[-1]
 
     try:
-        a_buf, b_buf = take(sa.nbytes + margin_a), take(sb.nbytes + margin_b)
-        d_buf = take(M * N * out_item)
-        return _run(rt, pair, a, b, out, alpha, options, blocks, sa, sb, a_buf, b_buf, d_buf)
+        a_buf, b_buf = take(sa.nbytes + margins[0]), take(sb.nbytes + margins[1])
+        d_buf = take(M * N * out.itemsize)
+        _run(rt, pair, a, b, out, alpha, options, blocks, sa, sb, a_buf, b_buf, d_buf)
+        return result, out
     finally:
         for buf in taken:  # every queue's work on them has completed (_run waited)
             pool.release(buf)
+
+
+def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
+                blocks: list[tuple[int, int]], plans: dict[int, Plan], sa: Staged,
+                sb: Staged, margins: tuple[int, int], result_dtype: np.dtype) -> np.ndarray:
+    """The pipeline on device memory the host maps (the module's first way)."""
+    _, M, K = a.shape
+    N = b.shape[2]
+    pool, transfers, compute = rt.pool, rt.transfers, rt.stream
+    item, row_d = a.itemsize, N * result_dtype.itemsize
+    d_bytes = M * row_d
+    taken: list[Buffer] = []
+    target: NewDownload | None = None
+    array: np.ndarray | None = None
+    # D's copies on a copy queue, beside the kernels, where the device was opened with
+    # them (COOPMAT_COPY_QUEUES=1): 9.94-9.96 ms against 10.51-10.88 on the compute
+    # queue at 8192^3 with a new A on the H200, one process each.
+    down = rt.down if rt.copy_engines else None
+    try:
+        for kind, nbytes in ((Kind.MAPPED, sa.nbytes + margins[0]),
+                             (Kind.MAPPED, sb.nbytes + margins[1]), (Kind.DEVICE, d_bytes)):
+            taken.append(pool.acquire(kind, nbytes))
+        a_buf, b_buf, d_buf = taken
+        b_op = DeviceOperand(b_buf, 0, sb)
+        with contextlib.ExitStack() as hold:
+            # Where D_i goes as its kernel completes: the caller's kept array or a kept
+            # pinned block for a new result; else D comes back whole at the end.
+            dest: tuple[Buffer, int] | None = None
+            if out is not None:
+                dest = hold.enter_context(transfers.kept_destination(out))
+            else:
+                target = transfers.new_download(d_bytes)
+                dest = (target.dst, target.offset) if target is not None else None
+            _trace(f"start: {len(blocks)} blocks")
+            # B: a kept import's one device copy (the kernels run after it: the stream
+            # orders them), else written through the mapping before the blocks of A.
+            b_src = _staged_view(b, sb)[0]
+            b_ticket = transfers.kept_upload(b_src, b_buf)
+            b_copied = b_ticket is not None
+            if b_ticket is not None:
+                # Waited for before A's writes, which would share PCIe with it: the
+                # kernels then start with A's first block (8192^3 with a new A on the
+                # H200: 11.4-11.6 ms against 12.9 with the copy beside the writes).
+                compute.wait(b_ticket)
+                _trace("B copied")
+            jobs = [(a[0, r0:r1], a_buf, r0 * sa.ld * item) for r0, r1 in blocks]
+            if not b_copied:
+                jobs.insert(0, (b_src, b_buf, 0))
+            lock = threading.Lock()
+            written: list[int] = []  # blocks of A written before B was
+
+            def submit(i: int) -> None:
+                r0, r1 = blocks[i]
+                rows = r1 - r0
+                a_i = DeviceOperand(a_buf, r0 * sa.ld * item, _rows(sa, rows, item))
+                d_i = DeviceOperand(d_buf, r0 * row_d,
+                                    Staged(Layout.ROW_MAJOR, N, 0, rows * row_d))
+                # D_i goes back as soon as it is done, while the host writes later
+                # blocks. That slows the writes (device -> host copies share the link),
+                # but D left to the end cost more: new A and B at 8192^3 on the H200,
+                # 13.1-13.5 ms against 11.8-11.9 (docs/arrays.md).
+                copy = [Copy(d_buf, dest[0], rows * row_d, r0 * row_d, dest[1] + r0 * row_d)
+                        ] if dest is not None else []
+                ticket = enqueue_plan(rt, plans[rows], a_i, b_op, None, d_i,
+                                      downloads=copy if down is None else ())
+                _trace(f"gemm {i} submitted")
+                if down is not None:
+                    for cp in copy:
+                        transfers.copy_after(cp.src, cp.src_offset, cp.dst, cp.dst_offset,
+                                             cp.nbytes, down, [(compute, ticket)], lane=i % 4)
+
+            def on_job(j: int) -> None:
+                # On a lane's thread: run each block's kernel once B and its rows are in.
+                nonlocal b_copied
+                with lock:
+                    if not b_copied and j == 0:
+                        b_copied, ready = True, written[:]
+                    elif b_copied:
+                        ready = [j - (len(jobs) - len(blocks))]
+                    else:
+                        written.append(j - 1)
+                        ready = []
+                for i in ready:
+                    submit(i)
+
+            transfers.write_mapped_jobs(jobs, on_job, WRITE_CHUNK_BYTES, WRITE_THREADS)
+            _trace("written")
+            # Note A and B (or import them, at their second time) like any upload: A
+            # kept, the next product of the same arrays skips the pipeline (way()).
+            transfers.kept_later(a[0])
+            if len(jobs) > len(blocks):
+                transfers.kept_later(b_src)
+            compute.wait()
+            if down is not None:
+                down.wait()
+        _trace("end")
+        if target is not None:
+            array = target.array().view(result_dtype).reshape(1, M, N)
+        elif out is None:
+            array = transfers.download_new(d_buf, 0, d_bytes).view(result_dtype).reshape(
+                1, M, N)
+        else:
+            if dest is None:
+                transfers.download(d_buf, 0, out)
+            array = out
+        return array
+    finally:
+        if array is None and down is not None:
+            with contextlib.suppress(Exception):  # the call's own failure is raised
+                down.wait()  # no copy may still read d_buf once it is given back
+        if target is not None and array is None:
+            target.abandon()
+        for buf in taken:  # once the work submitted so far (all of this call's) is done
+            pool.release_later(buf)
 
 
 def _rows(s: Staged, rows: int, item: int) -> Staged:
@@ -127,7 +289,8 @@ def _rows(s: Staged, rows: int, item: int) -> Staged:
 
 def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndarray,
          alpha: float | int, options: Options, blocks: list[tuple[int, int]], sa: Staged,
-         sb: Staged, a_buf: Buffer, b_buf: Buffer, d_buf: Buffer) -> GemmResult:
+         sb: Staged, a_buf: Buffer, b_buf: Buffer, d_buf: Buffer) -> None:
+    """The pipeline on copy queues (the module's second way)."""
     K = a.shape[2]
     N = b.shape[2]
     item, out_item = a.itemsize, out.itemsize
@@ -177,7 +340,6 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
                                   waits=[(compute, ticket)])
             _trace(f"down D{first}..D{last} done")
     downloader = _thread(download_all, errors)
-    traits = None
     try:
         for i, (r0, r1) in enumerate(blocks):
             for job in (0, i + 1):
@@ -188,10 +350,9 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
             a_i = DeviceOperand(a_buf, r0 * sa.ld * item, _rows(sa, rows, item))
             d_i = DeviceOperand(d_buf, r0 * N * out_item,
                                 Staged(Layout.ROW_MAJOR, N, 0, rows * N * out_item))
-            ticket, plan = enqueue_gemm(
+            ticket, _ = enqueue_gemm(
                 rt, pair, a_i, DeviceOperand(b_buf, 0, sb), None, d_i, (1, rows, N, K),
                 alpha, 0, options, waits=[(up, max(uploaded[0], uploaded[i + 1]))])
-            traits = plan.traits
             _trace(f"gemm {i} submitted")
             downloads.put((i, ticket))
     finally:
@@ -202,8 +363,6 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
         _trace("end")
     if errors:
         raise errors[0]
-    assert traits is not None
-    return GemmResult(None, traits)
 
 
 def _thread(fn: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
