@@ -734,13 +734,8 @@ def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
     rows are there: results against float64 for a new result (over the lanes at first,
     then copied block by block into a kept pinned block), a kept B (one device copy),
     alpha, a short last block and out=."""
-    from coopmat.dispatch import gemm, pipeline, transfer
-    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
-    monkeypatch.setattr(pipeline, "PIPELINE_MIN_BYTES", 64 << 10)
-    monkeypatch.setattr(pipeline, "BLOCK_BYTES", 24 << 10)
-    monkeypatch.setattr(pipeline, "BLOCK_ROWS", 16)
-    monkeypatch.setattr(transfer, "CHUNK_BYTES", 8 << 10)
-    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 16 << 10)
+    from coopmat.dispatch import pipeline, transfer
+    _small_pipeline(monkeypatch)
     monkeypatch.setattr(transfer, "PINNED_MIN_BYTES", 16 << 10)
     ran = []
     real = pipeline._run_mapped
@@ -806,6 +801,54 @@ def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
     # Each result is the caller's own: the first is unchanged by the later calls.
     assert np.array_equal(first, kept)
     assert np.array_equal(got8, int8[0].astype(np.int64) @ int8[1].astype(np.int64))
+
+
+def _small_pipeline(monkeypatch) -> None:
+    from coopmat.dispatch import gemm, pipeline, transfer
+    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(pipeline, "PIPELINE_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(pipeline, "BLOCK_BYTES", 24 << 10)
+    monkeypatch.setattr(pipeline, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(pipeline, "WRITE_CHUNK_BYTES", 4 << 10)
+    monkeypatch.setattr(transfer, "CHUNK_BYTES", 8 << 10)
+    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 16 << 10)
+
+
+def test_pipelined_threads_and_failures(rt, monkeypatch):
+    """Four threads running mapped-pipeline products at once each get their own right
+    result; a failure inside the pipeline (a block's submission) reaches the caller as
+    itself, and the device keeps working."""
+    from coopmat.dispatch import pipeline
+    _small_pipeline(monkeypatch)
+    a = [_random((300, 64), np.float16, 30 + i) for i in range(4)]
+    b = _random((64, 200), np.float16, 40)
+    got: dict[int, np.ndarray] = {}
+    with discrete(rt, mapped=True):
+        def work(i: int) -> None:
+            for _ in range(3):
+                got[i] = coopmat.matmul(a[i].copy(), b)
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        real = pipeline.enqueue_plan
+        calls = []
+
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 3:
+                raise coopmat.VulkanError("vkQueueSubmit", "VK_ERROR_DEVICE_LOST")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(pipeline, "enqueue_plan", failing)
+        with pytest.raises(coopmat.VulkanError, match="DEVICE_LOST"):
+            coopmat.matmul(a[0].copy(), b)
+        monkeypatch.setattr(pipeline, "enqueue_plan", real)
+        after = coopmat.matmul(a[1].copy(), b)
+    assert len(calls) >= 3
+    for i in range(4):
+        assert np.abs(got[i] - _ref(a[i], b)).max() < _tol(64), i
+    assert np.abs(after - _ref(a[1], b)).max() < _tol(64)
 
 
 def test_pipeline_way():
