@@ -855,8 +855,19 @@ def test_pipeline_way():
     from coopmat.dispatch import pipeline
     assert pipeline.way(mapped=True, copy_engines=False, a_kept=False) == "mapped"
     assert pipeline.way(mapped=True, copy_engines=True, a_kept=True) is None
+    assert pipeline.way(mapped=True, copy_engines=True, a_kept=False) == "mapped"
     assert pipeline.way(mapped=False, copy_engines=True, a_kept=True) == "copy-queues"
     assert pipeline.way(mapped=False, copy_engines=False, a_kept=False) is None
+
+
+def test_copy_queues_env(monkeypatch):
+    from coopmat.device import logical
+    monkeypatch.setenv("COOPMAT_COPY_QUEUES", "yes")
+    with pytest.raises(ValueError, match="COOPMAT_COPY_QUEUES='yes'"):
+        logical._copy_queue_family(None)
+    for value in ("0", ""):  # the default: no copy queues
+        monkeypatch.setenv("COOPMAT_COPY_QUEUES", value)
+        assert logical._copy_queue_family(None) == (None, 0)
 
 
 def test_row_blocks():

@@ -171,10 +171,14 @@ COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 def _copy_queue_family(physical: Any) -> tuple[int | None, int]:
     """(family, queues to take) of a transfer-only queue family, or (None, 0). Only with
-    COOPMAT_COPY_QUEUES=1: on the H200 they gained the pipelined numpy -> numpy GEMM
-    about 6% in one process's measurement (docs/arrays.md), too little evidence to open
-    extra queues on every device, so by default everything runs on the compute queue."""
-    if os.environ.get(COPY_QUEUES_ENV, "0") != "1":
+    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM then copies its results
+    back on one: on the H200 about 5% faster with a new A and a kept B, within the noise
+    with both new (docs/arrays.md); too little to open extra queues, and share every
+    buffer between queue families, on every device by default."""
+    value = os.environ.get(COPY_QUEUES_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{COPY_QUEUES_ENV}={value!r}: use 1 (open copy queues) or 0")
+    if value != "1":
         return None, 0
     v = vk()
     for i, f in enumerate(v.vkGetPhysicalDeviceQueueFamilyProperties(physical)):
