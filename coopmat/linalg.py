@@ -38,7 +38,9 @@ _quick: Any = None
 
 
 def last_kernel_time() -> float | None:
-    """GPU time in seconds (timestamp queries) of this thread's last matmul kernel."""
+    """GPU time in seconds (timestamp queries) of this thread's last matmul kernel; None
+    where it was not timed: no timestamps on the queue, or a pipelined numpy -> numpy
+    product (dispatch/pipeline.py), whose blocks' kernels overlap its copies."""
     r: GemmResult | None = getattr(_last, "result", None)
     return r.kernel_seconds if r else None
 
