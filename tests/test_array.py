@@ -5,6 +5,7 @@ products). Runs on whatever device scripts/run finds (lavapipe in CI)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -843,6 +844,9 @@ def test_pipelined_threads_and_failures(rt, monkeypatch):
         monkeypatch.setattr(pipeline, "enqueue_plan", failing)
         with pytest.raises(coopmat.VulkanError, match="DEVICE_LOST"):
             coopmat.matmul(a[0].copy(), b)
+        submitted = len(calls)
+        time.sleep(0.05)  # no lane may still submit on the buffers the call gave back
+        assert len(calls) == submitted
         monkeypatch.setattr(pipeline, "enqueue_plan", real)
         after = coopmat.matmul(a[1].copy(), b)
     assert len(calls) >= 3

@@ -33,7 +33,7 @@ import threading
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -420,22 +420,27 @@ class Transfers:
                 on_job(j)
         next_chunk = iter(chunks)
         lock = threading.Lock()
+        failed = threading.Event()  # after a failure the other threads stop too
 
         def run(_li: int) -> None:
-            while True:
+            while not failed.is_set():
                 with lock:
                     chunk = next(next_chunk, None)
                 if chunk is None:
                     return
                 j, src, dst, at, part = chunk
                 assert dst.mapped is not None
-                np.copyto(dst.mapped[at:at + part.nbytes].view(src.dtype).reshape(part.shape),
-                          part)
-                with lock:
-                    left[j] -= 1
-                    done = left[j] == 0
-                if done:
-                    on_job(j)
+                try:
+                    np.copyto(dst.mapped[at:at + part.nbytes].view(src.dtype).reshape(
+                        part.shape), part)
+                    with lock:
+                        left[j] -= 1
+                        done = left[j] == 0
+                    if done:
+                        on_job(j)
+                except BaseException:
+                    failed.set()
+                    raise
         _on_lanes(run, min(len(chunks), threads or lane_count()))
 
     def copy_after(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
@@ -1023,11 +1028,15 @@ class Transfers:
 
 
 def _on_lanes(run: Any, count: int, direction: str = "up") -> None:
-    """run(0..count-1), on the direction's worker threads when more than one."""
+    """run(0..count-1), on the direction's worker threads when more than one; returns
+    (or raises the first failure) once every one has returned, so that no lane still
+    works on the caller's buffers after it has given them back."""
     if count == 1:
         run(0)
         return
-    for f in [_pool(direction).submit(run, i) for i in range(count)]:
+    futures = [_pool(direction).submit(run, i) for i in range(count)]
+    wait(futures)
+    for f in futures:
         f.result()
 
 
