@@ -855,6 +855,22 @@ def test_pipelined_threads_and_failures(rt, monkeypatch):
     assert np.abs(after - _ref(a[1], b)).max() < _tol(64)
 
 
+def test_lanes_made_with_small_chunks_carry_large_ones(rt, monkeypatch):
+    """Lanes live as long as the device: one made while CHUNK_BYTES was small (as tests
+    set it) keeps staging buffers big enough for the chunks of later transfers (the
+    device once copied a 4 MiB chunk into such a lane's 8 KiB buffer)."""
+    from coopmat.dispatch import transfer
+    x = _random((1024, 1024), np.float16, 5)  # 2 MiB: one chunk, one lane
+    with discrete(rt):
+        with monkeypatch.context() as m:
+            m.setattr(transfer, "CHUNK_BYTES", 8 << 10)
+            m.setattr(transfer, "PARALLEL_MIN_BYTES", 16 << 10)
+            small = coopmat.asarray(x[:64])
+            assert np.array_equal(small.numpy(), x[:64])  # the lanes are made here
+        back = coopmat.asarray(x).numpy()
+    assert np.array_equal(back, x)
+
+
 def test_pipeline_way():
     from coopmat.dispatch import pipeline
     assert pipeline.way(mapped=True, copy_engines=False, a_kept=False) == "mapped"

@@ -63,6 +63,10 @@ from coopmat.dispatch.vkcall import call, check
 from coopmat.errors import OutOfDeviceMemoryError, VulkanError
 
 CHUNK_BYTES = 4 << 20
+# Each lane's two staging buffers: fixed when the lane is made, and lanes live as long as
+# the device, so chunks through staging are cut at most this big (_staged_chunk) even
+# where CHUNK_BYTES has changed since (tests lower it): a copy never passes its buffer.
+STAGING_BYTES = 4 << 20
 # Below this a transfer is one chunk on the calling thread: a thread hand-off costs more.
 PARALLEL_MIN_BYTES = 2 * CHUNK_BYTES
 MAX_LANES = 16
@@ -122,7 +126,7 @@ class _Lane:
         self.cmds = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
             commandPool=self.cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=2))
-        self.staging = [transfers.pool.acquire(kind, CHUNK_BYTES) for _ in range(2)]
+        self.staging = [transfers.pool.acquire(kind, STAGING_BYTES) for _ in range(2)]
         self.tickets = [0, 0]
         # Poll before blocking only when alone: lanes polling together fight for the GIL.
         self.spin = True
@@ -538,7 +542,7 @@ class Transfers:
                        stream: Stream | None = None, waits: Sequence[tuple[Stream, int]] = (),
                        on_job: Callable[[int, int], None] | None = None) -> None:
         chunks = [(j, src, dst, off, lo, hi, part) for j, (src, dst, off) in enumerate(jobs)
-                  for lo, hi, part in _chunks(src, CHUNK_BYTES)]
+                  for lo, hi, part in _chunks(src, _staged_chunk())]
         total = sum(src.nbytes for src, _, _ in jobs)
         lanes = self._lanes_of(Kind.UPLOAD, min(len(chunks), lane_count())
                                if total >= PARALLEL_MIN_BYTES else 1, stream, waits)
@@ -636,7 +640,8 @@ class Transfers:
                        stream: Stream | None, waits: Sequence[tuple[Stream, int]]) -> None:
         nbytes = dst.nbytes
         flat = dst.reshape(-1).view(np.uint8)
-        bounds = [(lo, min(nbytes, lo + CHUNK_BYTES)) for lo in range(0, nbytes, CHUNK_BYTES)]
+        chunk = _staged_chunk()
+        bounds = [(lo, min(nbytes, lo + chunk)) for lo in range(0, nbytes, chunk)]
         lanes = self._lanes_of(Kind.DOWNLOAD, min(len(bounds), lane_count())
                                if nbytes >= PARALLEL_MIN_BYTES else 1, stream, waits)
 
@@ -647,6 +652,8 @@ class Transfers:
                 lane.spin = len(lanes) == 1
                 def start(j: int) -> None:
                     lo, hi = mine[j]
+                    # The device writes the staging buffer: never past its end.
+                    assert hi - lo <= lane.staging[j % 2].size
                     lane.slot(j % 2)
                     lane.copy(j % 2, src.handle, src_offset + lo, lane.staging[j % 2].handle,
                               0, hi - lo, "a copy from the device")
@@ -1025,6 +1032,11 @@ class Transfers:
                 lane.stream.wait()
                 lane.destroy()
         self._lanes.clear()
+
+
+def _staged_chunk() -> int:
+    """The size chunks through the lanes' staging buffers are cut to."""
+    return min(CHUNK_BYTES, STAGING_BYTES)
 
 
 def _on_lanes(run: Any, count: int, direction: str = "up") -> None:
