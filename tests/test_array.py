@@ -697,14 +697,9 @@ def test_numpy_to_numpy_pipelined(rt, monkeypatch, dtype):
     downloads overlapping where the device has copy queues), including a short last block;
     int8 (whose row-major B is repacked first) and column-major A fall back to one
     product."""
-    from coopmat.dispatch import gemm, pipeline, transfer
-    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
-    monkeypatch.setattr(pipeline, "PIPELINE_MIN_BYTES", 64 << 10)
+    from coopmat.dispatch import pipeline
+    _small_pipeline(monkeypatch)
     monkeypatch.setattr(pipeline, "FORCE", True)
-    monkeypatch.setattr(pipeline, "BLOCK_BYTES", 24 << 10)
-    monkeypatch.setattr(pipeline, "BLOCK_ROWS", 16)
-    monkeypatch.setattr(transfer, "CHUNK_BYTES", 8 << 10)
-    monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 16 << 10)
     calls = []
     real = pipeline.run_pipelined
     monkeypatch.setattr(pipeline, "run_pipelined",

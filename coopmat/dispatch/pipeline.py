@@ -181,8 +181,8 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
     target: NewDownload | None = None
     array: np.ndarray | None = None
     # D's copies on a copy queue, beside the kernels, where the device was opened with
-    # them (COOPMAT_COPY_QUEUES=1): 9.94-9.96 ms against 10.51-10.88 on the compute
-    # queue at 8192^3 with a new A on the H200, one process each.
+    # them (COOPMAT_COPY_QUEUES=1): about 5% faster at 8192^3 with a new A and a kept B
+    # on the H200, within the noise with both new (docs/arrays.md).
     down = rt.down if rt.copy_engines else None
     try:
         for kind, nbytes in ((Kind.MAPPED, sa.nbytes + margins[0]),

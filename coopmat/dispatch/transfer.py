@@ -242,6 +242,10 @@ class _Imported:
         except BaseException:
             self.free()
             raise
+        # The import as a device copy's destination or source (recordings name it by
+        # its handle's address).
+        self.target = Buffer(Kind.DOWNLOAD, self.size, self.buffer, None, None,
+                             int(ffi.cast("uintptr_t", self.buffer)))
 
     def free(self) -> None:
         v = vk()
@@ -274,7 +278,6 @@ class _PinnedBlock:
         self.imported: _Imported | None = None
         self.importing = False  # an import is under way (never two of the same pages)
         self.refused = False  # the driver would not import it: the lanes serve it
-        self.target: Buffer | None = None  # the import as a copy's destination (_lent)
         self._returned: deque[_PinnedBlock] | None = None
         self._lent: Any = None  # a weakref to the array lent last
 
@@ -736,10 +739,7 @@ class Transfers:
         imp = block.imported
         if imp is None:
             return None
-        if block.target is None or block.target.handle is not imp.buffer:
-            block.target = Buffer(Kind.DOWNLOAD, imp.size, imp.buffer, None, None,
-                                  int(vk().ffi.cast("uintptr_t", imp.buffer)))
-        return NewDownload(block.target, imp.offset, nbytes, block, returned)
+        return NewDownload(imp.target, imp.offset, nbytes, block, returned)
 
     def _take_block(self, nbytes: int) -> _PinnedBlock:
         """The smallest free block of nbytes to 2 nbytes (imported ones first), else a new
@@ -829,17 +829,11 @@ class Transfers:
         """Submit one device copy between `host` and buf at offset through the kept
         import of host's array; its ticket, for the caller to wait for before the array
         may change (upload) or be read (download). None where there is no ready import."""
-        owner = self._pinnable(host)
-        if owner is None:
-            return None
         with self._pin_lock:
-            self._forget_dead()
-            pin = self._pins.get(id(owner))
-            if pin is None or pin.imported is None:
+            kept = self._kept_import(host)
+            if kept is None:
                 return None
-            self._pins.move_to_end(id(owner))
-            imp = pin.imported
-            at = imp.offset + host.ctypes.data - pin.address
+            imp, at = kept
             if upload:
                 return self._one_copy(imp.buffer, at, buf.handle, offset, host.nbytes,
                                       upload=True)
@@ -855,16 +849,26 @@ class Transfers:
             return None
         return self._pinned_copy(src, dst, dst_offset, upload=True)
 
+    def _kept_import(self, host: np.ndarray) -> tuple[_Imported, int] | None:
+        """The kept import of host's array, marked as used last, and where host's first
+        byte lies in it; None where there is none ready. Caller holds _pin_lock."""
+        owner = self._pinnable(host)
+        if owner is None:
+            return None
+        self._forget_dead()
+        pin = self._pins.get(id(owner))
+        if pin is None or pin.imported is None:
+            return None
+        self._pins.move_to_end(id(owner))
+        return pin.imported, pin.imported.offset + host.ctypes.data - pin.address
+
     def kept(self, arr: np.ndarray) -> bool:
         """Whether arr's array is kept imported (mode 'auto'): its transfers are one
         device copy each."""
-        owner = self._pinnable(arr) if self.mode == "auto" else None
-        if owner is None:
+        if self.mode != "auto":
             return False
         with self._pin_lock:
-            self._forget_dead()
-            pin = self._pins.get(id(owner))
-            return pin is not None and pin.imported is not None
+            return self._kept_import(arr) is not None
 
     def kept_later(self, src: np.ndarray) -> None:
         """src went to the device some other way: note its array, or import it for the
@@ -878,21 +882,12 @@ class Transfers:
         of host's first byte), or None where host's array is not kept imported. Held for
         the with block: the import is not freed before copies submitted within it have
         completed (other threads' lookups wait meanwhile)."""
-        owner = self._pinnable(host) if self.mode == "auto" else None
-        if owner is None:
+        if self.mode != "auto":
             yield None
             return
         with self._pin_lock:
-            self._forget_dead()
-            pin = self._pins.get(id(owner))
-            imp = pin.imported if pin is not None else None
-            if pin is None or imp is None:
-                yield None
-                return
-            self._pins.move_to_end(id(owner))
-            yield (Buffer(Kind.DOWNLOAD, imp.size, imp.buffer, None, None,
-                          int(vk().ffi.cast("uintptr_t", imp.buffer))),
-                   imp.offset + host.ctypes.data - pin.address)
+            kept = self._kept_import(host)
+            yield None if kept is None else (kept[0].target, kept[1])
 
     def _pin_later(self, host: np.ndarray) -> None:
         """After a transfer through the lanes: note host's array the first time; the
