@@ -297,7 +297,10 @@ def test_batch_aligned(runner: KernelRunner, buffering: int) -> None:
                                   Tile(8, 8, 8, 1, 1, 3), Tile(16, 32, 8, 1, 2, 3),
                                   Tile(64, 16, 32, 4, 1, 3), Tile(24, 40, 24, 1, 1, 3),
                                   Tile(32, 64, 16, 2, 2, 3), Tile(16, 32, 8, 1, 2, 4),
-                                  Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4)],
+                                  Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4),
+                                  # tiles.filling_ladder's shapes at lavapipe's 8 x 8 x 8
+                                  Tile(32, 32, 64, 2, 2, 2), Tile(16, 32, 64, 1, 2, 2),
+                                  Tile(8, 16, 64, 1, 2, 1)],
                          ids=lambda t: t.describe().replace(" ", "-"))
 @pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
 def test_other_tiles(runner: KernelRunner, tile: Tile, aligned: bool) -> None:

@@ -17,7 +17,7 @@ import pytest
 from coopmat.codegen import KhrTraits, Layout, Nv2Traits, RowsTraits, Tile
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.rows import RowsPlan
-from coopmat.codegen.tiles import default_tile, kernel_subgroup_size
+from coopmat.codegen.tiles import default_tile, filling_tile, kernel_subgroup_size
 from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.record import load_records
@@ -32,6 +32,7 @@ from coopmat.policy import (
     TypePair,
     choose,
     choose_family,
+    fills_small,
     resolve,
     shape_class,
 )
@@ -377,6 +378,44 @@ def test_tiles_per_width_and_their_shrinking(width: int) -> None:
         for b_layout in Layout:
             plan = plan_kernel(traits(small, a_layout, b_layout))
             assert plan.shared_bytes <= 16 * 1024
+
+
+def test_filling_tile_grows_the_grid_to_fill_groups() -> None:
+    ladder = (Tile(64, 64, 64, 2, 2, 2), Tile(32, 64, 64, 1, 2, 2), Tile(16, 32, 64, 1, 2, 1))
+    big = Tile(128, 128, 64, 2, 2, 2)
+    assert filling_tile(big, ladder, 2048, 2048, 1) == big  # 256 workgroups already
+    assert filling_tile(big, ladder, 1024, 1024, 1) == ladder[0]  # 64 -> 256
+    assert filling_tile(big, ladder, 128, 4096, 1) == ladder[1]  # 32 -> 128 -> 256
+    assert filling_tile(big, ladder, 64, 64, 1) == ladder[2]  # none fills: the smallest
+    assert filling_tile(big, ladder, 1024, 1024, 4) == big  # a batch counts its workgroups
+    few = Tile(16, 64, 128, 1, 4, 2)  # only smaller tiles than the one given
+    assert filling_tile(few, ladder, 16, 256, 1) == ladder[2]
+    assert filling_tile(big, (), 64, 64, 1) == big  # no ladder (narrow subgroups)
+
+
+def test_small_products_fill_the_h200() -> None:
+    tuned = shipped_h200()
+    pair = resolve(H200, F16, F16)
+
+    def tile(M: int, N: int, K: int, p: TypePair = pair) -> Tile:
+        return khr(choose(H200, row_major(M, N, K, p), Options(), tuned)).tile
+
+    one_matrix = Tile(16, 32, 64, 1, 2, 1)
+    assert tile(64, 64, 64) == tile(128, 128, 128) == tile(256, 256, 2048) == one_matrix
+    assert tile(1024, 1024, 1024) == tile(512, 4096, 4096) == Tile(64, 64, 64, 2, 2, 2)
+    assert tile(128, 4096, 4096) == Tile(32, 64, 64, 1, 2, 2)
+    assert tile(64, 64, 64, resolve(H200, I8, I8)) == Tile(16, 32, 128, 1, 2, 1)
+    assert tile(2048, 2048, 2048) == tuned["float16->float32@medium"][1]
+    assert tile(8192, 8192, 8192) == tuned["float16->float32"][1]
+    # A few-row product on a large B keeps the tiles and split measured for it.
+    for M, N, K in ((16, 4096, 4096), (64, 4096, 4096), (32, 1024, 1024)):
+        assert not fills_small(row_major(M, N, K, pair))
+    assert fills_small(row_major(64, 512, 512, pair))
+    # Narrow subgroups (Intel) and CPUs keep their tiles.
+    for info in (XE_HPG, LAVAPIPE):
+        p = resolve(info, F16, F16)
+        assert khr(choose(info, row_major(1024, 1024, 1024, p))).tile == \
+            khr(choose(info, row_major(4096, 4096, 4096, p))).tile
 
 
 # -- the rows family (few rows, B streamed from global memory) ----------------------------

@@ -218,6 +218,53 @@ def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
     return wide
 
 
+# A grid of at least this many workgroups keeps a large GPU busy: about two per
+# multiprocessor of the H200 (132), the split-K rule's target too.
+FILL_GROUPS = 256
+
+
+def filling_ladder(a_type: ComponentType, result_type: ComponentType, m: int, n: int, k: int,
+                   subgroup_size: int, max_shared_memory: int,
+                   max_invocations: int) -> tuple[Tile, ...]:
+    """Tiles for problems too small to fill the GPU with the usual ones, largest first,
+    those that fit the device: 4 x 4 matrices on 2 x 2 subgroups, 2 x 4 on 1 x 2, then
+    one matrix per subgroup on 1 x 2 (loads, then multiplies); each 128 bytes of K deep.
+    (filling_tile says which one a problem takes.) None below 32 lanes (Intel's 8- and
+    16-wide subgroups): there these tiles would be workgroups of 16 to 64 invocations,
+    not measured on any such device."""
+    if subgroup_size < 32:
+        return ()
+    tk = max(k, 128 // element_bytes(a_type) // k * k)
+    ladder = (Tile(4 * m, 4 * n, tk, 2, 2, 2), Tile(2 * m, 4 * n, tk, 1, 2, 2),
+              Tile(m, 2 * n, tk, 1, 2, 1))
+    return tuple(t for t in ladder if _fits(t, a_type, result_type, m, n, k, subgroup_size,
+                                            max_shared_memory, max_invocations))
+
+
+def filling_tile(tile: Tile, ladder: tuple[Tile, ...], M: int, N: int, batch: int) -> Tile:
+    """`tile` where its grid has FILL_GROUPS workgroups or more; else the largest tile of
+    `ladder` (filling_ladder) smaller than it whose grid has, else the ladder's smallest.
+    A small product on a large tile runs on a few workgroups, each walking all of K: on
+    the H200 (float16, kernel time, 2026-11-24, docs/kernels.md "Small products") 64^3
+    took 11.6 us on its one 64 x 64 workgroup against 4.9 on 16 x 32 tiles, 128^3 23.0
+    against 6.2, 256 x 256 x 2048 48.9 against 17.2, 1024^3 32.5 (64 workgroups of 128 x
+    128) against 20.1 (256 of 64 x 64); at 2048^3 the 128 x 128 tile's 256 workgroups
+    stayed fastest (69.9 us against 96.5)."""
+    def groups(t: Tile) -> int:
+        return batch * -(-M // t.tile_m) * -(-N // t.tile_n)
+
+    if groups(tile) >= FILL_GROUPS:
+        return tile
+    best = tile
+    for t in ladder:
+        if t.tile_m * t.tile_n >= best.tile_m * best.tile_n:
+            continue
+        best = t
+        if groups(t) >= FILL_GROUPS:
+            break
+    return best
+
+
 def deep_few_row_tile(tile: Tile, m: int, n: int, k: int) -> Tile:
     """The one-row-block few-row tile (m rows, 4 subgroups across N) with 256 elements of K
     a step instead of 128, for products the split-K rule leaves whole: more of B in flight

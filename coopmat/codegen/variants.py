@@ -16,6 +16,7 @@ from coopmat.codegen.tiles import (
     covering_rows_tile,
     deep_few_row_tile,
     default_tile,
+    filling_ladder,
     kernel_subgroup_size,
     quant_few_row_tile,
     quant_general_tile,
@@ -80,6 +81,14 @@ def khr_covering_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, ti
     return covering_rows_tile(tile, M, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
                               khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
                               limits.max_compute_work_group_invocations)
+
+
+def khr_filling_ladder(cfg: CooperativeMatrixProperties,
+                       limits: DeviceLimits) -> tuple[Tile, ...]:
+    """The tiles small products may take on this device (tiles.filling_ladder)."""
+    return filling_ladder(cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
+                          khr_subgroup_size(limits), limits.max_compute_shared_memory_size,
+                          limits.max_compute_work_group_invocations)
 
 
 def khr_deep_tile(cfg: CooperativeMatrixProperties, tile: Tile) -> Tile:

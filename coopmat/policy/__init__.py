@@ -21,6 +21,7 @@ from coopmat.policy.kernel import (
     choose,
     choose_family,
     fastest_variant,
+    fills_small,
     repacks,
     shape_class,
     slice_problem,
@@ -41,8 +42,8 @@ from coopmat.policy.types import (
 __all__ = [
     "MEDIUM_MN", "PACK_MIN_M", "SPECIALIZE_MIN_OPS", "KernelChoice", "OperandLayout",
     "Options", "PackChoice", "Problem", "Tuned", "TypePair", "bounds_checked", "choose",
-    "choose_family",
-    "config_for", "config_pairs", "fastest_variant", "repacks", "resolve", "result_pairs",
+    "choose_family", "config_for", "config_pairs", "fastest_variant", "fills_small",
+    "repacks", "resolve", "result_pairs",
     "shape_class", "slice_problem", "specializes", "split_k_for", "split_k_violation",
     "usable_configs",
 ]

@@ -64,6 +64,7 @@ from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.plan import SPLIT_MIN_QUANT_UNIT, plan_kernel
 from coopmat.codegen.rows import RowsPlan
+from coopmat.codegen.tiles import filling_tile
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import (
     GEMV_OPERANDS,
@@ -71,6 +72,7 @@ from coopmat.codegen.variants import (
     is_cpu,
     khr_covering_tile,
     khr_deep_tile,
+    khr_filling_ladder,
     khr_quant_tile,
     khr_tile,
     khr_traits,
@@ -110,6 +112,10 @@ MEDIUM_MN = 2048 * 2048
 # K-contiguous, and with few rows the GEMM reads B about once, so a repack (one more read
 # and a write) would cost more than it saves.
 PACK_MIN_M = SMALL_M + 1
+# Few-row products whose B has at most this many elements may take a filling tile
+# (fills_small): the largest B measured. On the H200, 64 x 64 @ 64 x 64 and 64 x 512 @
+# 512 x 512 ran faster on them (11.6 -> 4.9 us, 9.8 -> 7.7; docs/kernels.md).
+FILL_FEW_ROWS_MAX_B = 1 << 18
 K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
 
 # The gemv family (no cooperative matrices; few rows against a column-major B) as the
@@ -342,6 +348,20 @@ def _default_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits,
 def _quant_tile(cfg: CooperativeMatrixProperties, limits: DeviceLimits, tile: Tile,
                 M: int) -> Tile:
     return khr_quant_tile(cfg, limits, tile, M)
+
+
+@functools.lru_cache(maxsize=256)
+def _filling_ladder(cfg: CooperativeMatrixProperties, limits: DeviceLimits) -> tuple[Tile, ...]:
+    return khr_filling_ladder(cfg, limits)
+
+
+def fills_small(problem: Problem) -> bool:
+    """Whether a small product may leave its usual tile for a smaller one that gives the
+    GPU more workgroups (tiles.filling_tile): always with more than SMALL_M rows; with
+    fewer only where B holds at most FILL_FEW_ROWS_MAX_B elements. A few-row product on
+    a large B is a stream over B whose tile, covering tiles and split-K were measured for
+    that (docs/kernels.md); smaller row blocks would read B more times."""
+    return problem.M > SMALL_M or problem.K * problem.N <= FILL_FEW_ROWS_MAX_B
 
 
 @functools.lru_cache(maxsize=256)
@@ -590,6 +610,11 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     if covering:
         tile = _covering_tile(cfg, info.limits, tile, 32 if problem.M <= 32 else 64)
         covering = tile.tile_m >= problem.M  # widened (it fits in shared memory)
+    if not is_cpu(info) and fills_small(problem):
+        filled = filling_tile(tile, _filling_ladder(cfg, info.limits), problem.M, problem.N,
+                              problem.batch)
+        covering = covering and filled == tile
+        tile = filled
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), ops=problem.ops)
     few_rows = not is_cpu(info) and problem.M <= SMALL_M
