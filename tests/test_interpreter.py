@@ -56,7 +56,13 @@ from coopmat.codegen import (
 )
 from coopmat.codegen.abi import BINDING_A, BINDING_B, BINDING_C, BINDING_D
 from coopmat.codegen.pack import pack_kernel
-from coopmat.codegen.variants import khr_subgroup_size, khr_variants
+from coopmat.codegen.variants import (
+    buildable,
+    khr_filling_ladder,
+    khr_subgroup_size,
+    khr_traits,
+    khr_variants,
+)
 from coopmat.device.enums import ComponentType as CT
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.record import load_records
@@ -278,6 +284,32 @@ def test_variant_matches_numpy(info: PhysicalDeviceInfo, traits: KhrTraits) -> N
         # Per batch, the interior workgroup's tile directly, the rest element by element.
         tile = traits.tile.tile_m * traits.tile.tile_n if traits.out_matrix else 0
         assert stored == {"scalar": 2 * (g.M * g.N - tile), "matrix": 2 * tile}, stored
+
+
+def _filling_cases() -> list[Any]:
+    """The filling ladder's tiles (tiles.filling_ladder) of each recorded device that has
+    one, for its first float16 config: the exact and the general variant."""
+    cases = []
+    for name, info in DEVICES:
+        cfg = next((c for c in info.cooperative_matrix_properties
+                    if c.a_type == CT.FLOAT16 and buildable(c)), None)
+        if cfg is None:
+            continue
+        for tile in khr_filling_ladder(cfg, info.limits):
+            for aligned, exact in ((True, True), (False, False)):
+                t = khr_traits(cfg, info, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False, tile,
+                               aligned=aligned, exact=exact)
+                cases.append(pytest.param(info, t, id=f"{name}-{t.describe()}"))
+    return cases
+
+
+@pytest.mark.parametrize("info,traits", _filling_cases())
+def test_filling_tiles_match_numpy(info: PhysicalDeviceInfo, traits: KhrTraits) -> None:
+    it = Interpreter(build_gemm(traits).spirv, subgroup_size=traits.subgroup_size,
+                     matrix_configs=matrix_configs(info))
+    check_grid = make_gemm(traits, *grid_shape(traits), seed=2) if not traits.exact else \
+        make_gemm(traits, *single_shape(traits))
+    check(check_grid, execute(check_grid, None, it=it))
 
 
 def test_every_recorded_list_is_covered() -> None:
