@@ -77,13 +77,12 @@ def _staged_view(x: np.ndarray, s: Staged) -> np.ndarray:
     return x if s.layout is Layout.ROW_MAJOR else x.transpose(0, 2, 1)
 
 
-def _write(x: np.ndarray, s: Staged, dst: np.ndarray) -> None:
-    """The one copy into mapped memory, in the staged layout."""
+def _target(x: np.ndarray, s: Staged, dst: np.ndarray) -> np.ndarray:
+    """dst (mapped memory) shaped as x's staged layout holds it, element by element in C
+    order: what _staged_view(x, s) is copied into."""
     batch, rows, cols = x.shape
-    if s.layout is Layout.ROW_MAJOR:
-        np.copyto(dst.reshape(batch, rows, cols), x)
-    else:
-        np.copyto(dst.reshape(batch, cols, rows), x.transpose(0, 2, 1))
+    return dst.reshape((batch, rows, cols) if s.layout is Layout.ROW_MAJOR else
+                       (batch, cols, rows))
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,8 @@ class PreparedGemm:
             # (no copy commands in); D comes back by a copy.
             operand_kind = direct or operand_kind
         self._acquired: list[Buffer] = []
-        self._written: list[tuple[Buffer, Staged]] = []  # where each input was staged
+        # Where each input was staged (kept: a repeated small call writes there again).
+        self._written: list[tuple[np.ndarray, Staged]] = []
         self._pending = 0  # a ticket of copies still reading the caller's arrays
         try:
             inputs = [(a, sa), (b, sb)] + ([(c, sc)] if c is not None and sc else [])
@@ -164,8 +164,9 @@ class PreparedGemm:
                     continue
                 host = dev_buf if dev_buf.mapped is not None else \
                     self._take(upload_kind, s.nbytes)
-                _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
-                self._written.append((host, s))
+                target = _target(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
+                np.copyto(target, _staged_view(x, s))
+                self._written.append((target, s))
                 if host is not dev_buf:
                     self.uploads.append(Copy(host, dev_buf, s.nbytes))
                 device_bufs.append(dev_buf)
@@ -207,8 +208,13 @@ class PreparedGemm:
         # grid: the plan and the buffers, in the order they were taken, fix the rest. A
         # later GEMM of the same plan that gets the same pooled buffers reuses the
         # recording: on the H200 recording cost about 300 us, most of a 256^3 call
-        # (docs/arrays.md).
-        self._name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
+        # (docs/arrays.md). Made once here: a repeated small call's Python is a few
+        # microseconds in all.
+        name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
+        kernels = tuple((d.pipeline.addr, d.push_constants, d.groups) for d in self.dispatches)
+        self._names = {t: (*name, t, *kernels) for t in (False, True)}
+        # D where the host reads it, for a small problem (read()); made on first use.
+        self._d_view: np.ndarray | None = None
 
     def load(self, a: np.ndarray, b: np.ndarray) -> None:
         """Stage new A and B (the shapes, strides and dtypes this GEMM was prepared with)
@@ -216,8 +222,8 @@ class PreparedGemm:
         the plan, the pool and the command recording (its recording is cached by buffer)."""
         if self.bulk:
             raise ValueError("load() is for problems staged through mapped memory")
-        for x, (host, s) in zip((a, b), self._written, strict=False):
-            _write(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
+        for x, (target, s) in zip((a, b), self._written, strict=False):
+            np.copyto(target, _staged_view(x, s))
 
     def _take(self, kind: Kind, nbytes: int) -> Buffer:
         buf = self.rt.pool.acquire(kind, nbytes)
@@ -228,10 +234,8 @@ class PreparedGemm:
                 then: Callable[[], int] | None = None) -> float | None:
         """Run the kernel; with transfers, also the staging copies in and out. Its
         recording is kept under its plan, buffers and dispatches. then: as Executor.run's."""
-        name = (*self._name, transfers,
-                *((d.pipeline.addr, d.push_constants, d.groups) for d in self.dispatches))
         return self._run(self.uploads if transfers else [],
-                         self.downloads if transfers else [], name, then)
+                         self.downloads if transfers else [], self._names[transfers], then)
 
     def _run(self, uploads: list[Copy], downloads: list[Copy],
              name: tuple[Any, ...] | None = None,
@@ -313,8 +317,9 @@ class PreparedGemm:
             self.rt.transfers.download(self.d_host, 0, tmp)
             np.copyto(out, tmp, casting="unsafe")
             return
-        np.copyto(out, self.d_host.view(self.result_dtype, count).reshape(self.shape),
-                  casting="unsafe")
+        if self._d_view is None:
+            self._d_view = self.d_host.view(self.result_dtype, count).reshape(self.shape)
+        np.copyto(out, self._d_view, casting="unsafe")
 
     def read_new(self) -> np.ndarray:
         """D in a new C-contiguous array; a large one in one device copy into a kept
