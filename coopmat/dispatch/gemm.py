@@ -208,11 +208,8 @@ class PreparedGemm:
         # grid: the plan and the buffers, in the order they were taken, fix the rest. A
         # later GEMM of the same plan that gets the same pooled buffers reuses the
         # recording: on the H200 recording cost about 300 us, most of a 256^3 call
-        # (docs/arrays.md). Made once here: a repeated small call's Python is a few
-        # microseconds in all.
-        name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
-        kernels = tuple((d.pipeline.addr, d.push_constants, d.groups) for d in self.dispatches)
-        self._names = {t: (*name, t, *kernels) for t in (False, True)}
+        # (docs/arrays.md).
+        self._name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
         # D where the host reads it, for a small problem (read()); made on first use.
         self._d_view: np.ndarray | None = None
 
@@ -234,8 +231,12 @@ class PreparedGemm:
                 then: Callable[[], int] | None = None) -> float | None:
         """Run the kernel; with transfers, also the staging copies in and out. Its
         recording is kept under its plan, buffers and dispatches. then: as Executor.run's."""
+        # The dispatches are named as they are now: a caller may have replaced one (the
+        # buffer-bounds test runs a kernel with a K its buffers do not hold).
+        name = (*self._name, transfers,
+                *((d.pipeline.addr, d.push_constants, d.groups) for d in self.dispatches))
         return self._run(self.uploads if transfers else [],
-                         self.downloads if transfers else [], self._names[transfers], then)
+                         self.downloads if transfers else [], name, then)
 
     def _run(self, uploads: list[Copy], downloads: list[Copy],
              name: tuple[Any, ...] | None = None,
