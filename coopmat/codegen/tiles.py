@@ -245,7 +245,7 @@ def filling_tile(tile: Tile, ladder: tuple[Tile, ...], M: int, N: int, batch: in
     """`tile` where its grid has FILL_GROUPS workgroups or more; else the largest tile of
     `ladder` (filling_ladder) smaller than it whose grid has, else the ladder's smallest.
     A small product on a large tile runs on a few workgroups, each walking all of K: on
-    the H200 (float16, kernel time, 2026-11-24, docs/kernels.md "Small products") 64^3
+    the H200 (float16, kernel time, 2026-11-24, docs/kernels.md "Filling the GPU") 64^3
     took 11.6 us on its one 64 x 64 workgroup against 4.9 on 16 x 32 tiles, 128^3 23.0
     against 6.2, 256 x 256 x 2048 48.9 against 17.2, 1024^3 32.5 (64 workgroups of 128 x
     128) against 20.1 (256 of 64 x 64); at 2048^3 the 128 x 128 tile's 256 workgroups
