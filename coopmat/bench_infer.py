@@ -4,9 +4,11 @@
   REPEAT runs back to back) of the policy's choice and of the khr kernel, as weight bytes
   read per second; torch's same product timed with CUDA events (per call over 50 launches,
   launch gaps included);
-- quantized: x @ w.T (Arrays, 50 calls queued back to back, per call) with GGUF q8_0 /
-  q4_0 blocks against float16 on the same weight, and torch dequantizing (int8 values
-  times their block scale) then multiplying, timed alike with CUDA events;
+- quantized: x @ w.T (x an Array) with GGUF q8_0 / q4_0 blocks against float16 on the
+  same weight: the policy's kernel time (GPU timestamps over REPEAT runs back to back),
+  as quantized bytes read per second, and the wall time per call of 50 products queued
+  back to back; torch dequantizing (int8 values times their block scale) then
+  multiplying, timed with CUDA events over 50 launches;
 - fused: 4096^3 float16 plain against each epilogue (bias, activation, residual).
 """
 
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from coopmat.codegen import Layout
+from coopmat.codegen.variants import is_cpu
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.linalg import last_kernel_time, last_kernel_traits, matmul
@@ -72,11 +76,8 @@ def hot(run: Callable[[], object], seconds: float) -> None:
         run()
 
 
-def warm_up(seconds: float = 1.0) -> None:
-    """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock (the
-    H200 idled at 345 MHz), and the first cases measured would pay for its ramp.
-
-    The peers' CUDA context is made first, where torch has CUDA: on the H200 a process
+def hold_clock() -> None:
+    """Make the peers' CUDA context now, where torch has CUDA: on the H200 a process
     holding one stayed at 1980 MHz even idle, while light Vulkan work alone let the clock
     fall to 345 MHz within 2 s (docs/benchmarks.md, "Clocks"). So every case, the first
     included, runs under the clock the peers' cases get."""
@@ -84,6 +85,15 @@ def warm_up(seconds: float = 1.0) -> None:
     if torch is not None:
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
+
+
+def warm_up(seconds: float = 1.0) -> None:
+    """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock (the
+    H200 idled at 345 MHz), and the first cases measured would pay for its ramp. The
+    clock is held first (hold_clock). Nothing to do on a CPU device."""
+    if is_cpu(runtime().device.info):
+        return
+    hold_clock()
     a = np.ones((2048, 2048), np.float16)
     g = PreparedGemm(runtime(), resolve(runtime().device.info, a.dtype, a.dtype), a[None],
                      a[None], None, 1, 1, 0)
@@ -128,27 +138,51 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
 
 
 def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
-    from coopmat.array import asarray
+    """x @ w.T for an N x K weight, float16 and each GGUF format, x a device array: the
+    policy's kernel time from timestamps (the quantized bytes read per second follow from
+    it) and the wall time per call of products queued back to back, beside torch's
+    dequantize + matmul (GPU time of back-to-back launches)."""
+    from coopmat.array import asarray, empty
     from coopmat.quantized import quantize
     torch = cuda_torch()
     rng = np.random.default_rng(1)
     w = rng.standard_normal((N, K), dtype=np.float32)
-    wf = asarray(w.astype(np.float16))
+    weights: list[tuple[str, Any, float]] = [("f16", asarray(w.astype(np.float16)), 2.0)]
+    weights += [(fmt, quantize(w, fmt), bpw) for fmt, bpw in (("q8_0", 34 / 32),
+                                                               ("q4_0", 18 / 32))]
+    warm_up()
     for M in ms:
         x = asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
+        d = empty((M, N), np.float16)
         row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
-        row["f16_us"] = 1e3 * _array_kernel_ms(lambda x=x: x @ wf.T)
-        row["f16_kernel"] = last_kernel_traits().describe()
-        for fmt, bpw in (("q8_0", 34 / 32), ("q4_0", 18 / 32)):
-            q = quantize(w, fmt)
-            t = _array_kernel_ms(lambda x=x, q=q: x @ q.T)
-            row[f"{fmt}_us"] = 1e3 * t
-            row[f"{fmt}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
-            row[f"{fmt}_kernel"] = last_kernel_traits().describe()
+        for name, wq, bpw in weights:
+            t = _weight_kernel_ms(x, wq, d)
+            row[f"{name}_kernel_us"] = 1e3 * t
+            row[f"{name}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
+            row[f"{name}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
+            row[f"{name}_kernel"] = last_kernel_traits().describe()
         if torch is not None:
             row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(torch, x.numpy(),
                                                                            N, K)
         _emit(rows, row)
+
+
+def _weight_kernel_ms(x: Any, w: Any, d: Any) -> float:
+    """GPU milliseconds per x @ w.T (x an M x K Array, w an N x K Array or QuantizedArray,
+    d an M x N float16 Array), the policy's plan run REPEAT times back to back."""
+    from coopmat.dispatch.gemm import DeviceOperand, Staged, device_plan, plan_serial_seconds
+    rt = runtime()
+    (M, K), N = x.shape, w.shape[0]
+    quant = getattr(w, "format", None)
+    a = DeviceOperand(x.buffer, x.offset_bytes, Staged(Layout.ROW_MAJOR, K, 0, x.nbytes))
+    b = DeviceOperand(w.buffer, getattr(w, "offset_bytes", 0),
+                      Staged(Layout.COLUMN_MAJOR, K, 0, w.nbytes, quant=quant))
+    out = DeviceOperand(d.buffer, d.offset_bytes, Staged(Layout.ROW_MAJOR, N, 0, d.nbytes))
+    plan = device_plan(rt, resolve(rt.device.info, x.dtype, x.dtype), a, b, None,
+                       (1, M, N, K), 1, 0, Options())
+    plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag
+    t = plan_serial_seconds(rt, plan, a, b, out, REPEAT)
+    return 1e3 * t if t is not None else float("nan")
 
 
 def torch_dequant_matmul_ms(torch: Any, x: np.ndarray, N: int, K: int) -> float:
@@ -160,7 +194,7 @@ def torch_dequant_matmul_ms(torch: Any, x: np.ndarray, N: int, K: int) -> float:
     return torch_ms(torch, lambda: xt @ (qs.half() * d).reshape(N, K).T)
 
 
-def _array_kernel_ms(fn: Any, repeat: int = 50) -> float:
+def _array_call_ms(fn: Any, repeat: int = 50) -> float:
     """Per-call time of device-array products queued back to back (no host round trip
     between them; what a layer sees), as torch's figures are taken: launch gaps
     included."""
@@ -222,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096",
                     help="decode weights KxN")
     ap.add_argument("--quant-rows", default="1,8,16,512")
+    ap.add_argument("--quant-shape", default="4096x4096", metavar="KxN",
+                    help="the quantized weight's K x N")
     ap.add_argument("--fused", type=int, default=4096)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: decode, "
                     "quantized, fused")
@@ -234,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
         decode(rows, ms, [(k, n) for k, n in shapes])
     if "quantized" not in skip:
-        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], 4096, 4096)
+        qk, qn = (int(v) for v in args.quant_shape.lower().split("x"))
+        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], qk, qn)
     if "fused" not in skip:
         fused(rows, args.fused)
     if args.json_path:

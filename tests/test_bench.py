@@ -101,3 +101,28 @@ def test_data_path_bench_runs_and_checks(live_device_info, tmp_path):
     e2e = next(r for r in rows if r["case"] == "numpy->numpy f16 96^3")
     assert e2e["coopmat_ms"] > 0 and e2e["max_err_first_rows"] < 0.1
     assert any("5 chained" in c for c in cases)
+
+
+def test_inference_bench_runs_and_reports(live_device_info, tmp_path):
+    """`bench --inference`: decode, quantized and fused rows, each with its kernel time
+    (small sizes for a CPU). The quantized rows time the quantized kernels themselves."""
+    from coopmat import bench
+    out = tmp_path / "inference.json"
+    assert bench.main(["--inference", "--rows", "1,16", "--shapes", "64x48",
+                       "--quant-rows", "1,16", "--quant-shape", "64x48", "--fused", "32",
+                       "--json", str(out)]) == 0
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    for M in (1, 16):
+        for layout in ("KxN", "NxK^T"):
+            row = rows[f"decode {M}x64 @ 64x48 ({layout})"]
+            assert row["policy_us"] > 0 and row["khr_us"] > 0
+        row = rows[f"quantized {M}x64 @ (48x64)^T"]
+        for name in ("f16", "q8_0", "q4_0"):
+            assert row[f"{name}_kernel_us"] > 0 and row[f"{name}_call_us"] > 0, row
+            assert row[f"{name}_TBps"] > 0
+        assert "bq8_0" in row["q8_0_kernel"] and "bq4_0" in row["q4_0_kernel"]
+        assert "bq" not in row["f16_kernel"]
+    plain = rows["fused 32^3 khr plain"]
+    assert plain["ms"] > 0
+    assert rows["fused 32^3 khr bias+gelu_tanh+residual"]["kernel"].endswith(
+        "epi_bias_gelu_tanh_res")

@@ -656,6 +656,23 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
     return ticket
 
 
+def plan_serial_seconds(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
+                        d: DeviceOperand, count: int, submits: int = 3) -> float | None:
+    """GPU seconds per run of all the plan's dispatches on these operands (a quantized
+    B's dequantizing pass and a split-K's too), `count` runs back to back in one
+    submission (Executor.run_serial: as peers time short kernels), the median of
+    `submits` submissions; None without timestamps."""
+    temps = plan_temps(rt, plan)
+    try:
+        work = _plan_dispatches(rt, plan, a, b, None, d, None, None, temps)
+        runs = rt.executor.run_serial(work * count, submits)
+    finally:
+        for buf in temps:
+            rt.pool.recycle(buf)
+    times = sorted(t for t, _ in runs if t is not None)
+    return times[len(times) // 2] / count if times else None
+
+
 def plan_temps(rt: Runtime, plan: Plan) -> list[Buffer]:
     """Device buffers one run of the plan writes, in _plan_dispatches' order: each repack's
     or dequantization's copy (with the GEMM's margin), then a split-K's workspace. The
