@@ -238,8 +238,7 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                     hot(functools.partial(rt.executor.run_serial, dispatch * SERIAL, 1),
                         HOT_S)
                     t1 = median_s(functools.partial(rt.executor.run, [], dispatch, []))
-                    runs = rt.executor.run_serial(dispatch * SERIAL, 3)
-                    t = sorted(r for r, _ in runs if r is not None)[1] / SERIAL
+                    t = rt.executor.serial_seconds(dispatch, SERIAL, 3) or float("nan")
                     err = float(np.abs(d.numpy().astype(np.float64) - ref).max())
                     stats = rt.pipelines.statistics(plan.pipeline)
                     regs = next((v for k, v in stats.items() if "egister" in k), None)

@@ -156,20 +156,20 @@ def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None
         d = empty((M, N), np.float16)
         row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
         for name, wq, bpw in weights:
-            t = _weight_kernel_ms(x, wq, d)
+            t, row[f"{name}_kernel"] = _weight_kernel_ms(x, wq, d)
             row[f"{name}_kernel_us"] = 1e3 * t
             row[f"{name}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
             row[f"{name}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
-            row[f"{name}_kernel"] = last_kernel_traits().describe()
         if torch is not None:
             row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(torch, x.numpy(),
                                                                            N, K)
         _emit(rows, row)
 
 
-def _weight_kernel_ms(x: Any, w: Any, d: Any) -> float:
-    """GPU milliseconds per x @ w.T (x an M x K Array, w an N x K Array or QuantizedArray,
-    d an M x N float16 Array), the policy's plan run REPEAT times back to back."""
+def _weight_kernel_ms(x: Any, w: Any, d: Any) -> tuple[float, str]:
+    """(GPU milliseconds, the kernel's name) per x @ w.T (x an M x K Array, w an N x K
+    Array or QuantizedArray, d an M x N float16 Array), the policy's plan run REPEAT times
+    back to back."""
     from coopmat.dispatch.gemm import DeviceOperand, Staged, device_plan, plan_serial_seconds
     rt = runtime()
     (M, K), N = x.shape, w.shape[0]
@@ -182,7 +182,7 @@ def _weight_kernel_ms(x: Any, w: Any, d: Any) -> float:
                        (1, M, N, K), 1, 0, Options())
     plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag
     t = plan_serial_seconds(rt, plan, a, b, out, REPEAT)
-    return 1e3 * t if t is not None else float("nan")
+    return (1e3 * t if t is not None else float("nan")), plan.traits.describe()
 
 
 def torch_dequant_matmul_ms(torch: Any, x: np.ndarray, N: int, K: int) -> float:

@@ -236,6 +236,15 @@ class Executor:
         many launches back to back, no host round trip between them)."""
         return self._run_recorded(dispatches, submits, barriers=True)
 
+    def serial_seconds(self, dispatches: Sequence[Dispatch], count: int,
+                       submits: int) -> float | None:
+        """GPU seconds per run of `dispatches` run `count` times back to back in one
+        submission (run_serial), the median of `submits` submissions; None without
+        timestamps."""
+        runs = self.run_serial(list(dispatches) * count, submits)
+        times = sorted(t for t, _ in runs if t is not None)
+        return times[len(times) // 2] / count if times else None
+
     def _run_recorded(self, dispatches: Sequence[Dispatch], submits: int,
                       barriers: bool) -> list[tuple[float | None, float]]:
         v = vk()

@@ -303,10 +303,8 @@ class PreparedGemm:
         `submits` submissions; None without timestamps). Short kernels timed one per
         submission also carry the queue's start-up; peers time many launches in a row, and
         so does this. Repacks are left out, as in independent_copies."""
-        work = self.dispatches[len(self.plan.packs):]
-        runs = self.rt.executor.run_serial(work * count, submits)
-        times = sorted(t for t, _ in runs if t is not None)
-        return times[len(times) // 2] / count if times else None
+        return self.rt.executor.serial_seconds(self.dispatches[len(self.plan.packs):], count,
+                                               submits)
 
     def read(self, out: np.ndarray) -> None:
         count = math.prod(self.shape)
@@ -661,16 +659,14 @@ def plan_serial_seconds(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOper
     """GPU seconds per run of all the plan's dispatches on these operands (a quantized
     B's dequantizing pass and a split-K's too), `count` runs back to back in one
     submission (Executor.run_serial: as peers time short kernels), the median of
-    `submits` submissions; None without timestamps."""
+    `submits` submissions (Executor.serial_seconds); None without timestamps."""
     temps = plan_temps(rt, plan)
     try:
-        work = _plan_dispatches(rt, plan, a, b, None, d, None, None, temps)
-        runs = rt.executor.run_serial(work * count, submits)
+        return rt.executor.serial_seconds(
+            _plan_dispatches(rt, plan, a, b, None, d, None, None, temps), count, submits)
     finally:
         for buf in temps:
             rt.pool.recycle(buf)
-    times = sorted(t for t, _ in runs if t is not None)
-    return times[len(times) // 2] / count if times else None
 
 
 def plan_temps(rt: Runtime, plan: Plan) -> list[Buffer]:
