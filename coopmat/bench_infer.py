@@ -30,6 +30,7 @@ from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.linalg import last_kernel_time, last_kernel_traits, matmul
 from coopmat.policy import Options, resolve
+from coopmat.quant_formats import BLOCK_ELEMS
 
 REPEAT = 20
 
@@ -250,14 +251,34 @@ def _emit(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
                     for k, v in row.items()), flush=True)
 
 
+def _kxn(text: str) -> tuple[int, int]:
+    """A weight's 'KxN' (argparse type)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected KxN with positive integers, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _kxn_list(text: str) -> list[tuple[int, int]]:
+    return [_kxn(s) for s in text.split(",") if s]
+
+
+def _quant_kxn(text: str) -> tuple[int, int]:
+    k, n = _kxn(text)
+    if k % BLOCK_ELEMS:
+        raise argparse.ArgumentTypeError(
+            f"K must be a multiple of the {BLOCK_ELEMS}-weight GGUF block, got {text!r}")
+    return k, n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="coopmat.bench --inference", description=__doc__)
     ap.add_argument("--rows", default="1,8,16,64", help="decode row counts M")
-    ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096",
+    ap.add_argument("--shapes", type=_kxn_list, default="4096x4096,4096x14336,14336x4096",
                     help="decode weights KxN")
     ap.add_argument("--quant-rows", default="1,8,16,512")
-    ap.add_argument("--quant-shape", default="4096x4096", metavar="KxN",
-                    help="the quantized weight's K x N")
+    ap.add_argument("--quant-shape", type=_quant_kxn, default="4096x4096", metavar="KxN",
+                    help="the quantized weight's K x N (K a multiple of 32)")
     ap.add_argument("--fused", type=int, default=4096)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: decode, "
                     "quantized, fused")
@@ -267,11 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(args.skip.split(","))
     ms = [int(v) for v in args.rows.split(",") if v]
     if "decode" not in skip:
-        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
-        decode(rows, ms, [(k, n) for k, n in shapes])
+        decode(rows, ms, args.shapes)
     if "quantized" not in skip:
-        qk, qn = (int(v) for v in args.quant_shape.lower().split("x"))
-        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], qk, qn)
+        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], *args.quant_shape)
     if "fused" not in skip:
         fused(rows, args.fused)
     if args.json_path:

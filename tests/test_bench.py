@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,8 +78,6 @@ def test_stream_inputs_cycle_through_copies_of_the_operands(live_device_info, mo
 
 
 def test_stream_inputs_needs_stream():
-    import pytest
-
     from coopmat import bench
     with pytest.raises(SystemExit) as exc:
         bench.main(["--stream-inputs", "2"])
@@ -126,3 +126,15 @@ def test_inference_bench_runs_and_reports(live_device_info, tmp_path):
     assert plain["ms"] > 0
     assert rows["fused 32^3 khr bias+gelu_tanh+residual"]["kernel"].endswith(
         "epi_bias_gelu_tanh_res")
+
+
+def test_inference_bench_rejects_bad_shapes(capsys):
+    """A malformed KxN, or a quantized K that is not whole GGUF blocks, is the parser's
+    error naming the option, before any device work."""
+    from coopmat import bench
+    for args, words in ((["--shapes", "64"], "--shapes"),
+                        (["--quant-shape", "40x48"], "multiple of the 32-weight")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--inference", *args])
+        assert exc.value.code == 2
+        assert words in capsys.readouterr().err
