@@ -43,6 +43,14 @@ def _get(d: dict[str, Any], *keys: str, default: Any = KeyError) -> Any:
     return default
 
 
+def _typed_fields(entry: Any) -> None:
+    """A matrix list entry's component types and scope typed, whatever the caller passed:
+    unknown values become members named by their number (enums.py), never bare ints."""
+    for name in ("a_type", "b_type", "c_type", "result_type"):
+        object.__setattr__(entry, name, ComponentType(getattr(entry, name)))
+    object.__setattr__(entry, "scope", Scope(entry.scope))
+
+
 @dataclass(frozen=True)
 class CooperativeMatrixProperties:
     """One VkCooperativeMatrixPropertiesKHR entry, as the driver listed it."""
@@ -58,11 +66,7 @@ class CooperativeMatrixProperties:
     scope: Scope
 
     def __post_init__(self) -> None:
-        # Typed, whatever the caller passed: unknown values become members named by
-        # their number (enums.py), never bare ints.
-        for name in ("a_type", "b_type", "c_type", "result_type"):
-            object.__setattr__(self, name, ComponentType(getattr(self, name)))
-        object.__setattr__(self, "scope", Scope(self.scope))
+        _typed_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,11 +117,7 @@ class FlexibleDimensionsProperties:
     workgroup_invocations: int
 
     def __post_init__(self) -> None:
-        # Typed, whatever the caller passed: unknown values become members named by
-        # their number (enums.py), never bare ints.
-        for name in ("a_type", "b_type", "c_type", "result_type"):
-            object.__setattr__(self, name, ComponentType(getattr(self, name)))
-        object.__setattr__(self, "scope", Scope(self.scope))
+        _typed_fields(self)
 
     @property
     def workgroup_scope(self) -> bool:

@@ -417,38 +417,28 @@ class Transfers:
         lane). Returns when every job is written. A pipeline cut into blocks this way
         keeps every thread busy to the end, where writing block after block, each waited
         for, measured 14 GB/s for 8 MiB blocks on the H200 against 31 for one array."""
-        chunks = [(j, src, dst, off + lo, part) for j, (src, dst, off) in enumerate(jobs)
-                  for lo, _, part in _chunks(src, chunk_bytes)]
-        left = [0] * len(jobs)
-        for c in chunks:
-            left[c[0]] += 1
-        for j, n in enumerate(left):
+        queue = _ChunkQueue(jobs, chunk_bytes)
+        for j, n in enumerate(queue.left):
             if n == 0:
                 on_job(j)
-        next_chunk = iter(chunks)
-        lock = threading.Lock()
         failed = threading.Event()  # after a failure the other threads stop too
 
         def run(_li: int) -> None:
             while not failed.is_set():
-                with lock:
-                    chunk = next(next_chunk, None)
+                chunk = queue.take()
                 if chunk is None:
                     return
-                j, src, dst, at, part = chunk
+                j, src, dst, off, lo, _, part = chunk
                 assert dst.mapped is not None
                 try:
-                    np.copyto(dst.mapped[at:at + part.nbytes].view(src.dtype).reshape(
-                        part.shape), part)
-                    with lock:
-                        left[j] -= 1
-                        done = left[j] == 0
-                    if done:
+                    np.copyto(dst.mapped[off + lo:off + lo + part.nbytes].view(
+                        src.dtype).reshape(part.shape), part)
+                    if queue.finish(j) is not None:
                         on_job(j)
                 except BaseException:
                     failed.set()
                     raise
-        _on_lanes(run, min(len(chunks), threads or lane_count()))
+        _on_lanes(run, min(len(queue.chunks), threads or lane_count()))
 
     def copy_after(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
                    nbytes: int, stream: Stream, waits: Sequence[tuple[Stream, int]],
@@ -544,19 +534,12 @@ class Transfers:
     def _staged_upload(self, jobs: list[tuple[np.ndarray, Buffer, int]],
                        stream: Stream | None = None, waits: Sequence[tuple[Stream, int]] = (),
                        on_job: Callable[[int, int], None] | None = None) -> None:
-        chunks = [(j, src, dst, off, lo, hi, part) for j, (src, dst, off) in enumerate(jobs)
-                  for lo, hi, part in _chunks(src, _staged_chunk())]
+        queue = _ChunkQueue(jobs, _staged_chunk())
         total = sum(src.nbytes for src, _, _ in jobs)
-        lanes = self._lanes_of(Kind.UPLOAD, min(len(chunks), lane_count())
+        lanes = self._lanes_of(Kind.UPLOAD, min(len(queue.chunks), lane_count())
                                if total >= PARALLEL_MIN_BYTES else 1, stream, waits)
         # Chunks go out in order to whichever lane is free; a job is done when its last
         # chunk is submitted (one queue, a barrier a chunk: they complete in order).
-        left = [0] * len(jobs)
-        for c in chunks:
-            left[c[0]] += 1
-        last = [0] * len(jobs)
-        next_chunk = iter(chunks)
-        lock = threading.Lock()
 
         def run(li: int) -> None:
             lane = lanes[li]
@@ -564,8 +547,7 @@ class Transfers:
                 lane.spin = len(lanes) == 1
                 j = 0
                 while True:
-                    with lock:
-                        chunk = next(next_chunk, None)
+                    chunk = queue.take()
                     if chunk is None:
                         return
                     job, src, dst, off, lo, hi, part = chunk
@@ -575,12 +557,9 @@ class Transfers:
                     np.copyto(stage[:hi - lo].view(src.dtype).reshape(part.shape), part)
                     ticket = lane.copy(i, lane.staging[i].handle, 0, dst.handle, off + lo,
                                        hi - lo, "a copy to the device")
-                    with lock:
-                        last[job] = max(last[job], ticket)
-                        left[job] -= 1
-                        done = left[job] == 0
-                    if done and on_job is not None:
-                        on_job(job, last[job])
+                    last = queue.finish(job, ticket)
+                    if last is not None and on_job is not None:
+                        on_job(job, last)
         _on_lanes(run, len(lanes), "up")
 
     def fill_zero(self, dst: Buffer, offset: int, nbytes: int) -> None:
@@ -1045,6 +1024,39 @@ def _on_lanes(run: Any, count: int, direction: str = "up") -> None:
     wait(futures)
     for f in futures:
         f.result()
+
+
+_Chunk = tuple[int, np.ndarray, Buffer, int, int, int, np.ndarray]
+
+
+class _ChunkQueue:
+    """The chunks of several (array, buffer, offset) jobs, handed in job order to
+    whichever thread asks next: (job, array, buffer, offset, first byte, end byte,
+    piece), with a count of each job's chunks not yet finished."""
+
+    def __init__(self, jobs: Sequence[tuple[np.ndarray, Buffer, int]], chunk_bytes: int
+                 ) -> None:
+        self.chunks: list[_Chunk] = [
+            (j, src, dst, off, lo, hi, part) for j, (src, dst, off) in enumerate(jobs)
+            for lo, hi, part in _chunks(src, chunk_bytes)]
+        self.left = [0] * len(jobs)
+        for c in self.chunks:
+            self.left[c[0]] += 1
+        self._last = [0] * len(jobs)
+        self._next = iter(self.chunks)
+        self._lock = threading.Lock()
+
+    def take(self) -> _Chunk | None:
+        with self._lock:
+            return next(self._next, None)
+
+    def finish(self, job: int, ticket: int = 0) -> int | None:
+        """One of job's chunks is done (its copy's ticket, if any): the largest ticket of
+        the job's chunks where this was its last, else None."""
+        with self._lock:
+            self._last[job] = max(self._last[job], ticket)
+            self.left[job] -= 1
+            return self._last[job] if self.left[job] == 0 else None
 
 
 def _chunks(x: np.ndarray, chunk_bytes: int) -> list[tuple[int, int, np.ndarray]]:
