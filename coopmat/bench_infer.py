@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.codegen import Layout
 from coopmat.codegen.variants import is_cpu
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
@@ -171,14 +170,13 @@ def _weight_kernel_ms(x: Any, w: Any, d: Any) -> tuple[float, str]:
     """(GPU milliseconds, the kernel's name) per x @ w.T (x an M x K Array, w an N x K
     Array or QuantizedArray, d an M x N float16 Array), the policy's plan run REPEAT times
     back to back."""
-    from coopmat.dispatch.gemm import DeviceOperand, Staged, device_plan, plan_serial_seconds
+    from coopmat.array_matmul import _operand
+    from coopmat.dispatch.gemm import device_plan, plan_serial_seconds
+    from coopmat.quant_matmul import is_quantized, weight_operand
     rt = runtime()
     (M, K), N = x.shape, w.shape[0]
-    quant = getattr(w, "format", None)
-    a = DeviceOperand(x.buffer, x.offset_bytes, Staged(Layout.ROW_MAJOR, K, 0, x.nbytes))
-    b = DeviceOperand(w.buffer, getattr(w, "offset_bytes", 0),
-                      Staged(Layout.COLUMN_MAJOR, K, 0, w.nbytes, quant=quant))
-    out = DeviceOperand(d.buffer, d.offset_bytes, Staged(Layout.ROW_MAJOR, N, 0, d.nbytes))
+    a, out = _operand(x, (), 0), _operand(d, (), 2)
+    b = weight_operand(w) if is_quantized(w) else _operand(w.T, (), 1)
     plan = device_plan(rt, resolve(rt.device.info, x.dtype, x.dtype), a, b, None,
                        (1, M, N, K), 1, 0, Options())
     plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag

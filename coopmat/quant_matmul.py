@@ -44,6 +44,12 @@ def is_quantized(x: Any) -> bool:
     return isinstance(x, QuantizedArray | QuantizedTranspose)
 
 
+def weight_operand(w: QuantizedArray) -> DeviceOperand:
+    """The N x K weight's blocks as matmul's B (w.T): column-major, K along each line."""
+    return DeviceOperand(w.buffer, 0, Staged(Layout.COLUMN_MAJOR, w.shape[1], 0, w.nbytes,
+                                             quant=w.format))
+
+
 @dataclass(frozen=True)
 class _Recipe:
     """What a plain device-array call x @ w.T decided, kept per call signature: a decode
@@ -68,8 +74,7 @@ def _fast(x: Array, w: QuantizedArray, key: tuple[Any, ...]) -> Array | None:
     if r is None or r.weight() is not w:
         return None
     a_op = DeviceOperand(x.buffer, x.offset_bytes, r.a)
-    b_op = DeviceOperand(w.buffer, 0, Staged(Layout.COLUMN_MAJOR, w.shape[1], 0, w.nbytes,
-                                             quant=w.format))
+    b_op = weight_operand(w)
     if not plan_fits(r.plan, a_op, b_op):
         return None
     result = empty(r.shape, r.result_dtype, device=w.runtime.device)
@@ -158,8 +163,7 @@ def matmul_quantized(a: Any, b: Any, *, c: Any, alpha: float | int, beta: float 
         x = _on(rt, a, uploads)
         x2 = x.reshape(M, K)
         a_op = _operand(x2, (), 0)
-        b_op = DeviceOperand(w.buffer, 0, Staged(Layout.COLUMN_MAJOR, K, 0, w.nbytes,
-                                                 quant=w.format))
+        b_op = weight_operand(w)
         d_op = DeviceOperand(result.buffer, result.offset_bytes,
                              Staged(Layout.ROW_MAJOR, N, 0, M * N * result_dtype.itemsize))
         bias_op, res_op = epilogue_operands(rt, bias, residual, N, result_dtype, uploads)
