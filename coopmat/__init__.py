@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from coopmat.errors import (
+from coopmat.common.errors import (
     CoopmatError,
     DeviceLostError,
     DeviceMismatchError,
@@ -37,11 +37,11 @@ def __getattr__(name: str) -> object:
     # should not pay for that, so it is imported on first use, then kept as a module
     # attribute (later lookups skip this function: `coopmat.matmul` in a decode loop).
     if name in _LINALG:
-        from coopmat import linalg as module
+        from coopmat.api import linalg as module
     elif name in _ARRAY:
-        from coopmat import array as module  # type: ignore[no-redef]
+        from coopmat.api import array as module  # type: ignore[no-redef]
     elif name in _QUANT:
-        from coopmat import quantized as module  # type: ignore[no-redef]
+        from coopmat.api import quantized as module  # type: ignore[no-redef]
     else:
         raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
     value = getattr(module, name)

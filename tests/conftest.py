@@ -18,7 +18,7 @@ def load_record(name: str) -> dict[str, Any]:
 def live_device_info():
     """The selected Vulkan device with VK_KHR_cooperative_matrix; skips where there is none."""
     from coopmat import device
-    from coopmat.errors import CoopmatError
+    from coopmat.common.errors import CoopmatError
 
     try:
         return device.select_info()

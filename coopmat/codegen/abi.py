@@ -259,7 +259,7 @@ def overread_bytes_b(traits: GemmTraits, ldb: int, itemsize: int) -> int:
     if fmt_name is None:
         return overread_elems(traits, ldb, "b") * itemsize
     from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
-    from coopmat.quant_formats import quant_format
+    from coopmat.common.quant_formats import quant_format
 
     if not isinstance(traits, KhrTraits):
         return QUANT_PAD_BYTES

@@ -17,10 +17,10 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from coopmat.cachedir import cache_root
 from coopmat.codegen.family import family_for
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.traits import GemmTraits
+from coopmat.common.cachedir import cache_root
 
 FALLBACK_VERSION = "0.1.0"
 

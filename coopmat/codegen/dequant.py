@@ -32,8 +32,8 @@ from coopmat.codegen.quant import QuantReader
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import BuiltIn, Capability, Op
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension, vulkan_features
-from coopmat.device.enums import ComponentType
-from coopmat.quant_formats import BLOCK_ELEMS, quant_format
+from coopmat.common.enums import ComponentType
+from coopmat.common.quant_formats import BLOCK_ELEMS, quant_format
 
 PUSH_FIELDS = ("K", "N", "ld", "groups_x")
 UNIT = 8  # weights an invocation writes: one 16-byte vector of 16-bit values

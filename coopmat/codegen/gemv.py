@@ -62,7 +62,7 @@ from coopmat.codegen.spv import (
 )
 from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits, gemv_lane_elems
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension
-from coopmat.device.enums import ComponentType
+from coopmat.common.enums import ComponentType
 
 _UNIT_BYTES = 16  # one load: GEMV_VECTOR 16-bit elements as four 32-bit words
 

@@ -55,7 +55,7 @@ from coopmat.codegen.quant import (
 from coopmat.codegen.shader import Buffer
 from coopmat.codegen.spv import Op
 from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits
-from coopmat.quant_formats import BLOCK_ELEMS, quant_format
+from coopmat.common.quant_formats import BLOCK_ELEMS, quant_format
 
 # One block of a column as loaded: its words (from the one holding the block's first
 # byte), the scale's bit in the first word (0 or 16).

@@ -79,8 +79,8 @@ from coopmat.codegen.types import (
     type_capabilities,
     type_extension,
 )
-from coopmat.device.enums import ComponentType
-from coopmat.quant_formats import quant_format
+from coopmat.common.enums import ComponentType
+from coopmat.common.quant_formats import quant_format
 
 # The fused epilogue loads a block's residual this many blocks before storing it
 # (_residuals): a larger lead hides more latency and holds more registers.

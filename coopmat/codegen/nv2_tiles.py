@@ -36,7 +36,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from coopmat.codegen.traits import Layout, Nv2Traits, Tile
-from coopmat.device.enums import ComponentType as CT
+from coopmat.common.enums import ComponentType as CT
 from coopmat.device.model import FlexibleDimensionsProperties as FlexDims
 
 # (operand, result) pairs the family builds (A and B share the operand type, C = result).

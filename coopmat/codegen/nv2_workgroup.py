@@ -84,7 +84,7 @@ from coopmat.codegen.types import (
     type_capabilities,
     type_extension,
 )
-from coopmat.device.enums import ComponentType
+from coopmat.common.enums import ComponentType
 
 EXTENSIONS = ("SPV_KHR_cooperative_matrix", "SPV_NV_cooperative_matrix2",
               "SPV_NV_tensor_addressing")

@@ -10,7 +10,7 @@ import functools
 from dataclasses import dataclass
 
 from coopmat.codegen.traits import KhrTraits, Layout, Tile
-from coopmat.device.enums import ComponentType
+from coopmat.common.enums import ComponentType
 
 # Shared rows are padded by 16 bytes: consecutive rows then start in different banks,
 # so the column-wise accesses of cooperative-matrix loads don't all hit one bank.
@@ -153,7 +153,7 @@ def _quant_stage(t: KhrTraits, invocations: int) -> StagePlan:
     """A quantized B's stage: the same shared layout as the aligned variant's column-major
     B (lines along N, K contiguous, units of b_quant_unit 16-bit elements; of 8 for whole
     blocks), whatever the variant, since each unit is dequantized from one block."""
-    from coopmat.quant_formats import BLOCK_ELEMS, quant_format
+    from coopmat.common.quant_formats import BLOCK_ELEMS, quant_format
 
     quant_format(t.b_quant or "")
     q = t.b_quant_unit

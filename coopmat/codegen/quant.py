@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import Op
-from coopmat.quant_formats import BLOCK_ELEMS, SCALE_BYTES, QuantFormat
+from coopmat.common.quant_formats import BLOCK_ELEMS, SCALE_BYTES, QuantFormat
 
 # Bytes a quantized B's buffer must hold past its blocks: the funnel shift's extra word.
 QUANT_PAD_BYTES = 4

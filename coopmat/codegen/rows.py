@@ -58,7 +58,7 @@ from coopmat.codegen.types import (
     type_capabilities,
     type_extension,
 )
-from coopmat.device.enums import ComponentType
+from coopmat.common.enums import ComponentType
 
 
 class RowsPlan:

@@ -82,7 +82,7 @@ from dataclasses import replace
 
 from coopmat.codegen.plan import element_bytes, plan_kernel
 from coopmat.codegen.traits import KhrTraits, Layout, Tile
-from coopmat.device.enums import ComponentType
+from coopmat.common.enums import ComponentType
 
 TILE_K_BYTES = 64
 GPU_INVOCATIONS = 256  # per workgroup, at every subgroup width (table above)

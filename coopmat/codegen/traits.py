@@ -20,9 +20,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-from coopmat.device.enums import ComponentType
-from coopmat.dtypes import element, known
-from coopmat.quant_formats import BLOCK_ELEMS, quant_format
+from coopmat.common.dtypes import element, known
+from coopmat.common.enums import ComponentType
+from coopmat.common.quant_formats import BLOCK_ELEMS, quant_format
 
 
 class Layout(enum.Enum):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from coopmat.codegen.builder import ModuleBuilder
 from coopmat.codegen.spv import Capability, CooperativeMatrixOperands, FPEncoding
-from coopmat.device.enums import ComponentType
-from coopmat.dtypes import OPERAND_TYPES, RESULT_TYPES, element
+from coopmat.common.dtypes import OPERAND_TYPES, RESULT_TYPES, element
+from coopmat.common.enums import ComponentType
 
 __all__ = ["OPERAND_TYPES", "RESULT_TYPES", "scalar_type", "signedness_operands",
            "type_capabilities", "type_extension", "vulkan_features"]

@@ -33,7 +33,8 @@ from coopmat.codegen.traits import (
     RowsTraits,
     Tile,
 )
-from coopmat.device.enums import ComponentType, Scope
+from coopmat.common.dtypes import OPERAND_TYPES, RESULT_TYPES
+from coopmat.common.enums import ComponentType, Scope
 from coopmat.device.model import (
     SHADER_STAGE_COMPUTE,
     CooperativeMatrixProperties,
@@ -41,7 +42,6 @@ from coopmat.device.model import (
     PhysicalDeviceInfo,
 )
 from coopmat.device.record import nv2_usable
-from coopmat.dtypes import OPERAND_TYPES, RESULT_TYPES
 
 
 def buildable(cfg: CooperativeMatrixProperties) -> bool:
@@ -288,7 +288,7 @@ def gemv_variants(info: PhysicalDeviceInfo) -> list[GemvTraits]:
     and for GEMV_MAX_M rows, default tiles; float16 operands also with float16 results.
     Then the same without C (a quantized B takes none) for each quantized format."""
     from coopmat.codegen.gemv_tiles import GEMV_MAX_M
-    from coopmat.quant_formats import FORMATS
+    from coopmat.common.quant_formats import FORMATS
 
     out: list[GemvTraits] = []
     for b_quant in (None, *FORMATS):

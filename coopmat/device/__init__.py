@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from coopmat.device.enums import ComponentType, Scope
+from coopmat.common.enums import ComponentType, Scope
 from coopmat.device.logical import Device, create_device, missing_requirements
 from coopmat.device.model import (
     CooperativeMatrixProperties,

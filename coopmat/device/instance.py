@@ -6,8 +6,8 @@ import os
 import threading
 from typing import Any
 
+from coopmat.common.errors import DRIVER_ADVICE, NoDeviceError, VulkanUnavailableError
 from coopmat.device.vkffi import vk
-from coopmat.errors import DRIVER_ADVICE, NoDeviceError, VulkanUnavailableError
 
 API_VERSION_1_3 = (1 << 22) | (3 << 12)
 

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from coopmat.common.errors import MissingFeatureError, VulkanError
 from coopmat.device import vkffi
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.query import (
@@ -16,7 +17,6 @@ from coopmat.device.query import (
     PIPELINE_STATS_FEATURES,
 )
 from coopmat.device.vkffi import new_struct, vk
-from coopmat.errors import MissingFeatureError, VulkanError
 
 # Without these no cooperative-matrix kernel can run (WebGPU's subgroup-matrix set).
 REQUIRED_FEATURES = ("cooperativeMatrix", "vulkanMemoryModel", "subgroupSizeControl",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from coopmat.device.enums import (
+from coopmat.common.enums import (
     ComponentType,
     Scope,
     component_type_name,

@@ -165,7 +165,7 @@ def _inferred_features(configs: tuple[CooperativeMatrixProperties, ...],
                        notes: list[str]) -> dict[str, bool]:
     """Features (and, into `extensions`, the extensions) the listed types imply, for a
     record that lists none."""
-    from coopmat.dtypes import ELEMENT_TYPES
+    from coopmat.common.dtypes import ELEMENT_TYPES
 
     features = dict.fromkeys(_BASE_FEATURES, True)
     for p in configs:

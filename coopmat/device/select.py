@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from coopmat.common.errors import DRIVER_ADVICE, DeviceNotFoundError, NoCooperativeMatrixDeviceError
 from coopmat.device.model import PhysicalDeviceInfo
-from coopmat.errors import DRIVER_ADVICE, DeviceNotFoundError, NoCooperativeMatrixDeviceError
 
 ENV_VAR = "COOPMAT_DEVICE"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import cffi
 
-from coopmat.errors import DRIVER_ADVICE, VulkanUnavailableError
+from coopmat.common.errors import DRIVER_ADVICE, VulkanUnavailableError
 
 EXTRA_CDEF = """
 typedef struct {
@@ -167,5 +167,5 @@ def result_name(result: int) -> str:
 def check(call: str, result: int) -> None:
     """For raw `lib.` calls, which return a VkResult instead of raising."""
     if result < 0:
-        from coopmat.errors import VulkanError
+        from coopmat.common.errors import VulkanError
         raise VulkanError(call, result_name(result))

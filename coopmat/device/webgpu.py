@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from coopmat.device.enums import ComponentType, Scope, component_type_name, scope_name
+from coopmat.common.enums import ComponentType, Scope, component_type_name, scope_name
 from coopmat.device.model import SHADER_STAGE_COMPUTE, CooperativeMatrixProperties
 
 # VkComponentTypeKHR -> GPUSubgroupMatrixComponentType, the proposal's table.

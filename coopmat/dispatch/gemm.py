@@ -25,16 +25,15 @@ from coopmat.codegen import GemmTraits, KhrTraits, Layout, abi
 from coopmat.codegen.dequant import dequant_kernel
 from coopmat.codegen.pack import pack_kernel
 from coopmat.codegen.traits import EpilogueOps
-from coopmat.device.enums import ComponentType
-from coopmat.dispatch import tuning
+from coopmat.common.dtypes import numpy_dtype
+from coopmat.common.enums import ComponentType
+from coopmat.common.errors import OutOfDeviceMemoryError
+from coopmat.common.lru import Lru
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.stream import Stream
-from coopmat.dtypes import numpy_dtype
-from coopmat.errors import OutOfDeviceMemoryError
-from coopmat.lru import Lru
 from coopmat.policy import (
     KernelChoice,
     OperandLayout,
@@ -44,6 +43,7 @@ from coopmat.policy import (
     TypePair,
     bounds_checked,
     choose,
+    tuning,
 )
 
 

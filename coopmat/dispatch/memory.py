@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from coopmat.common.errors import OutOfDeviceMemoryError
 from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.vkcall import call
-from coopmat.errors import OutOfDeviceMemoryError
 
 if TYPE_CHECKING:
     from coopmat.dispatch.stream import Stream

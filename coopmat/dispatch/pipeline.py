@@ -39,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from coopmat.codegen import Layout
+from coopmat.common.dtypes import numpy_dtype
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import (
     DeviceOperand,
@@ -54,7 +55,6 @@ from coopmat.dispatch.gemm import (
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.transfer import NewDownload
-from coopmat.dtypes import numpy_dtype
 from coopmat.policy import Options, TypePair
 
 # Problems moving at least this many bytes between host and device are pipelined.

@@ -9,11 +9,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from coopmat.cachedir import cache_root
+from coopmat.common.cachedir import cache_root
+from coopmat.common.errors import MissingFeatureError
 from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.vkcall import call, check
-from coopmat.errors import MissingFeatureError
 
 SHADER_STAGE_COMPUTE = 0x20
 # VK_PIPELINE_SHADER_STAGE_CREATE_*: the WebGPU proposal's Vulkan mapping.

@@ -12,10 +12,10 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from coopmat.common.dtypes import numpy_dtype
+from coopmat.common.lru import Lru
 from coopmat.dispatch.gemm import DIRECT_MAX_BYTES, GemmResult, PreparedGemm
 from coopmat.dispatch.runtime import Runtime
-from coopmat.dtypes import numpy_dtype
-from coopmat.lru import Lru
 from coopmat.policy import Options, TypePair
 
 # Prepared products kept per runtime (each holds its staging: at most DIRECT_MAX_BYTES).

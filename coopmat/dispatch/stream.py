@@ -21,10 +21,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from coopmat.common.errors import DeviceLostError, OutOfDeviceMemoryError, VulkanError
 from coopmat.device.logical import Device
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.vkcall import call, check
-from coopmat.errors import DeviceLostError, OutOfDeviceMemoryError, VulkanError
 
 SEMAPHORE_TYPE_TIMELINE = 1
 ALL_COMMANDS = 0x10000  # VK_PIPELINE_STAGE_ALL_COMMANDS_BIT

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from coopmat.common.errors import OutOfDeviceMemoryError, VulkanError
 from coopmat.device.vkffi import vk
 from coopmat.dispatch.executor import (
     ACCESS_ALL,
@@ -60,7 +61,6 @@ from coopmat.dispatch.memory import (
 )
 from coopmat.dispatch.stream import Stream
 from coopmat.dispatch.vkcall import call, check
-from coopmat.errors import OutOfDeviceMemoryError, VulkanError
 
 CHUNK_BYTES = 4 << 20
 # Each lane's two staging buffers: fixed when the lane is made, and lanes live as long as

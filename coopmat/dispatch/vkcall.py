@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from coopmat.common.errors import OutOfDeviceMemoryError, VulkanError
 from coopmat.device.vkffi import check, result_name, vk
-from coopmat.errors import OutOfDeviceMemoryError, VulkanError
 
 __all__ = ["call", "check", "result_of"]
 

@@ -79,13 +79,13 @@ from coopmat.codegen.variants import (
     nv2_tiles,
     rows_traits,
 )
-from coopmat.device.enums import ComponentType
+from coopmat.common.enums import ComponentType
+from coopmat.common.errors import MissingFeatureError
+from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
-from coopmat.errors import MissingFeatureError
 from coopmat.policy.options import Options
 from coopmat.policy.types import TypePair, config_for
-from coopmat.quant_formats import BLOCK_ELEMS
 
 # Problems of at least this many operations get a kernel with their sizes and strides
 # compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8),
@@ -212,7 +212,7 @@ QUANT_GENERAL_UNIT = {"q8_0": 4, "q4_0": 8}
 DEQUANT_FIRST_MIN_M = 128
 DEQUANT_FIRST_MIN_OUTPUT = 1 << 21
 
-# Tuned choices: shape-class key -> (family, tile) (coopmat.dispatch.tuning reads them).
+# Tuned choices: shape-class key -> (family, tile) (coopmat.policy.tuning reads them).
 Tuned = Mapping[str, tuple[str, Tile]]
 
 

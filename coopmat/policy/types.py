@@ -3,7 +3,7 @@
 A product's types are a TypePair: the operand type of A and B, the accumulator (the
 config's C and Result type) and, where D is stored narrower than the accumulator, `out`
 (float16 results of float32 accumulation, matmul's default for float16 operands).
-Everything here is read from a PhysicalDeviceInfo and coopmat.dtypes' table.
+Everything here is read from a PhysicalDeviceInfo and coopmat.common.dtypes' table.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from coopmat.device.enums import ComponentType, Scope
+from coopmat.common.dtypes import OPERAND_TYPES, RESULT_TYPES, element, known, of_dtype
+from coopmat.common.enums import ComponentType, Scope
 from coopmat.device.model import CooperativeMatrixProperties, PhysicalDeviceInfo
-from coopmat.dtypes import OPERAND_TYPES, RESULT_TYPES, element, known, of_dtype
 
 
 @dataclass(frozen=True)

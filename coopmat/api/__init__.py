@@ -1,0 +1,1 @@
+"""The public API: coopmat.matmul and linear, device arrays, quantized weights."""

@@ -1,0 +1,1 @@
+"""Command-line tools beside the API: info, the benchmark and the codegen CLI."""

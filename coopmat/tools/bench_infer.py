@@ -1,0 +1,301 @@
+"""`coopmat-bench --inference`: what an inference layer needs, beside torch, in one run.
+
+- decode: M x K @ a resident K x N float16 weight, kernel time (GPU timestamps over
+  REPEAT runs back to back) of the policy's choice and of the khr kernel, as weight bytes
+  read per second; torch's same product timed with CUDA events (per call over 50 launches,
+  launch gaps included);
+- quantized: x @ w.T (x an Array) with GGUF q8_0 / q4_0 blocks against float16 on the
+  same weight: the policy's kernel time (GPU timestamps over REPEAT runs back to back),
+  as quantized bytes read per second, and the wall time per call of 50 products queued
+  back to back; torch dequantizing (int8 values times their block scale) then
+  multiplying, timed with CUDA events over 50 launches;
+- fused: 4096^3 float16 plain against each epilogue (bias, activation, residual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coopmat.api.linalg import last_kernel_time, last_kernel_traits, matmul
+from coopmat.codegen.variants import is_cpu
+from coopmat.common.quant_formats import BLOCK_ELEMS
+from coopmat.dispatch.gemm import PreparedGemm
+from coopmat.dispatch.runtime import runtime
+from coopmat.policy import Options, resolve
+
+REPEAT = 20
+
+
+def _kernel_ms(g: PreparedGemm, repeat: int = REPEAT) -> float:
+    """GPU milliseconds per run of the prepared product, `repeat` runs back to back in one
+    submission (serial_seconds: as torch's figures are taken, many launches in a row)."""
+    g.execute()
+    g.serial_seconds(repeat, submits=1)  # untimed: the first runs of a case can lag
+    t = g.serial_seconds(repeat)
+    if t is None:  # no timestamps: one run at a time, wall time would mislead
+        return 1e3 * statistics.median(g.execute(transfers=False) or float("nan")
+                                       for _ in range(repeat))
+    return 1e3 * t
+
+
+def cuda_torch() -> Any:
+    """torch where it has CUDA, else None."""
+    try:
+        import torch
+        return torch if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
+def torch_ms(torch: Any, fn: Any, repeat: int = 50) -> float:
+    """Milliseconds per call of `fn` (torch work), `repeat` calls between CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end)) / repeat
+
+
+def hot(run: Callable[[], object], seconds: float) -> None:
+    """Call `run` (GPU work) for `seconds`: a GPU left idle (a compile, the host preparing
+    data) drops its clock, and the first timings after it measured up to 3x slow."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        run()
+
+
+def hold_clock() -> None:
+    """Make the peers' CUDA context now, where torch has CUDA: on the H200 a process
+    holding one stayed at 1980 MHz even idle, while light Vulkan work alone let the clock
+    fall to 345 MHz within 2 s (docs/benchmarks.md, "Clocks"). So every case, the first
+    included, runs under the clock the peers' cases get."""
+    torch = cuda_torch()
+    if torch is not None:
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+
+
+def warm_up(seconds: float = 1.0) -> None:
+    """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock (the
+    H200 idled at 345 MHz), and the first cases measured would pay for its ramp. The
+    clock is held first (hold_clock). Nothing to do on a CPU device."""
+    if is_cpu(runtime().device.info):
+        return
+    hold_clock()
+    a = np.ones((2048, 2048), np.float16)
+    g = PreparedGemm(runtime(), resolve(runtime().device.info, a.dtype, a.dtype), a[None],
+                     a[None], None, 1, 1, 0)
+    try:
+        hot(lambda: g.serial_seconds(20, submits=1), seconds)
+    finally:
+        g.release()
+
+
+def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, int]]) -> None:
+    rt = runtime()
+    torch = cuda_torch()
+    rng = np.random.default_rng(0)
+    for K, N in shapes:
+        w = (rng.standard_normal((K, N), dtype=np.float32) / np.sqrt(K)).astype(np.float16)
+        wt = np.ascontiguousarray(w.T)  # N x K: the linear-layer layout
+        warm_up()
+        for M in ms:
+            x = rng.standard_normal((M, K), dtype=np.float32).astype(np.float16)
+            pair = resolve(rt.device.info, x.dtype, w.dtype)
+            for layout, b in (("KxN", w), ("NxK^T", wt.T)):
+                row: dict[str, Any] = {"case": f"decode {M}x{K} @ {K}x{N} ({layout})"}
+                for label, opts in (("policy", Options()), ("khr", Options(family="khr"))):
+                    g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0, options=opts)
+                    try:
+                        t = _kernel_ms(g)
+                    finally:
+                        g.release()
+                    row[f"{label}_us"] = 1e3 * t
+                    row[f"{label}_TBps"] = K * N * 2 / (t * 1e-3) / 1e12
+                    if label == "policy":
+                        row["kernel"] = g.traits.describe()
+                if torch is not None:
+                    xt = torch.from_numpy(x).cuda()
+                    # the same layout as coopmat's B: w, or the N x K weight transposed
+                    bt = torch.from_numpy(w).cuda() if layout == "KxN" else \
+                        torch.from_numpy(wt).cuda().T
+                    t = torch_ms(torch, lambda xt=xt, bt=bt: xt @ bt)
+                    row["torch_us"] = 1e3 * t
+                    row["torch_TBps"] = K * N * 2 / (t * 1e-3) / 1e12
+                _emit(rows, row)
+
+
+def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
+    """x @ w.T for an N x K weight, float16 and each GGUF format, x a device array: the
+    policy's kernel time from timestamps (the quantized bytes read per second follow from
+    it) and the wall time per call of products queued back to back, beside torch's
+    dequantize + matmul (GPU time of back-to-back launches)."""
+    from coopmat.api.array import asarray, empty
+    from coopmat.api.quantized import quantize
+    torch = cuda_torch()
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((N, K), dtype=np.float32)
+    weights: list[tuple[str, Any, float]] = [("f16", asarray(w.astype(np.float16)), 2.0)]
+    weights += [(fmt, quantize(w, fmt), bpw) for fmt, bpw in (("q8_0", 34 / 32),
+                                                               ("q4_0", 18 / 32))]
+    warm_up()
+    for M in ms:
+        x = asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
+        d = empty((M, N), np.float16)
+        row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
+        for name, wq, bpw in weights:
+            t, row[f"{name}_kernel"] = _weight_kernel_ms(x, wq, d)
+            row[f"{name}_kernel_us"] = 1e3 * t
+            row[f"{name}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
+            row[f"{name}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
+        if torch is not None:
+            row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(torch, x.numpy(),
+                                                                           N, K)
+        _emit(rows, row)
+
+
+def _weight_kernel_ms(x: Any, w: Any, d: Any) -> tuple[float, str]:
+    """(GPU milliseconds, the kernel's name) per x @ w.T (x an M x K Array, w an N x K
+    Array or QuantizedArray, d an M x N float16 Array), the policy's plan run REPEAT times
+    back to back."""
+    from coopmat.api.array_matmul import _operand
+    from coopmat.api.quant_matmul import is_quantized, weight_operand
+    from coopmat.dispatch.gemm import device_plan, plan_serial_seconds
+    rt = runtime()
+    (M, K), N = x.shape, w.shape[0]
+    a, out = _operand(x, (), 0), _operand(d, (), 2)
+    b = weight_operand(w) if is_quantized(w) else _operand(w.T, (), 1)
+    plan = device_plan(rt, resolve(rt.device.info, x.dtype, x.dtype), a, b, None,
+                       (1, M, N, K), 1, 0, Options())
+    plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag
+    t = plan_serial_seconds(rt, plan, a, b, out, REPEAT)
+    return (1e3 * t if t is not None else float("nan")), plan.traits.describe()
+
+
+def torch_dequant_matmul_ms(torch: Any, x: np.ndarray, N: int, K: int) -> float:
+    """torch's peer of x @ w.T for a quantized N x K weight, in ms per call: int8 values
+    times their block's float16 scale, dequantized on the GPU, then multiplied."""
+    qs = torch.randint(-127, 128, (N, K // 32, 32), dtype=torch.int8, device="cuda")
+    d = torch.rand((N, K // 32, 1), dtype=torch.float16, device="cuda")
+    xt = torch.from_numpy(x).cuda()
+    return torch_ms(torch, lambda: xt @ (qs.half() * d).reshape(N, K).T)
+
+
+def _array_call_ms(fn: Any, repeat: int = 50) -> float:
+    """Per-call time of device-array products queued back to back (no host round trip
+    between them; what a layer sees), as torch's figures are taken: launch gaps
+    included."""
+    from coopmat.api.array import synchronize
+    for _ in range(3):
+        fn()
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    synchronize()
+    return 1e3 * (time.perf_counter() - t0) / repeat
+
+
+def fused(rows: list[dict[str, Any]], n: int) -> None:
+    rng = np.random.default_rng(2)
+    a, w = (rng.standard_normal((n, n), dtype=np.float32).astype(np.float16) for _ in "ab")
+    bias = rng.standard_normal(n, dtype=np.float32).astype(np.float16)
+    res = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
+    for family in ("khr", "nv2"):
+        def t(family: str = family, **kw: Any) -> tuple[float, str]:
+            ts = []
+            for _ in range(9):
+                matmul(a, w, family=family, **kw)
+                ts.append(last_kernel_time() or float("nan"))
+            return statistics.median(ts[2:]), last_kernel_traits().describe()
+        try:
+            base, name = t()
+        except Exception as exc:  # a family the device lacks
+            _emit(rows, {"case": f"fused {n}^3 {family}", "error": str(exc)})
+            continue
+        _emit(rows, {"case": f"fused {n}^3 {family} plain", "ms": 1e3 * base,
+                     "kernel": name})
+        for kw in ({"bias": bias}, {"bias": bias, "activation": "relu"},
+                   {"bias": bias, "activation": "gelu_tanh"},
+                   {"bias": bias, "activation": "silu"},
+                   {"bias": bias, "activation": "gelu_tanh", "residual": res}):
+            label = "+".join(k if k != "activation" else str(v) for k, v in kw.items())
+            try:
+                x, name = t(**kw)
+            except Exception as exc:  # reported, and the run goes on
+                _emit(rows, {"case": f"fused {n}^3 {family} {label}",
+                             "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            _emit(rows, {"case": f"fused {n}^3 {family} {label}", "ms": 1e3 * x,
+                         "over_plain": x / base - 1, "kernel": name})
+
+
+def _emit(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Keep a row and print it at once (a later failure loses nothing)."""
+    rows.append(row)
+    print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in row.items()), flush=True)
+
+
+def _kxn(text: str) -> tuple[int, int]:
+    """A weight's 'KxN' (argparse type)."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected KxN with positive integers, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _kxn_list(text: str) -> list[tuple[int, int]]:
+    return [_kxn(s) for s in text.split(",") if s]
+
+
+def _quant_kxn(text: str) -> tuple[int, int]:
+    k, n = _kxn(text)
+    if k % BLOCK_ELEMS:
+        raise argparse.ArgumentTypeError(
+            f"K must be a multiple of the {BLOCK_ELEMS}-weight GGUF block, got {text!r}")
+    return k, n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="coopmat.bench --inference", description=__doc__)
+    ap.add_argument("--rows", default="1,8,16,64", help="decode row counts M")
+    ap.add_argument("--shapes", type=_kxn_list, default="4096x4096,4096x14336,14336x4096",
+                    help="decode weights KxN")
+    ap.add_argument("--quant-rows", default="1,8,16,512")
+    ap.add_argument("--quant-shape", type=_quant_kxn, default="4096x4096", metavar="KxN",
+                    help="the quantized weight's K x N (K a multiple of 32)")
+    ap.add_argument("--fused", type=int, default=4096)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: decode, "
+                    "quantized, fused")
+    ap.add_argument("--json", dest="json_path")
+    args = ap.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    skip = set(args.skip.split(","))
+    ms = [int(v) for v in args.rows.split(",") if v]
+    if "decode" not in skip:
+        decode(rows, ms, args.shapes)
+    if "quantized" not in skip:
+        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], *args.quant_shape)
+    if "fused" not in skip:
+        fused(rows, args.fused)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(
+            {"device": runtime().device.info.name, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""Smoke test of `python -m coopmat.bench` on whatever device the suite runs on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_runs_and_writes_json(live_device_info, tmp_path):
+    out = tmp_path / "bench.json"
+    png = tmp_path / "bench.png"
+    args = [sys.executable, "-m", "coopmat.bench", "--sizes", "16,40x24x56", "--layouts", "nn,tn",
+            "--repeat", "3", "--budget", "0.5", "--stream", "3", "--json", str(out)]
+    try:
+        import matplotlib  # noqa: F401
+        args += ["--plot", str(png)]
+    except ImportError:
+        png = None
+    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    rows = doc["results"]
+    assert rows, "no benchmark rows"
+    assert {(x["M"], x["N"], x["K"]) for x in rows} == {(16, 16, 16), (40, 24, 56)}
+    for row in rows:
+        assert row["error"] == "", row
+        assert row["kernel_time"]["median"] > 0
+        # (e2e and kernel medians come from different runs: no order between them holds)
+        assert row["e2e_time"]["median"] > 0
+        assert row["kernel_tops"] > 0
+        assert "numpy" in row["peers"]
+        assert row["stream_dispatches"] == 3
+        assert row["stream_wall"]["median"] > 0 and row["stream_wall_tops"] > 0
+        if row["kernel_time"] is not None:  # timestamps: so does the stream
+            assert row["stream_time"]["median"] > 0 and row["stream_tops"] > 0
+    assert doc["overhead_64_f16"]["median_s"] > 0
+    assert "TOPS" in r.stdout or "T*OP/s" in r.stdout
+    assert "stream T*OP/s" in r.stdout
+    if png is not None:
+        assert png.stat().st_size > 1000
+
+
+def test_stream_inputs_cycle_through_copies_of_the_operands(live_device_info, monkeypatch, capsys):
+    """--stream 4 --stream-inputs 2: dispatch i reads copy i % 2 of A and B, each copy in
+    its own buffers, and every dispatch writes its own D."""
+    import coopmat
+    from coopmat.codegen import abi
+    from coopmat.dispatch.executor import Executor
+    from coopmat.tools import bench
+
+    seen: list[list] = []
+    original = Executor.run_independent
+
+    def spy(self, dispatches, submits):
+        seen.append(list(dispatches))
+        return original(self, dispatches, submits)
+
+    monkeypatch.setattr(Executor, "run_independent", spy)
+    dtype = sorted(coopmat.supported_dtypes())[0]
+    argv = ["--sizes", "24x16x40", "--layouts", "nn", "--repeat", "3", "--budget", "0.2",
+            "--no-peers", "--stream", "4", "--stream-inputs", "2", "--dtypes", dtype]
+    assert bench.main(argv) == 0
+    assert seen, "no streamed submission"
+    for dispatches in seen:
+        assert len(dispatches) == 4
+        a = [d.buffers[abi.BINDING_A].addr for d in dispatches]
+        b = [d.buffers[abi.BINDING_B].addr for d in dispatches]
+        assert a[0] == a[2] and a[1] == a[3] and a[0] != a[1]
+        assert b[0] == b[2] and b[1] == b[3] and b[0] != b[1]
+        assert len({d.buffers[abi.BINDING_D].addr for d in dispatches}) == 4
+    assert "x4/2in" in capsys.readouterr().out
+
+
+def test_stream_inputs_needs_stream():
+    from coopmat.tools import bench
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--stream-inputs", "2"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        bench.main(["--stream", "2", "--stream-inputs", "3"])
+
+
+def test_data_path_bench_runs_and_checks(live_device_info, tmp_path):
+    """`bench --data-path`: every section runs and reports (small sizes for a CPU)."""
+    from coopmat.tools import bench
+    out = tmp_path / "data.json"
+    assert bench.main(["--data-path", "--repeat", "1", "--sizes", "96", "--transfer-mib", "2",
+                       "--decode", "8x128", "--chain", "5", "--small", "32",
+                       "--calls", "3", "--rounds", "2", "--spin", "0",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    cases = [r["case"] for r in rows]
+    assert any(c.startswith("coopmat staging") for c in cases)
+    assert "numpy->numpy f16 96^3" in cases
+    e2e = next(r for r in rows if r["case"] == "numpy->numpy f16 96^3")
+    assert e2e["coopmat_ms"] > 0 and e2e["max_err_first_rows"] < 0.1
+    assert any("5 chained" in c for c in cases)
+
+
+def test_inference_bench_runs_and_reports(live_device_info, tmp_path):
+    """`bench --inference`: decode, quantized and fused rows, each with its kernel time
+    (small sizes for a CPU). The quantized rows time the quantized kernels themselves."""
+    from coopmat.tools import bench
+    out = tmp_path / "inference.json"
+    assert bench.main(["--inference", "--rows", "1,16", "--shapes", "64x48",
+                       "--quant-rows", "1,16", "--quant-shape", "64x48", "--fused", "32",
+                       "--json", str(out)]) == 0
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    for M in (1, 16):
+        for layout in ("KxN", "NxK^T"):
+            row = rows[f"decode {M}x64 @ 64x48 ({layout})"]
+            assert row["policy_us"] > 0 and row["khr_us"] > 0
+        row = rows[f"quantized {M}x64 @ (48x64)^T"]
+        for name in ("f16", "q8_0", "q4_0"):
+            assert row[f"{name}_kernel_us"] > 0 and row[f"{name}_call_us"] > 0, row
+            assert row[f"{name}_TBps"] > 0
+        assert "bq8_0" in row["q8_0_kernel"] and "bq4_0" in row["q4_0_kernel"]
+        assert "bq" not in row["f16_kernel"]
+    plain = rows["fused 32^3 khr plain"]
+    assert plain["ms"] > 0
+    assert rows["fused 32^3 khr bias+gelu_tanh+residual"]["kernel"].endswith(
+        "epi_bias_gelu_tanh_res")
+
+
+def test_inference_bench_rejects_bad_shapes(capsys):
+    """A malformed KxN, or a quantized K that is not whole GGUF blocks, is the parser's
+    error naming the option, before any device work."""
+    from coopmat.tools import bench
+    for args, words in ((["--shapes", "64"], "--shapes"),
+                        (["--quant-shape", "40x48"], "multiple of the 32-weight")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--inference", *args])
+        assert exc.value.code == 2
+        assert words in capsys.readouterr().err

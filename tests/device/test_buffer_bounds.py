@@ -1,0 +1,209 @@
+"""Generated kernels never touch memory outside their buffers.
+
+A read past a matrix's end rarely shows in a result: the exact variant's look-ahead loads
+past the last K step are never stored, and they must land in the margin the dispatcher
+allocates after each operand (codegen.overread_elems). So this asks the Khronos validation
+layer's GPU-assisted validation (GPU-AV), which checks every storage-buffer access of a
+dispatch, to watch the kernels run. GPU-AV is chosen when the instance is made, so the
+kernels run in a child process; a dispatch whose K is deliberately larger than its buffers
+hold shows that GPU-AV is really watching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from coopmat.device.instance import VALIDATION_LAYER
+
+pytestmark = pytest.mark.live
+
+CHILD = textwrap.dedent('''
+    import json, struct
+    from dataclasses import replace
+    import numpy as np
+    from coopmat.codegen import GemmParams, Layout, Tile
+    from coopmat.device import instance
+    from coopmat.device.vkffi import vk as _vk
+    from coopmat.codegen import khr_traits
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.runtime import runtime
+    from coopmat.common.dtypes import of_dtype
+    from coopmat.policy import TypePair, config_for, fastest_variant
+
+    rt = runtime()
+    vk = _vk()
+    rng = np.random.default_rng(7)
+    report = {"cases": [], "control_errors": 0}
+
+    def operand(dtype, rows, cols, column_major):
+        x = rng.integers(-3, 4, size=(cols, rows) if column_major else (rows, cols))
+        x = x.astype(dtype)
+        return x.T if column_major else x
+
+    def prepare(dtype, res, M, N, K, layouts, tile, variant):
+        pair = TypePair(of_dtype(dtype).component, of_dtype(res).component)
+        config = config_for(rt.device.info, pair)
+        a = operand(dtype, M, K, layouts[0] == "t")
+        b = operand(dtype, K, N, layouts[1] == "t")
+        la = Layout.COLUMN_MAJOR if layouts[0] == "t" else Layout.ROW_MAJOR
+        lb = Layout.COLUMN_MAJOR if layouts[1] == "t" else Layout.ROW_MAJOR
+        params = GemmParams(M, N, K, M if la == Layout.COLUMN_MAJOR else K,
+                            K if lb == Layout.COLUMN_MAJOR else N, N, N)
+        tr = fastest_variant(khr_traits(config, rt.device.info, la, lb, False, tile),
+                             params)
+        if variant == "general":
+            tr = replace(tr, aligned=False, exact=False)
+        g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0,
+                         traits=None if variant == "auto" else tr)
+        return g, a, b, g.traits
+
+    def check(dtype, res, M, N, K, layouts, tile, variant):
+        before = len(instance.validation_errors)
+        g, a, b, tr = prepare(dtype, res, M, N, K, layouts, tile, variant)
+        try:
+            g.execute()
+            out = np.empty((1, M, N), res)
+            g.read(out)
+        finally:
+            g.release()
+        vk.vkDeviceWaitIdle(rt.device.handle)
+        want = (a.astype(np.int64) @ b.astype(np.int64)).astype(res)
+        report["cases"].append({
+            "case": f"{np.dtype(dtype).name}->{np.dtype(res).name} {M}x{N}x{K} {layouts} "
+                    f"{tr.tile.describe()} exact={tr.exact} clamp_rows={tr.clamp_rows} "
+                    f"clamp_cols={tr.clamp_cols} "
+                    f"aligned={tr.aligned} "
+                    f"packs={len(g.dispatches) - 1}",
+            "equal": bool(np.array_equal(out[0], want)),
+            "errors": instance.validation_errors[before:]})
+
+    # The control first (the layer stops repeating a message after a few): K in the push
+    # constants twice what A and B hold.
+    g, _, _, tr = prepare(np.float16, np.float16, 64, 64, 64, "nn",
+                          Tile(32, 32, 16, 2, 2, 2), "best")
+    d = g.dispatches[-1]
+    push = bytearray(d.push_constants)
+    struct.pack_into("<I", push, 8, 128)  # K
+    g.dispatches[-1] = replace(d, push_constants=bytes(push))
+    before = len(instance.validation_errors)
+    try:
+        g.execute()
+    finally:
+        g.release()
+    # GPU-AV reads its findings when it sees the work finish: make sure it has.
+    vk.vkDeviceWaitIdle(rt.device.handle)
+    report["control_errors"] = len(instance.validation_errors) - before
+    del instance.validation_errors[before:]
+    # Matrices of power-of-two byte sizes fill pooled buffers exactly: without its margin
+    # a kernel reading past a matrix's end reads past its buffer's end.
+    for buffering in (1, 2, 3, 4, 5):
+        for layouts in ("nn", "nt", "tn", "tt"):
+            check(np.float16, np.float16, 64, 64, 64, layouts,
+                  Tile(32, 32, 16, 2, 2, buffering), "best")
+    for dtype, res in ((np.uint8, np.uint32), (np.int8, np.int32)):
+        for layouts in ("nn", "tt"):
+            check(dtype, res, 64, 64, 64, layouts, Tile(32, 32, 32, 2, 2, 2), "best")
+            # more than 64 rows: the dispatcher repacks a row-major B / column-major A
+            check(dtype, res, 128, 64, 64, layouts, Tile(32, 32, 32, 2, 2, 4), "auto")
+    for buffering in (2, 3, 5):
+        check(np.float16, np.float32, 37, 29, 53, "nn", Tile(32, 32, 16, 2, 2, buffering),
+              "general")
+    # 8 rows on a 32-row tile: the exact variant with clamped rows, whose A would end 24
+    # rows short of the tile (the buffer's end) without the clamp.
+    for buffering in (2, 5):
+        for layouts in ("nn", "tn"):
+            check(np.float16, np.float16, 8, 64, 64, layouts,
+                  Tile(32, 32, 16, 2, 2, buffering), "best")
+    # 8 columns of a 32-column tile: clamped columns, B ending 24 columns short of it.
+    for layouts in ("nt", "nn"):
+        check(np.float16, np.float16, 64, 8, 64, layouts, Tile(32, 32, 16, 2, 2, 2), "best")
+
+    # A quantized B on the gemv kernel: blocks 2 bytes short of their pooled buffer's
+    # end, the last one 4-byte aligned, so that the kernel's widest read (the words that
+    # cover that block end 2 bytes past it) ends exactly at the buffer's end.
+    def quant_check(fmt, M, N, K):
+        import coopmat
+        from coopmat.dispatch.gemm import DeviceOperand, Staged, enqueue_gemm
+        from coopmat.policy import Options
+        from coopmat.common.quant_formats import quant_format
+
+        f = quant_format(fmt)
+        nb = N * K // 32
+        q = rng.integers(-8, 8, (nb, 32)) if f.nibbles else rng.integers(-127, 128, (nb, 32))
+        blocks = np.zeros((nb, f.block_bytes), np.uint8)
+        blocks[:, :2] = np.frombuffer(np.float16(1).tobytes(), np.uint8)  # d = 1
+        if f.nibbles:  # low nibbles weights 0..15, high 16..31, stored as n + 8
+            n = (q + 8).astype(np.uint8)
+            blocks[:, 2:] = n[:, :16] | (n[:, 16:] << 4)
+        else:
+            blocks[:, 2:] = q.astype(np.int8).view(np.uint8)
+        assert (nb - 1) * f.block_bytes % 4 == 0
+        buf = rt.pool.acquire(rt.pool.kinds()[0], blocks.nbytes + 2)
+        assert buf.size == blocks.nbytes + 2, buf.size
+        rt.transfers.upload(blocks.reshape(-1), buf)
+        x = rng.integers(-3, 4, (M, K)).astype(np.float16)
+        xa, d = coopmat.asarray(x), coopmat.empty((M, N), np.float32)
+        pair = TypePair(of_dtype(np.float16).component, of_dtype(np.float32).component)
+        before = len(instance.validation_errors)
+        _, plan = enqueue_gemm(
+            rt, pair, DeviceOperand(xa.buffer, 0, Staged(Layout.ROW_MAJOR, K, 0, x.nbytes)),
+            DeviceOperand(buf, 0, Staged(Layout.COLUMN_MAJOR, K, 0, blocks.nbytes,
+                                         quant=fmt)),
+            None, DeviceOperand(d.buffer, 0, Staged(Layout.ROW_MAJOR, N, 0, M * N * 4)),
+            (1, M, N, K), 1, 0, Options(family="gemv"))
+        out = d.numpy()
+        vk.vkDeviceWaitIdle(rt.device.handle)
+        rt.pool.release(buf)
+        want = x.astype(np.float64) @ q.reshape(N, K).astype(np.float64).T
+        report["cases"].append({
+            "case": f"{fmt} {M}x{N}x{K} {plan.traits.describe()}",
+            "equal": bool(np.array_equal(out, want)),
+            "errors": instance.validation_errors[before:]})
+
+    # 3855 and 455 blocks (odd: the last starts 4-byte aligned) + 2 bytes fill pooled
+    # buffers of 128 KiB and 8 KiB; K: a whole step of 8 blocks and a remainder.
+    quant_check("q8_0", 3, 257, 15 * 32)
+    quant_check("q4_0", 2, 35, 13 * 32)
+
+    print("REPORT" + json.dumps(report), flush=True)
+    # GPU-AV's teardown at interpreter exit aborts ("Resource deadlock avoided") on
+    # lavapipe; the report is out, so leave without it.
+    import os
+    os._exit(0)
+''')
+
+
+def _validation_layer_present() -> bool:
+    from coopmat.device.vkffi import vk
+    v = vk()
+    return VALIDATION_LAYER in {p.layerName for p in v.vkEnumerateInstanceLayerProperties()}
+
+
+def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path):
+    if not _validation_layer_present():
+        pytest.skip(f"{VALIDATION_LAYER} is not installed")
+    if live_device_info.limits.min_subgroup_size != 8:
+        pytest.skip("the cases pin lavapipe's 8x8x8 configs and 32-wide tiles")
+    env = dict(os.environ, COOPMAT_VALIDATION="1", COOPMAT_SPECIALIZE="0",
+               COOPMAT_CACHE_DIR=str(tmp_path),
+               VK_KHRONOS_VALIDATION_VALIDATE_GPU_BASED="GPU_BASED_GPU_ASSISTED",
+               VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT="false")
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(lines[-1][len("REPORT"):])
+    bad = [c for c in report["cases"] if c["errors"] or not c["equal"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+    assert report["control_errors"] > 0, "GPU-AV did not flag the out-of-bounds control"
+    assert len(report["cases"]) == 39
+    assert sum("clamp_rows=True" in c["case"] for c in report["cases"]) == 4
+    assert sum("clamp_cols=True" in c["case"] for c in report["cases"]) == 2
+    assert sum(" gemv-" in c["case"] for c in report["cases"]) == 2
+    assert sum("packs=1" in c["case"] for c in report["cases"]) == 4

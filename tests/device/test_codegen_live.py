@@ -1,0 +1,341 @@
+"""Generated kernels run on a Vulkan device (lavapipe under scripts/cpu-vulkan) and match numpy.
+
+Tolerances. Integer results must be exact. For float results the reference is computed in
+float64 from the same (already rounded) f16 inputs, so the only error is the kernel's own
+accumulation and scaling; by the standard bound for recursive summation,
+|D - ref| <= (K + 8) * u * (|alpha| * |A| @ |B| + |beta| * |C|) elementwise, with u the unit
+roundoff of the accumulator type (2^-24 for f32, 2^-11 for f16). The "+ 8" covers the
+alpha/beta multiply-add and the final rounding to the result type. Padding between rows
+(strides > logical dims) holds NaN / 0x55 patterns, so a read of anything outside the
+matrix shows up in the result, and D's gaps are checked to be untouched.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
+
+from coopmat.codegen import (
+    GemmParams,
+    KhrTraits,
+    Layout,
+    Tile,
+    aligned_ok,
+    build_gemm,
+    cache,
+    exact_ok,
+)
+from coopmat.codegen.abi import clamped_ok
+from coopmat.common.enums import ComponentType as CT
+
+pytestmark = pytest.mark.live
+
+SUBGROUP = 8
+SHAPE = (8, 8, 8)
+CONFIGS = [  # lavapipe's list: (A/B type, result type)
+    (CT.FLOAT16, CT.FLOAT16), (CT.FLOAT16, CT.FLOAT32), (CT.UINT8, CT.UINT32),
+    (CT.SINT8, CT.SINT32),
+]
+DEFAULT_TILE = Tile(32, 32, 16, 2, 2, 2)
+NP: dict[CT, Any] = {CT.FLOAT16: np.float16, CT.FLOAT32: np.float32, CT.UINT8: np.uint8,
+                     CT.SINT8: np.int8, CT.UINT32: np.uint32, CT.SINT32: np.int32}
+
+
+def _device_runs_pinned_configs() -> None:
+    """These tests pin lavapipe's configs (8x8x8 at subgroup size 8). Elsewhere they would
+    run configs the device never listed, which is undefined; there the dispatcher's tests
+    (tests/test_matmul.py) run the kernels through the device's own configs."""
+    from coopmat import device
+    from coopmat.common.errors import CoopmatError
+    try:
+        info = device.select_info()
+    except CoopmatError:
+        return  # KernelRunner below reports the missing device
+    shapes = {(p.M, p.N, p.K) for p in info.cooperative_matrix_properties}
+    if info.limits.min_subgroup_size != SUBGROUP or SHAPE not in shapes:
+        pytest.skip(f"pinned to 8x8x8 configs at subgroup size {SUBGROUP}; {info.name} lists "
+                    f"{sorted(shapes)} at subgroup size {info.limits.subgroup_size} "
+                    f"(tests/test_matmul.py covers it)")
+
+
+@pytest.fixture(scope="module")
+def runner() -> KernelRunner:
+    _device_runs_pinned_configs()
+    try:
+        return KernelRunner(["shaderFloat16", "storageBuffer16BitAccess", "shaderInt8",
+                             "storageBuffer8BitAccess"])
+    except NoDevice as e:
+        pytest.skip(f"no Vulkan device with VK_KHR_cooperative_matrix: {e} "
+                    f"(run under scripts/cpu-vulkan for lavapipe)")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def traits(ab: CT, res: CT, a_layout: Layout, b_layout: Layout, has_c: bool, aligned: bool,
+           tile: Tile = DEFAULT_TILE) -> KhrTraits:
+    m, n, k = SHAPE
+    return KhrTraits(a_type=ab, b_type=ab, c_type=res, result_type=res, a_layout=a_layout,
+                     b_layout=b_layout, has_c=has_c, tile=tile, subgroup_size=SUBGROUP,
+                     m=m, n=n, k=k, aligned=aligned)
+
+
+@dataclass
+class Case:
+    M: int
+    N: int
+    K: int
+    batch: int = 1
+    pad: int = 0  # extra elements per line in every operand (strides > logical dims)
+    broadcast: str = ""  # operands ("a", "b", "c") with batch stride 0
+    alpha: float | int = 1
+    beta: float | int = 0
+
+
+def _random(t: CT, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if t == CT.FLOAT16:
+        return rng.uniform(-1, 1, shape).astype(np.float16)
+    if t == CT.FLOAT32:
+        return rng.uniform(-1, 1, shape).astype(np.float32)
+    info = np.iinfo(NP[t])
+    lo, hi = (info.min, info.max) if info.bits == 8 else (-1000, 1000)
+    lo = max(lo, 0) if info.min == 0 else lo
+    return rng.integers(lo, hi, shape, endpoint=True).astype(NP[t])
+
+
+def _fill(t: CT) -> float | int:
+    return np.nan if t.is_float else 0x55
+
+
+def run_case(runner: KernelRunner, tr: KhrTraits, case: Case, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    M, N, K, batch = case.M, case.N, case.K, case.batch
+    A = _random(tr.a_type, (batch, M, K), rng)
+    B = _random(tr.b_type, (batch, K, N), rng)
+    C = _random(tr.c_type, (batch, M, N), rng)
+    a_col, b_col = tr.a_layout == Layout.COLUMN_MAJOR, tr.b_layout == Layout.COLUMN_MAJOR
+    lda = (M if a_col else K) + case.pad
+    ldb = (K if b_col else N) + case.pad
+    ldc = ldd = N + case.pad
+    bs = {name: 0 if name in case.broadcast else size for name, size in
+          (("a", lda * (K if a_col else M) + case.pad), ("b", ldb * (N if b_col else K)),
+           ("c", ldc * M), ("d", ldd * M + case.pad))}
+    for name, mats in (("a", A), ("b", B), ("c", C)):
+        if name in case.broadcast:
+            mats[1:] = mats[0]
+    p = GemmParams(M, N, K, lda, ldb, ldc, ldd, bs["a"], bs["b"], bs["c"], bs["d"],
+                   case.alpha, case.beta)
+    kernel = build_gemm(tr)
+    if tr.aligned:
+        assert aligned_ok(tr, p), "test case does not meet the aligned preconditions"
+    if tr.clamp_rows or tr.clamp_cols:
+        assert clamped_ok(tr, p) and not exact_ok(tr, p), "test case is not K tiles"
+    elif tr.exact:
+        assert exact_ok(tr, p), "test case is not whole tiles"
+    sentinel = np.array(_fill(tr.result_type), dtype=NP[tr.result_type])
+    d_flat = np.full((batch - 1) * bs["d"] + (M - 1) * ldd + N, sentinel)
+    buffers = {0: pack(A, a_col, lda, bs["a"], _fill(tr.a_type)),
+               1: pack(B, b_col, ldb, bs["b"], _fill(tr.b_type)), 2: d_flat}
+    if tr.has_c:
+        buffers[3] = pack(C, False, ldc, bs["c"], _fill(tr.c_type))
+    raw = runner.run(kernel, p, buffers, batch)
+    out_flat = np.frombuffer(raw, dtype=NP[tr.result_type])[:d_flat.size]
+    D = unpack(out_flat, batch, M, N, ldd, bs["d"])
+
+    # Gaps of D (between rows and between batches) must be untouched.
+    written = np.zeros(d_flat.size, bool)
+    for b, i in itertools.product(range(batch), range(M)):
+        written[b * bs["d"] + i * ldd:b * bs["d"] + i * ldd + N] = True
+    np.testing.assert_array_equal(out_flat[~written].view(np.uint8),
+                                  d_flat[~written].view(np.uint8), "write outside D")
+
+    beta = case.beta if tr.has_c else 0
+    if tr.result_type.is_float:
+        a64, b64, c64 = A.astype(np.float64), B.astype(np.float64), C.astype(np.float64)
+        ref = case.alpha * (a64 @ b64) + (beta * c64 if tr.has_c else 0)
+        bound = abs(case.alpha) * (np.abs(a64) @ np.abs(b64)) + abs(beta) * np.abs(c64)
+        u = 2.0 ** -11 if tr.result_type == CT.FLOAT16 else 2.0 ** -24
+        tol = (K + 8) * u * bound + 1e-30
+        err = np.abs(D.astype(np.float64) - ref)
+        assert np.all(np.isfinite(D)), "non-finite output: a padding element was read"
+        worst = np.unravel_index(np.argmax(err - tol), err.shape)
+        assert np.all(err <= tol), (f"max error {err[worst]} > tol {tol[worst]} at {worst} "
+                                    f"(got {D[worst]}, want {ref[worst]})")
+    else:
+        a64, b64, c64 = A.astype(np.int64), B.astype(np.int64), C.astype(np.int64)
+        iref: np.ndarray = int(case.alpha) * (a64 @ b64)
+        if tr.has_c:
+            iref = iref + int(beta) * c64
+        want = (iref & 0xFFFFFFFF).astype(np.uint32).view(NP[tr.result_type])
+        np.testing.assert_array_equal(D, want)
+
+
+LAYOUTS = list(itertools.product(Layout, Layout))
+
+
+@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tuple[Layout, Layout],
+                       has_c: bool, aligned: bool) -> None:
+    """Every lavapipe config x layouts x C x edge handling, with edges in M, N and K."""
+    ab, res = config
+    tr = traits(ab, res, *layouts, has_c, aligned)
+    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
+    if aligned:  # inner dims and strides multiples of 16 elements; M, N, K off the tile
+        case = Case(48, 80, 48, pad=16, alpha=alpha, beta=beta)
+    else:  # primes, odd strides
+        case = Case(37, 29, 53, pad=3, alpha=alpha, beta=beta)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
+
+
+@pytest.mark.parametrize("buffering", [3, 4, 5], ids=lambda b: f"buf{b}")
+@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
+                                 layouts: tuple[Layout, Layout], has_c: bool, aligned: bool,
+                                 buffering: int) -> None:
+    """test_every_variant with two shared stages (buffering 3), with streamed B fragments
+    (buffering 4) and with two register sets (buffering 5); K spans an odd number of
+    steps, so the stages and register sets alternate and wrap."""
+    ab, res = config
+    tr = traits(ab, res, *layouts, has_c, aligned, Tile(32, 32, 16, 2, 2, buffering))
+    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
+    if aligned:
+        case = Case(48, 80, 80, pad=16, alpha=alpha, beta=beta)
+    else:
+        case = Case(37, 29, 71, pad=3, alpha=alpha, beta=beta)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
+
+
+@pytest.mark.parametrize("buffering", [1, 2, 3, 4, 5], ids=lambda b: f"buf{b}")
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
+                       layouts: tuple[Layout, Layout], has_c: bool, buffering: int) -> None:
+    """The exact variant (no bounds checks, no edge epilogue) on whole tiles: several
+    workgroups each way, several K steps, padded strides and a broadcast batch."""
+    ab, res = config
+    tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
+                 exact=True)
+    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
+    run_case(runner, tr, Case(64, 96, 80, batch=2, pad=16, broadcast="b", alpha=alpha,
+                              beta=beta), seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
+
+
+@pytest.mark.parametrize(("buffering", "M", "N"),
+                         [(1, 40, 96), (2, 8, 96), (3, 40, 88), (4, 8, 88), (5, 64, 88)],
+                         ids=["buf1-M40", "buf2-M8", "buf3-M40-N88", "buf4-M8-N88",
+                              "buf5-N88"])
+@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
+@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
+@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+def test_clamped_variant(runner: KernelRunner, config: tuple[CT, CT],
+                         layouts: tuple[Layout, Layout], has_c: bool, buffering: int, M: int,
+                         N: int) -> None:
+    """The exact variant with clamped rows and/or columns: K whole tiles, M or N ending
+    inside the last block of a 32 x 32 tile (8 rows: inside the first; 88 columns: 24
+    into the third). The padding of A and B is NaN and D's gaps are checked, so a read
+    of a row or column past the matrix, or a store of one, shows."""
+    ab, res = config
+    tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
+                 exact=True, clamp_rows=M % 32 != 0, clamp_cols=N % 32 != 0)
+    case = Case(M, N, 80, batch=2, pad=16, broadcast="b", alpha=0.5 if res.is_float else 3,
+                beta=-1.5 if res.is_float else -2)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering, M, N)) % 1000)
+
+
+@pytest.mark.parametrize("size", [(1, 1, 1), (1, 19, 3), (23, 1, 7), (8, 8, 8), (9, 7, 1),
+                                  (32, 32, 16), (33, 31, 17), (5, 70, 40), (64, 3, 100)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layouts", [(Layout.ROW_MAJOR, Layout.ROW_MAJOR),
+                                     (Layout.COLUMN_MAJOR, Layout.COLUMN_MAJOR)], ids=param_id)
+def test_sizes_general(runner: KernelRunner, size: tuple[int, int, int],
+                       layouts: tuple[Layout, Layout]) -> None:
+    tr = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False)
+    run_case(runner, tr, Case(*size, alpha=1.0, beta=1.0))
+    for buffering in (3, 5):  # one to seven K steps: stages and register sets wrap
+        staged = traits(CT.FLOAT16, CT.FLOAT32, *layouts, True, False,
+                        Tile(32, 32, 16, 2, 2, buffering))
+        run_case(runner, staged, Case(*size, alpha=1.0, beta=1.0))
+
+
+@pytest.mark.parametrize("config", CONFIGS[1:3], ids=param_id)
+@pytest.mark.parametrize("broadcast", ["a", "b", "c", "ab"])
+@pytest.mark.parametrize("buffering", [2, 3], ids=lambda b: f"buf{b}")
+def test_batch_with_broadcast(runner: KernelRunner, config: tuple[CT, CT], broadcast: str,
+                              buffering: int) -> None:
+    ab, res = config
+    tr = traits(ab, res, Layout.ROW_MAJOR, Layout.COLUMN_MAJOR, True, False,
+                Tile(32, 32, 16, 2, 2, buffering))
+    run_case(runner, tr, Case(19, 21, 35, batch=3, pad=2, broadcast=broadcast, alpha=2,
+                              beta=1))
+
+
+@pytest.mark.parametrize("buffering", [2, 3], ids=lambda b: f"buf{b}")
+def test_batch_aligned(runner: KernelRunner, buffering: int) -> None:
+    tr = traits(CT.SINT8, CT.SINT32, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True, True,
+                Tile(32, 32, 16, 2, 2, buffering))
+    run_case(runner, tr, Case(40, 24, 32, batch=2, pad=16, broadcast="b", alpha=-1, beta=2))
+
+
+@pytest.mark.parametrize("tile", [Tile(8, 8, 8, 1, 1, 1), Tile(16, 32, 8, 1, 2, 1),
+                                  Tile(64, 16, 32, 4, 1, 2), Tile(24, 40, 24, 1, 1, 2),
+                                  Tile(8, 8, 8, 1, 1, 3), Tile(16, 32, 8, 1, 2, 3),
+                                  Tile(64, 16, 32, 4, 1, 3), Tile(24, 40, 24, 1, 1, 3),
+                                  Tile(32, 64, 16, 2, 2, 3), Tile(16, 32, 8, 1, 2, 4),
+                                  Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4),
+                                  # tiles.filling_ladder's shapes at lavapipe's 8 x 8 x 8
+                                  Tile(32, 32, 64, 2, 2, 2), Tile(16, 32, 64, 1, 2, 2),
+                                  Tile(8, 16, 64, 1, 2, 1)],
+                         ids=lambda t: t.describe().replace(" ", "-"))
+@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
+def test_other_tiles(runner: KernelRunner, tile: Tile, aligned: bool) -> None:
+    tr = traits(CT.FLOAT16, CT.FLOAT32, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True, aligned,
+                tile)
+    case = Case(48, 64, 80, pad=8, alpha=1.0, beta=0.25) if aligned else Case(
+        45, 51, 27, pad=1, alpha=1.0, beta=0.25)
+    run_case(runner, tr, case)
+
+
+def test_misaligned_output_stride_falls_back(runner: KernelRunner) -> None:
+    """General variant, sizes that fill whole tiles but ldd breaks coopmat store alignment."""
+    tr = traits(CT.FLOAT16, CT.FLOAT16, Layout.ROW_MAJOR, Layout.ROW_MAJOR, True, False)
+    run_case(runner, tr, Case(32, 32, 32, pad=1, alpha=1.0, beta=1.0))
+
+
+def test_integer_extremes(runner: KernelRunner) -> None:
+    """Sign extension of i8 and zero extension of u8 at the ends of their ranges."""
+    for ab, res, val in ((CT.SINT8, CT.SINT32, -128), (CT.UINT8, CT.UINT32, 255)):
+        tr = traits(ab, res, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False, False)
+        M = N = K = 9
+        A = np.full((1, M, K), val, NP[ab])
+        p = GemmParams(M, N, K, K, N, N, N)
+        raw = runner.run(build_gemm(tr), p, {0: pack(A, False, K, 0, 0),
+                                             1: pack(A, False, N, 0, 0),
+                                             2: np.zeros(M * N, NP[res])})
+        got = np.frombuffer(raw, NP[res])[:M * N]
+        assert np.all(got == K * val * val), got
+
+
+def test_cached_kernel_runs(runner: KernelRunner, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module read back from the disk cache is the one that runs."""
+    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))
+    tr = traits(CT.UINT8, CT.UINT32, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False, False)
+    build_gemm(tr)
+    cache.clear_memory_cache()
+    run_case(runner, tr, Case(10, 12, 14))
