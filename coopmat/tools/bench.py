@@ -8,8 +8,10 @@ int8). With --stream N, also the kernel's throughput when N dispatches run back 
 in one submission without barriers, the way vk_cooperative_matrix_perf measures its
 figures; --stream-inputs K makes those dispatches cycle through K copies of A and B, so
 that overlapping dispatches no longer find each other's operands in cache. Sweep
-definitions live in coopmat/bench_sweeps.py. Installed, the same command is `coopmat-bench`.
-`--data-path` measures the time around the kernel instead (coopmat/bench_data.py).
+definitions live in coopmat/tools/bench_sweeps.py. Installed, the same command is
+`coopmat-bench`. `--data-path` measures the time around the kernel instead
+(coopmat/tools/bench_data.py), `--inference` decode, quantized and fused products
+(coopmat/tools/bench_infer.py).
 """
 
 from __future__ import annotations
@@ -654,6 +656,15 @@ def main(argv: list[str] | None = None) -> int:
         from coopmat.tools import bench_data
         return bench_data.main([a for a in args_in if a != "--data-path"])
     ap = _Parser(prog=prog("coopmat.bench"), description=__doc__.split("\n")[0])
+    modes = ap.add_argument_group(
+        "other modes", "each runs instead of the kernel sweep; `--data-path --help` and "
+        "`--inference --help` list their options")
+    modes.add_argument("--data-path", action="store_true",
+                       help="the time around the kernel: transfers, numpy -> numpy GEMM, "
+                            "a resident decode step, a chain of device-array products")
+    modes.add_argument("--inference", action="store_true",
+                       help="decode shapes, GGUF q8_0/q4_0 weights and fused epilogues, "
+                            "beside torch")
     ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
                     help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")
     ap.add_argument("--dtypes", type=parse_dtypes, metavar="LIST",

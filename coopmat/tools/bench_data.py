@@ -31,6 +31,7 @@ from coopmat.api.array import asarray, empty, synchronize
 from coopmat.api.linalg import last_kernel_time, matmul
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.transfer import MODES
+from coopmat.tools.cli import prog
 
 MiB = 1 << 20
 
@@ -231,7 +232,8 @@ def resident(repeat: int, m: int, k: int, chain: int, small: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="coopmat.bench --data-path", description=__doc__)
+    ap = argparse.ArgumentParser(prog=prog("coopmat.bench") + " --data-path", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sizes", default="4096,8192", help="square numpy->numpy GEMM sizes")
     ap.add_argument("--transfer-mib", type=int, default=256)

@@ -30,6 +30,7 @@ from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
+from coopmat.tools.cli import prog
 
 REPEAT = 20
 
@@ -270,7 +271,8 @@ def _quant_kxn(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="coopmat.bench --inference", description=__doc__)
+    ap = argparse.ArgumentParser(prog=prog("coopmat.bench") + " --inference", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,8,16,64", help="decode row counts M")
     ap.add_argument("--shapes", type=_kxn_list, default="4096x4096,4096x14336,14336x4096",
                     help="decode weights KxN")

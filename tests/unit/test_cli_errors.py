@@ -152,3 +152,24 @@ def test_info_properties_needs_no_vulkan():
     r = run_without_loader("-m", "coopmat.info", "--properties", "no-such-file.json")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "no-such-file.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_help_lists_every_mode(capsys):
+    """`coopmat-bench --help` names the modes that have parsers of their own, one line of
+    what each measures, and each mode's --help lists its options under its own name."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for mode, words in (("--data-path", "transfers"), ("--inference", "q4_0"),
+                        ("--stream", "dispatches"), ("--tune", "candidate kernels")):
+        line = next((x for x in out.splitlines() if x.strip().startswith(mode)), None)
+        assert line is not None, f"{mode} missing from --help"
+        assert words in out[out.index(line):], mode
+    for mode, option in (("--data-path", "--transfer-mib"), ("--inference", "--quant-shape")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main([mode, "--help"])
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: ") and f" {mode} " in out.splitlines()[0], out[:200]
+        assert option in out
