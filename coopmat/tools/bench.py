@@ -67,8 +67,10 @@ class Row:
     K: int
     layout: str
     family: str = "auto"
-    # The accumulator: asked for ('' = matmul's default), then the one measured.
+    # The accumulator: asked for ('' = matmul's default), then the one measured;
+    # accumulator_asked keeps what was asked.
     accumulator: str = ""
+    accumulator_asked: str = ""
     kernel: str = ""
     kernel_time: Timing | None = None
     e2e_time: Timing | None = None
@@ -262,6 +264,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     dtype, result = np_dtype(op_name), np_dtype(res_name)
     a, b = make_operands(dtype, row.M, row.N, row.K, row.layout, rng)
     rt = runtime(args.device)
+    row.accumulator_asked = row.accumulator
     try:
         pair = policy.resolve(rt.device.info, dtype, dtype, result,
                               np_dtype(row.accumulator) if row.accumulator else None)
@@ -326,9 +329,10 @@ def fmt_time(t: Timing | None) -> str:
 
 
 def dtype_label(r: Row) -> str:
-    """'float16->float16 (f32)': the pair and the accumulator measured, where it is not the
-    result type."""
-    if not r.accumulator or r.accumulator == r.dtype.split("->")[1]:
+    """'float16->float16 (f32)': the pair and, always, the accumulator measured (or asked
+    for, where the row did not run), so that a float16-accumulated row never reads as the
+    default float32 one."""
+    if not r.accumulator:
         return r.dtype
     row = by_name(r.accumulator)
     return f"{r.dtype} ({row.short if row else r.accumulator})"
@@ -336,7 +340,7 @@ def dtype_label(r: Row) -> str:
 
 def table(rows: list[Row], peers: list[str]) -> str:
     stream = any(r.stream_dispatches for r in rows)
-    head = (f"{'dtype (accumulator)':<26}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}"
+    head = (f"{'dtype (accumulator)':<30}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}"
             f"{'kernel':>10}{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
     if stream:
@@ -350,7 +354,7 @@ def table(rows: list[Row], peers: list[str]) -> str:
         if r.kernel_time:
             spread = f"{(r.kernel_time.max - r.kernel_time.min) / r.kernel_time.median:7.0%}"
         fam = r.kernel.split("-")[0] if r.kernel else r.family
-        line = (f"{dtype_label(r):<26}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
+        line = (f"{dtype_label(r):<30}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
                 f"{fmt_time(r.kernel_time):>10}{fmt_rate(rate):>9}{spread:>8}"
                 f"{fmt_time(r.e2e_time):>10}")
         if stream:
@@ -387,10 +391,11 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
-    dtypes = sorted({r.dtype for r in rows})
+    dtypes = sorted({dtype_label(r) for r in rows})  # one panel per pair and accumulator
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.8), squeeze=False)
     for ax, dt in zip(axes[0], dtypes, strict=False):
-        sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
+        sel = [r for r in rows
+               if dtype_label(r) == dt and r.M == r.N == r.K and r.layout == "nn"]
         sel.sort(key=lambda r: r.M)
         for fam in sorted({r.family for r in sel}):  # auto, khr, nv2 as requested
             mine = [r for r in sel if r.family == fam]
