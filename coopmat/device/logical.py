@@ -45,7 +45,7 @@ def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
     return missing
 
 
-@dataclass
+@dataclass(repr=False)
 class Device:
     """A VkDevice with one compute queue (and, where the device has a transfer-only
     queue family, up to two copy queues of it), and what was enabled on it."""
@@ -74,6 +74,10 @@ class Device:
 
     def has(self, feature: str) -> bool:
         return feature in self.enabled_features
+
+    def __repr__(self) -> str:  # the Vulkan handles are cffi pointers: no use to a reader
+        state = "" if self.handle is not None else ", destroyed"
+        return f"<Device {self.info.describe()}{state}>"
 
     def destroy(self) -> None:
         if self.handle is not None:

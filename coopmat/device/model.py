@@ -238,9 +238,10 @@ RELEVANT_EXTENSIONS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PhysicalDeviceInfo:
-    """Everything the device layer knows of one VkPhysicalDevice."""
+    """Everything the device layer knows of one VkPhysicalDevice (its repr names it in one
+    line; `python -m coopmat.info` shows the rest)."""
 
     index: int
     name: str
@@ -269,6 +270,19 @@ class PhysicalDeviceInfo:
     def has(self, feature: str) -> bool:
         """Whether the device offers the feature (a VkPhysicalDevice*Features member name)."""
         return self.features.get(feature, False)
+
+    @property
+    def driver(self) -> str:
+        """The driver in a few words: its name and version ('llvmpipe Mesa 24.0.5')."""
+        return " ".join(x for x in (self.driver_name, self.driver_info or self.driver_version)
+                        if x)
+
+    def describe(self) -> str:
+        """index, name, driver and type: what tells devices apart in a listing."""
+        return f"{self.index}: {self.name!r}, driver {self.driver!r}, {self.device_type}"
+
+    def __repr__(self) -> str:
+        return f"<PhysicalDeviceInfo {self.describe()}>"
 
 
 VENDORS = {

@@ -160,3 +160,23 @@ def test_pipeline_robustness_enabled_with_its_extension() -> None:
     assert dev.has("pipelineRobustness") == bool(
         dev.info.features.get("pipelineRobustness")
         and dev.info.extensions.get("VK_EXT_pipeline_robustness"))
+
+
+def test_device_reprs_are_one_short_line(live_device_info):
+    """`coopmat.devices()` and `Array.device` print the index, name, driver and type in one
+    line, not the cffi handles and capability tables behind them."""
+    import numpy as np
+
+    import coopmat
+    info = live_device_info
+    listed = repr(coopmat.devices())
+    dev_repr = repr(coopmat.asarray(np.ones((2, 2), np.float16)).device)
+    for text in (repr(info), dev_repr):
+        assert "\n" not in text and len(text) < 200, text
+        assert "cdata" not in text and "limits" not in text, text
+        assert f"{info.index}: {info.name!r}" in text
+        assert info.driver_name in text and info.device_type in text
+    assert repr(info) in listed and len(listed) < 200 * len(coopmat.devices())
+    assert dev_repr.startswith("<Device ") and repr(info).startswith("<PhysicalDeviceInfo ")
+    if is_lavapipe(info):
+        assert "llvmpipe" in dev_repr and "CPU" in dev_repr and "Mesa" in dev_repr
