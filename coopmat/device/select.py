@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 from coopmat.common.errors import DRIVER_ADVICE, DeviceNotFoundError, NoCooperativeMatrixDeviceError
@@ -15,19 +16,35 @@ def _listing(devices: Sequence[PhysicalDeviceInfo]) -> str:
     return ", ".join(f"{d.index}: {d.name}" for d in devices)
 
 
+def _numbers(devices: Sequence[PhysicalDeviceInfo]) -> str:
+    indices = sorted(d.index for d in devices)
+    if not indices:
+        return "there is no Vulkan device"
+    if len(indices) == 1:
+        return f"the only index is {indices[0]}"
+    return f"indices run from {indices[0]} to {indices[-1]}"
+
+
 def match(devices: Sequence[PhysicalDeviceInfo], selector: int | str,
           source: str | None = None) -> PhysicalDeviceInfo:
     """The device a selector names: an index, or a case-insensitive name substring.
 
-    `source` names where the selector came from (an environment variable, say): the error
-    then names it, since the user may not know it is set."""
+    A negative index is refused (as torch refuses device -1): no numbering counts from
+    the end of the device list. `source` names where the selector came from (an
+    environment variable, say): the error then names it, since the user may not know it
+    is set."""
     text = str(selector).strip()
-    if text.isdigit():
+    if re.fullmatch(r"[+-]?\d+", text):
         i = int(text)
+        if i < 0:
+            where = f"{source}={str(selector)!r}: " if source is not None else ""
+            raise DeviceNotFoundError(
+                f"{where}device index {i} is negative; {_numbers(devices)} "
+                f"(devices: {_listing(devices)})")
         for d in devices:
             if d.index == i:
                 return d
-        what = f"no Vulkan device with index {i}"
+        what = f"no Vulkan device with index {i}; {_numbers(devices)}"
     else:
         hits = [d for d in devices if text.lower() in d.name.lower()]
         if hits:

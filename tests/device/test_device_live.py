@@ -180,3 +180,16 @@ def test_device_reprs_are_one_short_line(live_device_info):
     assert dev_repr.startswith("<Device ") and repr(info).startswith("<PhysicalDeviceInfo ")
     if is_lavapipe(info):
         assert "llvmpipe" in dev_repr and "CPU" in dev_repr and "Mesa" in dev_repr
+
+
+def test_negative_device_is_refused_by_matmul(live_device_info, monkeypatch):
+    """`device=-1` and COOPMAT_DEVICE=-1 are index errors, not name searches."""
+    import numpy as np
+
+    import coopmat
+    a = np.ones((8, 8), np.float16)
+    with pytest.raises(coopmat.DeviceNotFoundError, match="device index -1 is negative"):
+        coopmat.matmul(a, a, device=-1)
+    r = run_info(env={"COOPMAT_DEVICE": "-1"})
+    assert r.returncode == 1
+    assert "COOPMAT_DEVICE='-1': device index -1 is negative" in r.stderr, r.stderr
