@@ -175,10 +175,9 @@ COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 def _copy_queue_family(physical: Any) -> tuple[int | None, int]:
     """(family, queues to take) of a transfer-only queue family, or (None, 0). Only with
-    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM then copies its results
-    back on one: on the H200 about 5% faster with a new A and a kept B, within the noise
-    with both new (docs/arrays.md); too little to open extra queues, and share every
-    buffer between queue families, on every device by default."""
+    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM then copies its results back
+    on one, which gained too little to open extra queues and share every buffer between
+    queue families on every device by default (docs/design.md, data path)."""
     value = os.environ.get(COPY_QUEUES_ENV, "")
     if value not in ("", "0", "1"):
         raise ValueError(f"{COPY_QUEUES_ENV}={value!r}: use 1 (open copy queues) or 0")

@@ -161,9 +161,7 @@ class TorchPeer:
         self.torch = torch
         self.name = "torch " + torch.__version__ + " (" + torch.cuda.get_device_name() + ")"
         # Its CUDA context now, before any case is timed: a process holding one keeps the
-        # GPU's clock up. Made at the first torch timing instead, it left the sweep's
-        # first case at a low clock (H200: 1024^3 float16 48.4 us against 19.2 us as the
-        # next dtype's first case).
+        # GPU's clock up, so the sweep's first case does not run at a low clock.
         hold_clock()
 
     def prepare(self, dtype: str, a: np.ndarray, b: np.ndarray) -> Callable[[], Any] | None:
@@ -302,9 +300,8 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     finally:
         g.release()
     # Three calls first: the same arrays' third transfer finds them kept imported
-    # (dispatch/transfer.py), so the timed calls are the steady state. After one call, the
-    # three timed ones mixed the lanes, the background import and the kept copy (H200,
-    # 2048^3 float16: 1.06 to 14.5 ms).
+    # (dispatch/transfer.py), so the timed calls are the steady state, not a mix of the
+    # lanes, the background import and the kept copy.
     row.e2e_time = time_calls(lambda: matmul(a, b, dtype=result, device=args.device,
                                              accumulator=np_dtype(row.accumulator), family=family),
                               max(3, args.repeat // 4), E2E_WARMUP_CALLS, args.budget)

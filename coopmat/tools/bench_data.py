@@ -62,7 +62,7 @@ def _turns(runs: dict[str, Callable[[], Any]], calls: int, blocks: int,
            spin: float) -> dict[str, float]:
     """Median seconds per call of each of `runs`, taken in turn over `blocks` rounds, each
     run after `spin` seconds of GPU work; the median of the rounds' medians. A loop of
-    small calls leaves the GPU mostly idle, and an idle H200 clocks down (345 MHz), so
+    small calls leaves the GPU mostly idle, and an idle GPU clocks down, so
     one long series drifts: its figure then depends on what ran before it. Runs taken in
     turn share the host's noise, so their ratio holds where absolute times move."""
     from coopmat.tools.bench_infer import warm_up
