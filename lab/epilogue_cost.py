@@ -3,12 +3,11 @@ gelu (tanh form), silu, a residual, and it with bias and gelu, kernel time from 
 timestamps, with the driver's register count and local memory (COOPMAT_PIPELINE_STATS=1)
 and the kernel's SPIR-V size.
 
-    COOPMAT_PIPELINE_STATS=1 python benchmarks/epilogue_cost.py [N] [--form=NAME]
+    COOPMAT_PIPELINE_STATS=1 python lab/epilogue_cost.py [N]
         [--tiles=128x128x32x2x4x3,...]   (tile_m x tile_n x tile_k x sg_m x sg_n x buf)
-        [--scale=S] [--residual-ahead=K] [--family=khr|nv2]
+        [--scale=S] [--family=khr|nv2] [--cases=plain,bias+relu,...]
 
---residual-ahead=K: khr_tiled.RESIDUAL_AHEAD for this run (a fresh COOPMAT_CACHE_DIR
-for each value: it is not in the kernel cache's key either).
+--cases=LIST: only these cases (labels as printed; default all).
 
 --family=NAME: the kernel family measured (default khr; nv2 where the device has
 VK_NV_cooperative_matrix2 and its per-element operations).
@@ -16,10 +15,6 @@ VK_NV_cooperative_matrix2 and its per-element operations).
 --scale=S: A's elements are S times standard normal ones (default 1: accumulators of
 magnitude about sqrt(N), 64 at N = 4096; 1/sqrt(N) gives magnitude 1, as activations
 in a network have).
-
---form=NAME: silu's body replaced by another formula (FORMS, for finding which
-instruction costs); use a fresh COOPMAT_CACHE_DIR with it, as it is not in the kernel
-cache's key.
 """
 
 from __future__ import annotations
@@ -28,44 +23,16 @@ import dataclasses
 import functools
 import statistics
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from coopmat.codegen import build_gemm, khr_tiled
-from coopmat.codegen.epilogue import ElementOps
-from coopmat.codegen.spv import GLSLstd450, Op
+from coopmat.codegen import build_gemm
 from coopmat.codegen.traits import Activation, EpilogueOps, Tile
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
 from coopmat.tools.bench import spin_until_steady
-
-
-def _form(name: str) -> Callable[[ElementOps, int], int]:
-    def body(self: ElementOps, x: int) -> int:
-        f, w, c = self.s.f, self.work, self._const
-        glsl = self.glsl
-        if name == "exp":  # x e^-x
-            return f.op(Op.FMul, w, x, f.op(Op.ExtInst, w, glsl, GLSLstd450.Exp,
-                                            f.op(Op.FNegate, w, x)))
-        if name == "exp2":  # x 2^(-x log2 e)
-            e = f.op(Op.ExtInst, w, glsl, GLSLstd450.Exp2, f.op(Op.FMul, w, x, c(-1.4427)))
-            return f.op(Op.FMul, w, x, e)
-        if name == "div":  # x / (1 + x^2)
-            return f.op(Op.FDiv, w, x, f.op(Op.FAdd, w, c(1.0), f.op(Op.FMul, w, x, x)))
-        if name == "rsq":  # x / sqrt(1 + x^2)
-            r = f.op(Op.ExtInst, w, glsl, GLSLstd450.InverseSqrt,
-                     f.op(Op.FAdd, w, c(1.0), f.op(Op.FMul, w, x, x)))
-            return f.op(Op.FMul, w, x, r)
-        if name == "poly":  # x (1 + x^2)
-            return f.op(Op.FMul, w, x, f.op(Op.FAdd, w, c(1.0), f.op(Op.FMul, w, x, x)))
-        raise SystemExit(f"unknown form {name!r}; known: {FORMS}")
-    return body
-
-
-FORMS = ("exp", "exp2", "div", "rsq", "poly")
 
 
 def _flag(name: str) -> str | None:
@@ -75,20 +42,6 @@ def _flag(name: str) -> str | None:
 
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    form = _flag("form")
-    if form:
-        original = ElementOps._activation
-
-        def patched(self: ElementOps, x: int) -> int:
-            if self.ops.activation is Activation.SILU:
-                return _form(form)(self, x)
-            return original(self, x)
-        ElementOps._activation = patched  # type: ignore[method-assign]
-        print(f"silu replaced by the {form!r} form")
-    ahead = _flag("residual-ahead")
-    if ahead is not None:
-        khr_tiled.RESIDUAL_AHEAD = int(ahead)
-        print(f"residuals loaded {ahead} blocks ahead")
     n = int(args[0]) if args else 4096
     rt = runtime()
     rng = np.random.default_rng(0)
@@ -107,6 +60,11 @@ def main() -> None:
         ("gelu+res", EpilogueOps(activation=Activation.GELU_TANH, residual=True)),
         ("bias+gelu+res", EpilogueOps(bias=True, activation=Activation.GELU_TANH,
                                       residual=True))]
+    only = [c for c in (_flag("cases") or "").split(",") if c]
+    unknown = set(only) - {label for label, _ in cases}
+    if unknown:
+        raise SystemExit(f"unknown cases {sorted(unknown)}; known: {[c for c, _ in cases]}")
+    cases = [c for c in cases if not only or c[0] in only]
     tiles = [None] + [Tile(*map(int, t.split("x"))) for t in (_flag("tiles") or "").split(",")
                       if t]
     for tile in tiles:

@@ -1,6 +1,6 @@
 """Two devices, two threads: a chain of products on each device, alone and at once.
 
-Run on a host with two GPUs (the lent nvidia-h200-x2): python benchmarks/multi_device.py
+Run on a host with two GPUs: python lab/multi_device.py
 """
 
 from __future__ import annotations

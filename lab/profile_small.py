@@ -3,8 +3,10 @@
 products (the host's cost per product), median wall time per call and the Python profile
 of many calls (functions by own time).
 
-    python benchmarks/profile_small.py [--calls 500] [--top 25] [--breakdown] [--host]
-        [--phases]
+    python lab/profile_small.py [--calls 500] [--top 25] [--breakdown] [--host]
+        [--phases] [--k 4096]
+
+--k K: the decode step's weight is K x K (default 4096; small on a CPU driver).
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def phases(calls: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--k", type=int, default=4096, help="the decode step's weight is K x K")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--breakdown", action="store_true", help="time the pieces of a call")
     ap.add_argument("--host", action="store_true",
@@ -172,10 +175,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     s = rng.standard_normal((64, 64), dtype=np.float32).astype(np.float16)
     profile("64^3 f16 numpy -> numpy", lambda: coopmat.matmul(s, s), args.calls, args.top)
-    w = (rng.standard_normal((4096, 4096), dtype=np.float32) / 64).astype(np.float16)
-    x = rng.standard_normal((16, 4096), dtype=np.float32).astype(np.float16)
+    w = (rng.standard_normal((args.k, args.k), dtype=np.float32) / 64).astype(np.float16)
+    x = rng.standard_normal((16, args.k), dtype=np.float32).astype(np.float16)
     W = coopmat.asarray(w)
-    profile("decode step 16x4096 @ resident W", lambda: coopmat.matmul(x, W).numpy(),
+    profile(f"decode step 16x{args.k} @ resident W", lambda: coopmat.matmul(x, W).numpy(),
             args.calls, args.top)
     # Host cost of one queued device-array product: small enough that the GPU keeps up.
     ws = coopmat.asarray((rng.standard_normal((256, 256), dtype=np.float32) / 16)

@@ -10,9 +10,9 @@ and no coopmat pipeline cache, so the one new cache entry is that kernel, and wr
 SASS and a summary: instruction counts and the order of loads, stores, barriers and
 matrix operations.
 
-    python benchmarks/vk_sass.py --m 32 --k 4096 --n 14336 --out /tmp/sass [--quant q4_0]
+    python lab/vk_sass.py --m 32 --k 4096 --n 14336 --out /tmp/sass [--quant q4_0]
         [--bias] [--activation gelu_tanh] [--residual] [--arch SM90] [--label NAME]
-    python benchmarks/vk_sass.py --decode DIR --out /tmp/sass     # cache files saved earlier
+    python lab/vk_sass.py --decode DIR --out /tmp/sass     # cache files saved earlier
 
 The policy's choice follows the usual variables (COOPMAT_FAMILY, COOPMAT_SPLIT_K,
 COOPMAT_SPECIALIZE, ...). Decoding needs a zstd decoder (the `zstandard` module or the
@@ -111,11 +111,11 @@ def summary(sass: str) -> str:
 
 
 def build(args: argparse.Namespace) -> None:
-    """In the child process: run the product once; print the kernels it built."""
+    """In the child process: run the product once; print the kernel it ran."""
     import numpy as np
 
     import coopmat
-    from coopmat.dispatch.runtime import runtime
+    from coopmat.api.linalg import last_kernel_traits
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((args.n, args.k), dtype=np.float32) / 64).astype(np.float16)
     x = rng.standard_normal((args.m, args.k), dtype=np.float32).astype(np.float16)
@@ -129,9 +129,8 @@ def build(args: argparse.Namespace) -> None:
         epilogue["residual"] = rng.standard_normal((args.m, args.n),
                                                    dtype=np.float32).astype(np.float16)
     np.asarray(coopmat.matmul(x, W.T, **epilogue))  # an Array, or numpy for a quantized W
-    for p in runtime().pipelines._pipelines.values():
-        traits = getattr(p.kernel, "traits", None)
-        print(traits.describe() if traits is not None else type(p.kernel).__name__)
+    traits = last_kernel_traits()
+    print(traits.describe() if traits is not None else "(no kernel reported)")
 
 
 def main() -> None:
@@ -193,7 +192,8 @@ def write(found: list[bytes], out: Path, label: str, arch: str, kernels: str) ->
         sass = disassemble(raw, arch)
         stem = label if len(found) == 1 else f"{label}-{i}"
         (out / f"{stem}.sass").write_text(sass)
-        (out / f"{stem}.summary").write_text(f"kernels built:\n{kernels}\n" + summary(sass))
+        (out / f"{stem}.summary").write_text(
+            f"the product's kernel:\n{kernels}\n" + summary(sass))
         print(f"{stem}: {len(sass.splitlines())} lines -> {out / (stem + '.sass')}")
 
 

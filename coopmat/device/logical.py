@@ -45,7 +45,7 @@ def missing_requirements(info: PhysicalDeviceInfo) -> list[str]:
     return missing
 
 
-@dataclass
+@dataclass(repr=False)
 class Device:
     """A VkDevice with one compute queue (and, where the device has a transfer-only
     queue family, up to two copy queues of it), and what was enabled on it."""
@@ -74,6 +74,10 @@ class Device:
 
     def has(self, feature: str) -> bool:
         return feature in self.enabled_features
+
+    def __repr__(self) -> str:  # the Vulkan handles are cffi pointers: no use to a reader
+        state = "" if self.handle is not None else ", destroyed"
+        return f"<Device {self.info.describe()}{state}>"
 
     def destroy(self) -> None:
         if self.handle is not None:
@@ -171,10 +175,9 @@ COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 def _copy_queue_family(physical: Any) -> tuple[int | None, int]:
     """(family, queues to take) of a transfer-only queue family, or (None, 0). Only with
-    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM then copies its results
-    back on one: on the H200 about 5% faster with a new A and a kept B, within the noise
-    with both new (docs/arrays.md); too little to open extra queues, and share every
-    buffer between queue families, on every device by default."""
+    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM then copies its results back
+    on one, which gained too little to open extra queues and share every buffer between
+    queue families on every device by default (docs/design.md, data path)."""
     value = os.environ.get(COPY_QUEUES_ENV, "")
     if value not in ("", "0", "1"):
         raise ValueError(f"{COPY_QUEUES_ENV}={value!r}: use 1 (open copy queues) or 0")

@@ -238,9 +238,10 @@ RELEVANT_EXTENSIONS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PhysicalDeviceInfo:
-    """Everything the device layer knows of one VkPhysicalDevice."""
+    """Everything the device layer knows of one VkPhysicalDevice (its repr names it in one
+    line; `python -m coopmat.info` shows the rest)."""
 
     index: int
     name: str
@@ -257,6 +258,12 @@ class PhysicalDeviceInfo:
     cooperative_matrix_properties: tuple[CooperativeMatrixProperties, ...]
     flexible_dimensions_properties: tuple[FlexibleDimensionsProperties, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # Identity that outlives the enumeration order (which a driver or CUDA_VISIBLE_DEVICES
+    # may change): VkPhysicalDeviceIDProperties.deviceUUID as 8-4-4-4-12 hex, and the
+    # PCI address (domain:bus:device.function) where VK_EXT_pci_bus_info is offered; ""
+    # where unknown.
+    device_uuid: str = ""
+    pci_bus_id: str = ""
 
     @property
     def vendor(self) -> str:
@@ -269,6 +276,30 @@ class PhysicalDeviceInfo:
     def has(self, feature: str) -> bool:
         """Whether the device offers the feature (a VkPhysicalDevice*Features member name)."""
         return self.features.get(feature, False)
+
+    @property
+    def driver(self) -> str:
+        """The driver in a few words: its name and version ('llvmpipe Mesa 24.0.5')."""
+        return " ".join(x for x in (self.driver_name, self.driver_info or self.driver_version)
+                        if x)
+
+    def describe(self) -> str:
+        """index, name, driver and type: what tells devices apart in a listing."""
+        return f"{self.index}: {self.name!r}, driver {self.driver!r}, {self.device_type}"
+
+    def __repr__(self) -> str:
+        return f"<PhysicalDeviceInfo {self.describe()}>"
+
+
+def format_uuid(raw: bytes) -> str:
+    """16 bytes as the usual 8-4-4-4-12 lowercase hex (nvidia-smi's form, less its GPU-)."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def format_pci_bus_id(domain: int, bus: int, device: int, function: int) -> str:
+    """lspci's form: 0000:41:00.0."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 VENDORS = {

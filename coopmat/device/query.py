@@ -12,6 +12,8 @@ from coopmat.device.model import (
     DeviceLimits,
     FlexibleDimensionsProperties,
     PhysicalDeviceInfo,
+    format_pci_bus_id,
+    format_uuid,
 )
 from coopmat.device.vkffi import extra, new_struct, vk
 
@@ -222,9 +224,18 @@ def read_device(index: int, pd: Any) -> PhysicalDeviceInfo:
     props = v.vkGetPhysicalDeviceProperties(pd)
     driver = new_struct("VkPhysicalDeviceDriverProperties",
                         v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES)
+    ids = new_struct("VkPhysicalDeviceIDProperties",
+                     v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES)
+    chain_: list[Any] = [driver, ids]
+    pci = None
+    if "VK_EXT_pci_bus_info" in exts:
+        pci = new_struct("VkPhysicalDevicePCIBusInfoPropertiesEXT",
+                         v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PCI_BUS_INFO_PROPERTIES_EXT)
+        chain_.append(pci)
     p2 = new_struct("VkPhysicalDeviceProperties2", v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2)
-    vkffi.chain(p2, driver)
+    vkffi.chain(p2, *chain_)
     v.vkGetPhysicalDeviceProperties2(pd, p2)
+    uuid = bytes(v.ffi.buffer(ids.deviceUUID))
     features, notes = _features(pd, props.apiVersion, exts)
     has_coopmat = "VK_KHR_cooperative_matrix" in exts
     return PhysicalDeviceInfo(
@@ -244,4 +255,7 @@ def read_device(index: int, pd: Any) -> PhysicalDeviceInfo:
         flexible_dimensions_properties=(
             flexible_dimensions_properties(pd) if "VK_NV_cooperative_matrix2" in exts else ()),
         notes=tuple(notes),
+        device_uuid=format_uuid(uuid) if any(uuid) else "",
+        pci_bus_id=format_pci_bus_id(pci.pciDomain, pci.pciBus, pci.pciDevice,
+                                     pci.pciFunction) if pci is not None else "",
     )

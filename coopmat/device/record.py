@@ -212,7 +212,9 @@ def from_record(d: dict[str, Any], index: int = 0, *, source: str = "",
         driver_info=str(d.get("driverInfo", "")),
         extensions=extensions, features=features, limits=limits,
         cooperative_matrix_properties=configs, flexible_dimensions_properties=flex,
-        notes=tuple(notes + list(d.get("notes", ()))))
+        notes=tuple(notes + list(d.get("notes", ()))),
+        device_uuid=str(d.get("deviceUUID") or "").lower(),
+        pci_bus_id=str(d.get("pciBusID") or "").lower())
 
 
 def load_records(path: str | Path) -> list[PhysicalDeviceInfo]:

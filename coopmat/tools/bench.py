@@ -8,8 +8,10 @@ int8). With --stream N, also the kernel's throughput when N dispatches run back 
 in one submission without barriers, the way vk_cooperative_matrix_perf measures its
 figures; --stream-inputs K makes those dispatches cycle through K copies of A and B, so
 that overlapping dispatches no longer find each other's operands in cache. Sweep
-definitions live in coopmat/bench_sweeps.py. Installed, the same command is `coopmat-bench`.
-`--data-path` measures the time around the kernel instead (coopmat/bench_data.py).
+definitions live in coopmat/tools/bench_sweeps.py. Installed, the same command is
+`coopmat-bench`. `--data-path` measures the time around the kernel instead
+(coopmat/tools/bench_data.py), `--inference` decode, quantized and fused products
+(coopmat/tools/bench_infer.py).
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ class Row:
     K: int
     layout: str
     family: str = "auto"
-    # The accumulator: asked for ('' = matmul's default), then the one measured.
+    # The accumulator: asked for ('' = matmul's default), then the one measured;
+    # accumulator_asked keeps what was asked.
     accumulator: str = ""
+    accumulator_asked: str = ""
     kernel: str = ""
     kernel_time: Timing | None = None
     e2e_time: Timing | None = None
@@ -157,9 +161,7 @@ class TorchPeer:
         self.torch = torch
         self.name = "torch " + torch.__version__ + " (" + torch.cuda.get_device_name() + ")"
         # Its CUDA context now, before any case is timed: a process holding one keeps the
-        # GPU's clock up. Made at the first torch timing instead, it left the sweep's
-        # first case at a low clock (H200: 1024^3 float16 48.4 us against 19.2 us as the
-        # next dtype's first case).
+        # GPU's clock up, so the sweep's first case does not run at a low clock.
         hold_clock()
 
     def prepare(self, dtype: str, a: np.ndarray, b: np.ndarray) -> Callable[[], Any] | None:
@@ -260,6 +262,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     dtype, result = np_dtype(op_name), np_dtype(res_name)
     a, b = make_operands(dtype, row.M, row.N, row.K, row.layout, rng)
     rt = runtime(args.device)
+    row.accumulator_asked = row.accumulator
     try:
         pair = policy.resolve(rt.device.info, dtype, dtype, result,
                               np_dtype(row.accumulator) if row.accumulator else None)
@@ -297,9 +300,8 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
     finally:
         g.release()
     # Three calls first: the same arrays' third transfer finds them kept imported
-    # (dispatch/transfer.py), so the timed calls are the steady state. After one call, the
-    # three timed ones mixed the lanes, the background import and the kept copy (H200,
-    # 2048^3 float16: 1.06 to 14.5 ms).
+    # (dispatch/transfer.py), so the timed calls are the steady state, not a mix of the
+    # lanes, the background import and the kept copy.
     row.e2e_time = time_calls(lambda: matmul(a, b, dtype=result, device=args.device,
                                              accumulator=np_dtype(row.accumulator), family=family),
                               max(3, args.repeat // 4), E2E_WARMUP_CALLS, args.budget)
@@ -324,9 +326,10 @@ def fmt_time(t: Timing | None) -> str:
 
 
 def dtype_label(r: Row) -> str:
-    """'float16->float16 (f32)': the pair and the accumulator measured, where it is not the
-    result type."""
-    if not r.accumulator or r.accumulator == r.dtype.split("->")[1]:
+    """'float16->float16 (f32)': the pair and, always, the accumulator measured (or asked
+    for, where the row did not run), so that a float16-accumulated row never reads as the
+    default float32 one."""
+    if not r.accumulator:
         return r.dtype
     row = by_name(r.accumulator)
     return f"{r.dtype} ({row.short if row else r.accumulator})"
@@ -334,7 +337,7 @@ def dtype_label(r: Row) -> str:
 
 def table(rows: list[Row], peers: list[str]) -> str:
     stream = any(r.stream_dispatches for r in rows)
-    head = (f"{'dtype (accumulator)':<26}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}"
+    head = (f"{'dtype (accumulator)':<30}{'M':>6}{'N':>6}{'K':>6} {'lay':<4}{'fam':<5}"
             f"{'kernel':>10}{'T*OP/s':>9}"
             f"{'spread':>8}{'e2e':>10}")
     if stream:
@@ -348,7 +351,7 @@ def table(rows: list[Row], peers: list[str]) -> str:
         if r.kernel_time:
             spread = f"{(r.kernel_time.max - r.kernel_time.min) / r.kernel_time.median:7.0%}"
         fam = r.kernel.split("-")[0] if r.kernel else r.family
-        line = (f"{dtype_label(r):<26}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
+        line = (f"{dtype_label(r):<30}{r.M:>6}{r.N:>6}{r.K:>6} {r.layout:<4}{fam:<5}"
                 f"{fmt_time(r.kernel_time):>10}{fmt_rate(rate):>9}{spread:>8}"
                 f"{fmt_time(r.e2e_time):>10}")
         if stream:
@@ -385,10 +388,11 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
-    dtypes = sorted({r.dtype for r in rows})
+    dtypes = sorted({dtype_label(r) for r in rows})  # one panel per pair and accumulator
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.8), squeeze=False)
     for ax, dt in zip(axes[0], dtypes, strict=False):
-        sel = [r for r in rows if r.dtype == dt and r.M == r.N == r.K and r.layout == "nn"]
+        sel = [r for r in rows
+               if dtype_label(r) == dt and r.M == r.N == r.K and r.layout == "nn"]
         sel.sort(key=lambda r: r.M)
         for fam in sorted({r.family for r in sel}):  # auto, khr, nv2 as requested
             mine = [r for r in sel if r.family == fam]
@@ -654,6 +658,15 @@ def main(argv: list[str] | None = None) -> int:
         from coopmat.tools import bench_data
         return bench_data.main([a for a in args_in if a != "--data-path"])
     ap = _Parser(prog=prog("coopmat.bench"), description=__doc__.split("\n")[0])
+    modes = ap.add_argument_group(
+        "other modes", "each runs instead of the kernel sweep; `--data-path --help` and "
+        "`--inference --help` list their options")
+    modes.add_argument("--data-path", action="store_true",
+                       help="the time around the kernel: transfers, numpy -> numpy GEMM, "
+                            "a resident decode step, a chain of device-array products")
+    modes.add_argument("--inference", action="store_true",
+                       help="decode shapes, GGUF q8_0/q4_0 weights and fused epilogues, "
+                            "beside torch")
     ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
                     help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")
     ap.add_argument("--dtypes", type=parse_dtypes, metavar="LIST",

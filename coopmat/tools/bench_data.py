@@ -31,6 +31,7 @@ from coopmat.api.array import asarray, empty, synchronize
 from coopmat.api.linalg import last_kernel_time, matmul
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.transfer import MODES
+from coopmat.tools.cli import prog
 
 MiB = 1 << 20
 
@@ -61,7 +62,7 @@ def _turns(runs: dict[str, Callable[[], Any]], calls: int, blocks: int,
            spin: float) -> dict[str, float]:
     """Median seconds per call of each of `runs`, taken in turn over `blocks` rounds, each
     run after `spin` seconds of GPU work; the median of the rounds' medians. A loop of
-    small calls leaves the GPU mostly idle, and an idle H200 clocks down (345 MHz), so
+    small calls leaves the GPU mostly idle, and an idle GPU clocks down, so
     one long series drifts: its figure then depends on what ran before it. Runs taken in
     turn share the host's noise, so their ratio holds where absolute times move."""
     from coopmat.tools.bench_infer import warm_up
@@ -231,7 +232,8 @@ def resident(repeat: int, m: int, k: int, chain: int, small: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="coopmat.bench --data-path", description=__doc__)
+    ap = argparse.ArgumentParser(prog=prog("coopmat.bench") + " --data-path", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sizes", default="4096,8192", help="square numpy->numpy GEMM sizes")
     ap.add_argument("--transfer-mib", type=int, default=256)

@@ -30,6 +30,7 @@ from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
+from coopmat.tools.cli import prog
 
 REPEAT = 20
 
@@ -77,10 +78,10 @@ def hot(run: Callable[[], object], seconds: float) -> None:
 
 
 def hold_clock() -> None:
-    """Make the peers' CUDA context now, where torch has CUDA: on the H200 a process
-    holding one stayed at 1980 MHz even idle, while light Vulkan work alone let the clock
-    fall to 345 MHz within 2 s (docs/benchmarks.md, "Clocks"). So every case, the first
-    included, runs under the clock the peers' cases get."""
+    """Make the peers' CUDA context now, where torch has CUDA: a process holding one keeps
+    the GPU's clock up even idle, while light Vulkan work alone lets it fall within
+    seconds (docs/benchmarks.md). So every case, the first included, runs under the clock
+    the peers' cases get."""
     torch = cuda_torch()
     if torch is not None:
         torch.zeros(1, device="cuda")
@@ -88,9 +89,9 @@ def hold_clock() -> None:
 
 
 def warm_up(seconds: float = 1.0) -> None:
-    """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock (the
-    H200 idled at 345 MHz), and the first cases measured would pay for its ramp. The
-    clock is held first (hold_clock). Nothing to do on a CPU device."""
+    """Keep the GPU busy for a while before timing: an idle GPU runs at a low clock, and
+    the first cases measured would pay for its ramp. The clock is held first
+    (hold_clock). Nothing to do on a CPU device."""
     if is_cpu(runtime().device.info):
         return
     hold_clock()
@@ -270,7 +271,8 @@ def _quant_kxn(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="coopmat.bench --inference", description=__doc__)
+    ap = argparse.ArgumentParser(prog=prog("coopmat.bench") + " --inference", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,8,16,64", help="decode row counts M")
     ap.add_argument("--shapes", type=_kxn_list, default="4096x4096,4096x14336,14336x4096",
                     help="decode weights KxN")

@@ -1,5 +1,8 @@
-"""python -m coopmat.tools.codegen --validate-all [--properties FILE] [--family NAME] | --list |
---dump VARIANT"""
+"""`coopmat-codegen` (`python -m coopmat.tools.codegen`): list, validate or disassemble the
+SPIR-V kernel variants coopmat generates for a device or a recorded device list.
+
+    coopmat-codegen --validate-all [--properties FILE] [--family NAME] | --list | --dump VARIANT
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from coopmat.codegen.traits import GemmTraits
 from coopmat.codegen.variants import current_device, device_variants
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.record import load_records
+from coopmat.tools.cli import prog
 
 
 def _variants(properties: str | None) -> list[GemmTraits]:
@@ -26,7 +30,8 @@ def _variants(properties: str | None) -> list[GemmTraits]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m coopmat.tools.codegen", description=__doc__)
+    ap = argparse.ArgumentParser(prog=prog("coopmat.tools.codegen"),
+                                 description=__doc__.split("\n\n")[0])
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--validate-all", action="store_true",
                       help="generate every variant and run spirv-val on each")

@@ -87,6 +87,8 @@ def device_dict(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport) -> dict[st
         "driverVersion": info.driver_version,
         "driverName": info.driver_name,
         "driverInfo": info.driver_info,
+        "deviceUUID": info.device_uuid or None,
+        "pciBusID": info.pci_bus_id or None,
         "extensions": dict(info.extensions),
         "features": dict(info.features),
         "limits": info.limits.to_dict(),
@@ -137,6 +139,8 @@ def render(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport, selected: bool)
     lines.append(f"  vendor {info.vendor} (0x{info.vendor_id:04x}), {info.device_type}, "
                  f"Vulkan {info.api_version}, driver {info.driver_name} {info.driver_version}"
                  f" ({info.driver_info})")
+    lines.append(f"  UUID {info.device_uuid or 'not reported'}, "
+                 f"PCI {info.pci_bus_id or 'not reported (no VK_EXT_pci_bus_info)'}")
     lines.append("  extensions: " + ", ".join(
         f"{name} {_yes(ok)}" for name, ok in info.extensions.items()))
     for note in info.notes:
@@ -198,7 +202,8 @@ def render(info: PhysicalDeviceInfo, sup: SubgroupMatrixSupport, selected: bool)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("coopmat.info"), description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    ap.add_argument("--device", help="only this device: index or name substring "
+    ap.add_argument("--device", help="only this device: index, name substring, UUID (or a "
+                    "unique prefix of it) or PCI bus id (0000:41:00.0) "
                     f"(default: ${ENV_VAR} if set, else all devices, the default choice marked)")
     ap.add_argument("--no-shader-f16", action="store_true",
                     help="filter as if the WebGPU shader-f16 feature were not requested")

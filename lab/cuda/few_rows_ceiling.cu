@@ -18,7 +18,7 @@
 // sampled elements against a float64 host dot product. First, the time of an empty
 // kernel launched back to back (the launch floor). -DNO_CUBLAS builds without cuBLAS.
 //
-//   nvcc -O3 -arch=sm_90 -lcublas -o /tmp/few_rows benchmarks/cuda/few_rows_ceiling.cu && /tmp/few_rows
+//   nvcc -O3 -arch=sm_90 -lcublas -o /tmp/few_rows lab/cuda/few_rows_ceiling.cu && /tmp/few_rows
 #ifndef NO_CUBLAS
 #include <cublas_v2.h>
 #endif

@@ -13,7 +13,7 @@
 // Each prints TFLOP/s (median and best of 10 after 3 warm-ups, CUDA events) at 8192^3 and
 // checks 64 sampled elements against a float64 host dot product.
 //
-//   nvcc -O3 -arch=sm_90 -o /tmp/gemm_ceiling benchmarks/cuda/gemm_ceiling.cu && /tmp/gemm_ceiling
+//   nvcc -O3 -arch=sm_90 -o /tmp/gemm_ceiling lab/cuda/gemm_ceiling.cu && /tmp/gemm_ceiling
 // Any argument runs the first variant only (for profiling it with ncu).
 #include <cuda_fp16.h>
 #include <cstdio>

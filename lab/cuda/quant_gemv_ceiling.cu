@@ -39,7 +39,7 @@
 // CUDA events), quantized bytes read per second, registers, and the largest error over
 // all outputs against a float64 host product, relative to the sum of |w x| there.
 //
-//   nvcc -O3 -arch=sm_90 -o /tmp/qgemv benchmarks/cuda/quant_gemv_ceiling.cu && /tmp/qgemv
+//   nvcc -O3 -arch=sm_90 -o /tmp/qgemv lab/cuda/quant_gemv_ceiling.cu && /tmp/qgemv
 #include <cuda_fp16.h>
 #include <algorithm>
 #include <cmath>

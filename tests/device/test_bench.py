@@ -138,3 +138,23 @@ def test_inference_bench_rejects_bad_shapes(capsys):
             bench.main(["--inference", *args])
         assert exc.value.code == 2
         assert words in capsys.readouterr().err
+
+
+def test_accumulator_rows_are_labelled_apart(live_device_info, tmp_path, capsys):
+    """`--dtypes f16:f16:f16,f16:f16`: the float16-accumulated row and the default one
+    (float32 accumulation) each carry their accumulator, asked and measured, in the table
+    and the JSON, and both results match numpy."""
+    import coopmat
+    from coopmat.tools import bench
+    if "float16->float16" not in coopmat.supported_dtypes():
+        pytest.skip("no float16 -> float16 on this device")
+    out = tmp_path / "acc.json"
+    assert bench.main(["--dtypes", "f16:f16:f16,f16:f16", "--sizes", "16", "--layouts", "nn",
+                       "--repeat", "3", "--budget", "0.2", "--no-peers",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    got = {(r["accumulator_asked"], r["accumulator"]): r for r in rows}
+    assert set(got) == {("float16", "float16"), ("", "float32")}, list(got)
+    assert all(r["error"] == "" and r["dtype"] == "float16->float16" for r in rows)
+    table = capsys.readouterr().out
+    assert "float16->float16 (f16)" in table and "float16->float16 (f32)" in table

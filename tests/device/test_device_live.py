@@ -160,3 +160,68 @@ def test_pipeline_robustness_enabled_with_its_extension() -> None:
     assert dev.has("pipelineRobustness") == bool(
         dev.info.features.get("pipelineRobustness")
         and dev.info.extensions.get("VK_EXT_pipeline_robustness"))
+
+
+def test_device_reprs_are_one_short_line(live_device_info):
+    """`coopmat.devices()` and `Array.device` print the index, name, driver and type in one
+    line, not the cffi handles and capability tables behind them."""
+    import numpy as np
+
+    import coopmat
+    info = live_device_info
+    listed = repr(coopmat.devices())
+    dev_repr = repr(coopmat.asarray(np.ones((2, 2), np.float16)).device)
+    for text in (repr(info), dev_repr):
+        assert "\n" not in text and len(text) < 200, text
+        assert "cdata" not in text and "limits" not in text, text
+        assert f"{info.index}: {info.name!r}" in text
+        assert info.driver_name in text and info.device_type in text
+    assert repr(info) in listed and len(listed) < 200 * len(coopmat.devices())
+    assert dev_repr.startswith("<Device ") and repr(info).startswith("<PhysicalDeviceInfo ")
+    if is_lavapipe(info):
+        assert "llvmpipe" in dev_repr and "CPU" in dev_repr and "Mesa" in dev_repr
+
+
+def test_negative_device_is_refused_by_matmul(live_device_info, monkeypatch):
+    """`device=-1` and COOPMAT_DEVICE=-1 are index errors, not name searches."""
+    import numpy as np
+
+    import coopmat
+    a = np.ones((8, 8), np.float16)
+    with pytest.raises(coopmat.DeviceNotFoundError, match="device index -1 is negative"):
+        coopmat.matmul(a, a, device=-1)
+    r = run_info(env={"COOPMAT_DEVICE": "-1"})
+    assert r.returncode == 1
+    assert "COOPMAT_DEVICE='-1': device index -1 is negative" in r.stderr, r.stderr
+
+
+def test_device_uuid_is_read_and_selects(live_device_info, monkeypatch):
+    """The driver's deviceUUID (lavapipe reports one too) is shown by `coopmat.info` and
+    selects the device, whole or as a prefix, through device= and COOPMAT_DEVICE; the PCI
+    address where the driver offers VK_EXT_pci_bus_info (lavapipe does not)."""
+    import re
+
+    import numpy as np
+
+    import coopmat
+    info = live_device_info
+    assert re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", info.device_uuid)
+    infos = device.enumerate_devices()
+    for sel in (info.device_uuid, info.device_uuid.upper(), info.device_uuid[:13]):
+        assert device.select(infos, sel) == info
+    if info.pci_bus_id:
+        assert re.fullmatch(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", info.pci_bus_id)
+        assert device.select(infos, info.pci_bus_id) == info
+    elif is_lavapipe(info):
+        assert info.pci_bus_id == ""
+    a = np.eye(8, dtype=np.float16)
+    np.testing.assert_array_equal(coopmat.matmul(a, a, device=info.device_uuid), a)
+    r = run_info("--json", env={"COOPMAT_DEVICE": info.device_uuid[:13]})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["selectedDevice"] == info.index
+    (d,) = doc["devices"]
+    assert d["deviceUUID"] == info.device_uuid
+    assert d["pciBusID"] == (info.pci_bus_id or None)
+    r = run_info()
+    assert f"UUID {info.device_uuid}, PCI " in r.stdout

@@ -97,6 +97,31 @@ def test_coopmat_device_errors_name_the_variable(monkeypatch):
         select([info(0, "llvmpipe (LLVM 15)", coopmat=False)])
 
 
+@pytest.mark.parametrize("selector", [-1, "-1", " -2 "])
+def test_negative_device_index_is_an_index_error(monkeypatch, selector):
+    """device=-1 is no name to search for and counts from no end: the error says the index
+    is negative and which indices there are."""
+    monkeypatch.delenv("COOPMAT_DEVICE", raising=False)
+    devices = [info(0, "llvmpipe (LLVM 19)"), info(1, "GPU -1 edition")]
+    n = int(str(selector))
+    with pytest.raises(DeviceNotFoundError,
+                       match=rf"^device index {n} is negative; indices run from 0 to 1 "
+                             r"\(devices: 0: llvmpipe \(LLVM 19\), 1: GPU -1 edition\)$"):
+        select(devices, selector)
+    monkeypatch.setenv("COOPMAT_DEVICE", str(selector))
+    with pytest.raises(DeviceNotFoundError,
+                       match=rf"^COOPMAT_DEVICE='{selector}': device index {n} is negative; "
+                             "the only index is 0"):
+        select(devices[:1])
+
+
+def test_missing_device_index_names_the_valid_ones(monkeypatch):
+    monkeypatch.delenv("COOPMAT_DEVICE", raising=False)
+    with pytest.raises(DeviceNotFoundError,
+                       match=r"^no Vulkan device with index 2; indices run from 0 to 1 "):
+        select([info(0, "a"), info(1, "b")], 2)
+
+
 def run_without_loader(*args: str) -> subprocess.CompletedProcess[str]:
     rest = os.environ.get("PYTHONPATH", "")  # keep where cffi and numpy come from
     env = {**os.environ,
@@ -152,3 +177,24 @@ def test_info_properties_needs_no_vulkan():
     r = run_without_loader("-m", "coopmat.info", "--properties", "no-such-file.json")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "no-such-file.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_help_lists_every_mode(capsys):
+    """`coopmat-bench --help` names the modes that have parsers of their own, one line of
+    what each measures, and each mode's --help lists its options under its own name."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for mode, words in (("--data-path", "transfers"), ("--inference", "q4_0"),
+                        ("--stream", "dispatches"), ("--tune", "candidate kernels")):
+        line = next((x for x in out.splitlines() if x.strip().startswith(mode)), None)
+        assert line is not None, f"{mode} missing from --help"
+        assert words in out[out.index(line):], mode
+    for mode, option in (("--data-path", "--transfer-mib"), ("--inference", "--quant-shape")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main([mode, "--help"])
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: ") and f" {mode} " in out.splitlines()[0], out[:200]
+        assert option in out

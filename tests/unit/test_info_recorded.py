@@ -120,3 +120,12 @@ def test_one_device_of_a_list(capsys: pytest.CaptureFixture[str]) -> None:
                        "--device", "7")
     assert rc == 1 and out == "" and len(err.strip().splitlines()) == 1
     assert "no Vulkan device with index 7" in err
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_recorded_device_repr_is_one_line(name: str) -> None:
+    for info in load_records(DATA / name):
+        text = repr(info)
+        assert text == f"<PhysicalDeviceInfo {info.index}: {info.name!r}, driver " \
+                       f"{info.driver!r}, {info.device_type}>"
+        assert len(text) < 200 and "cooperative" not in text

@@ -1,0 +1,46 @@
+"""The portable lab probes run on the suite's device (small problems): a probe that stopped
+running would otherwise sit in lab/ unnoticed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_probe(*args: str) -> str:
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r.stdout
+
+
+def test_profile_small_runs(live_device_info):
+    out = run_probe("lab/profile_small.py", "--calls", "3", "--top", "3", "--k", "64",
+                    "--breakdown")
+    for section in ("== 64^3 pieces", "== 64^3 f16 numpy -> numpy: median",
+                    "== decode step 16x64 @ resident W: median",
+                    "== 10 queued 16x256 @ 256^2 Array products"):
+        assert section in out, out
+
+
+def test_epilogue_cost_runs_and_checks(live_device_info):
+    """Each case prints its kernel (with the epilogue it asked for) and, for relu, the
+    largest error against numpy's float64 product."""
+    out = run_probe("lab/epilogue_cost.py", "16", "--cases=plain,bias+relu")
+    lines = [x for x in out.splitlines() if x.startswith(("plain", "bias+relu"))]
+    assert [x.split()[0] for x in lines] == ["plain", "bias+relu"], out
+    assert lines[1].endswith("epi_bias_relu")
+    err = float(lines[1].split("err ")[1].split()[0])
+    assert err < 0.05, lines[1]
+
+
+def test_vk_sass_names_the_kernel_it_ran(live_device_info):
+    """The child half of vk_sass.py (what runs under NVIDIA's driver cache) names the
+    product's kernel through the public seam; its disassembly needs NVIDIA's driver."""
+    out = run_probe("lab/vk_sass.py", "--child", "--m", "16", "--k", "64", "--n", "48",
+                    "--bias")
+    assert out.strip().startswith(("khr-", "rows-", "gemv-", "nv2-")), out
+    assert out.strip().endswith("epi_bias"), out
