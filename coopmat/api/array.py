@@ -17,7 +17,7 @@ import math
 import operator
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -140,7 +140,8 @@ def _foreign(x: Any) -> bool:
 
 # numpy functions that only read an array's shape: Arrays answer them without a copy.
 _METADATA = frozenset({np.shape, np.ndim, np.size})
-_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
+_CASTINGS: tuple[str, ...] = get_args(Casting)
 _ADVANCED = ("coopmat.Array takes basic indices only (integers, slices, None, ...); index "
              "arr.numpy() for integer-array or boolean indexing")
 
@@ -402,7 +403,7 @@ class Array:
     def __deepcopy__(self, memo: Any) -> Array:
         return self.copy()
 
-    def astype(self, dtype: Any, *, casting: str = "unsafe", copy: bool = True) -> Array:
+    def astype(self, dtype: Any, *, casting: Casting = "unsafe", copy: bool = True) -> Array:
         """This array's values as `dtype`, on the same device, as numpy's astype converts
         them (through host memory); `copy=False` returns the array itself where the dtype
         is its own. TypeError for a dtype an Array cannot hold."""
@@ -480,7 +481,7 @@ def _check_index(it: Any) -> None:
 
 
 def _numpy_matmul(a: Any, b: Any, *, out: Any = None, dtype: Any = None,
-                  casting: str = "same_kind", order: str = "K", subok: bool = True,
+                  casting: Casting = "same_kind", order: str = "K", subok: bool = True,
                   **gufunc: Any) -> Any:
     """numpy.matmul(a, b, ...) where an operand or out is an Array: coopmat.matmul on its
     device, result an Array; a numpy `out` receives the result, cast by `casting`. The
