@@ -1,21 +1,29 @@
 """`coopmat.Array`: an n-dimensional array in one Vulkan device's memory.
 
 Work on Arrays is queued on the device's stream and returns at once; `.numpy()`,
-`np.asarray(arr)` and `coopmat.synchronize()` wait. Views (`.T`, `.mT`, `transpose`,
-`reshape` where strides allow) share their base's memory, which returns to the device's
-pool when the last of them goes.
+`np.asarray(arr)` and `coopmat.synchronize()` wait. Views (basic indexing, `.T`, `.mT`,
+`transpose`, `reshape` where strides allow) share their base's memory, which returns to
+the device's pool when the last of them goes.
+
+With numpy: `np.matmul` and `@` run on the device and return an Array; every other numpy
+function and ufunc refuses an Array with a TypeError (as CuPy's arrays do) rather than
+copying it to the host unasked. Copies to the host are explicit: `.numpy()`, `.get()`,
+`np.asarray(arr)`; pickling goes through one.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import threading
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from coopmat.common.dtypes import dtype_name
+from coopmat.common.dtypes import dtype_name, of_dtype
 from coopmat.common.errors import DeviceMismatchError, OutOfDeviceMemoryError
+from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime, runtimes
 from coopmat.dispatch.transfer import NewDownload
@@ -104,16 +112,45 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _check_dtype(dtype: Any) -> np.dtype:
+    """dtype as numpy's, where an Array may hold it: numbers (numpy's bool, integer, float
+    and complex types, and the element types coopmat knows, such as ml_dtypes' bfloat16)."""
     dt = np.dtype(dtype)
-    if dt.hasobject or dt.itemsize == 0 or dt.fields is not None:
+    if dt.kind not in "biufc" and of_dtype(dt) is None:
         raise TypeError(f"coopmat arrays hold numbers, not {dt}")
     return dt
+
+
+def _host_only(name: str) -> TypeError:
+    """The error for a numpy function given an Array: numpy would copy it to the host
+    unasked (and then compute there)."""
+    return TypeError(
+        f"{name} does not take a coopmat.Array: its data is in device memory. Call "
+        f".numpy() (or np.asarray(arr)) first for a host copy; products run on the device "
+        f"with @, np.matmul or coopmat.matmul")
+
+
+def _foreign(x: Any) -> bool:
+    """Whether x brings its own numpy overrides (another array library's array): numpy
+    then asks it, and raises if neither side takes the call."""
+    if isinstance(x, Array | np.ndarray | np.generic):
+        return False
+    return getattr(type(x), "__array_ufunc__", None) is not None or \
+        getattr(type(x), "__array_function__", None) is not None
+
+
+# numpy functions that only read an array's shape: Arrays answer them without a copy.
+_METADATA = frozenset({np.shape, np.ndim, np.size})
+Casting = Literal["no", "equiv", "safe", "same_kind", "unsafe"]
+_CASTINGS: tuple[str, ...] = get_args(Casting)
+_ADVANCED = ("coopmat.Array takes basic indices only (integers, slices, None, ...); index "
+             "arr.numpy() for integer-array or boolean indexing")
 
 
 class Array:
     """An array in device memory. Element strides and offset index into its storage."""
 
-    __array_priority__ = 100  # numpy defers ndarray @ Array to Array.__rmatmul__
+    # ndarray @ Array reaches __array_ufunc__ (numpy.matmul), which runs it on the device.
+    __array_priority__ = 100
 
     def __init__(self, storage: _Storage, shape: tuple[int, ...], dtype: np.dtype,
                  strides: tuple[int, ...] | None = None, offset: int = 0):
@@ -153,12 +190,65 @@ class Array:
 
     @property
     def is_c_contiguous(self) -> bool:
-        return self._strides == _c_strides(self.shape) or self.size <= 1
+        """As numpy's flag: axes of length 1 may have any stride."""
+        return self.size <= 1 or all(
+            s == c for n, s, c in zip(self.shape, self._strides, _c_strides(self.shape),
+                                      strict=True) if n > 1)
 
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d array")
         return self.shape[0]
+
+    def __iter__(self) -> Iterator[Array]:
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))
+
+    # -- basic indexing: views ----------------------------------------------------------
+    def __getitem__(self, key: Any) -> Array:
+        """numpy's basic indexing (integers, slices with any step, None, ...), as a view
+        of the same memory; a 0-d Array where every axis takes an integer (as CuPy).
+        Integer-array and boolean indices raise TypeError: index `.numpy()` for those."""
+        items = key if isinstance(key, tuple) else (key,)
+        for it in items:
+            _check_index(it)
+        if sum(it is Ellipsis for it in items) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        indexed = sum(it is not None and it is not Ellipsis for it in items)
+        if indexed > self.ndim:
+            raise IndexError(f"too many indices for array: array is {self.ndim}-dimensional, "
+                             f"but {indexed} were indexed")
+        if not any(it is Ellipsis for it in items):
+            items = (*items, Ellipsis)
+        shape: list[int] = []
+        strides: list[int] = []
+        offset, axis = self._offset, 0
+        for it in items:
+            if it is None:  # a new axis of length 1
+                shape.append(1)
+                strides.append(0)
+            elif it is Ellipsis:
+                for _ in range(self.ndim - indexed):
+                    shape.append(self.shape[axis])
+                    strides.append(self._strides[axis])
+                    axis += 1
+            elif isinstance(it, slice):
+                n, s = self.shape[axis], self._strides[axis]
+                start, stop, step = it.indices(n)
+                length = len(range(start, stop, step))
+                if length:
+                    offset += start * s
+                shape.append(length)
+                strides.append(s * step)
+                axis += 1
+            else:
+                n, i = self.shape[axis], operator.index(it)
+                if not -n <= i < n:
+                    raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+                offset += (i % n) * self._strides[axis]
+                axis += 1
+        return Array(self._storage, tuple(shape), self.dtype, tuple(strides), offset)
 
     # -- views -----------------------------------------------------------------------
     def _view(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> Array:
@@ -267,8 +357,67 @@ class Array:
         np.copyto(flat, buf.mapped[offset:offset + flat.nbytes])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """np.asarray(arr): an explicit copy to the host, as .numpy()."""
+        if copy is False:
+            raise ValueError("a coopmat.Array is in device memory: a numpy array of it is "
+                             "always a copy (copy=False cannot be honoured)")
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
+
+    # -- numpy's overrides (NEP 13, NEP 18) ------------------------------------------
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
+                        **kwargs: Any) -> Any:
+        """numpy.matmul (also ndarray @ Array) runs on the device; other ufuncs refuse."""
+        if any(_foreign(x) for x in (*inputs, *kwargs.get("out", ()))):
+            return NotImplemented
+        if ufunc is not np.matmul or method != "__call__":
+            name = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+            raise _host_only(name)
+        return _numpy_matmul(*inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """numpy.shape/ndim/size answer; every other numpy function refuses (TypeError)."""
+        if func in _METADATA:
+            return func._implementation(*args, **kwargs)
+        if not all(issubclass(t, Array | np.ndarray) for t in types):
+            return NotImplemented
+        module = getattr(func, "__module__", None) or "numpy"
+        raise _host_only(f"{module}.{func.__name__}")
+
+    # -- copies ------------------------------------------------------------------------
+    def copy(self) -> Array:
+        """A new C-contiguous array with this one's contents, on the same device: copied
+        there, queued on its stream (a strided view: gathered through the host)."""
+        if not self.is_c_contiguous:
+            return asarray(self.numpy(), device=self.device)
+        rt = self.runtime
+        out = Array(_allocate(rt, self.shape, self.dtype), self.shape, self.dtype)
+        if self.nbytes:
+            rt.executor.submit([Copy(self.buffer, out.buffer, self.nbytes,
+                                     self.offset_bytes, 0)], [])
+        return out
+
+    def __copy__(self) -> Array:
+        return self.copy()
+
+    def __deepcopy__(self, memo: Any) -> Array:
+        return self.copy()
+
+    def astype(self, dtype: Any, *, casting: Casting = "unsafe", copy: bool = True) -> Array:
+        """This array's values as `dtype`, on the same device, as numpy's astype converts
+        them (through host memory); `copy=False` returns the array itself where the dtype
+        is its own. TypeError for a dtype an Array cannot hold."""
+        dt = _check_dtype(dtype)
+        if dt == self.dtype:
+            return self.copy() if copy else self
+        if casting not in _CASTINGS:
+            raise ValueError(f"casting must be one of {', '.join(map(repr, _CASTINGS))}")
+        return asarray(self.numpy().astype(dt, casting=casting), device=self.device)
+
+    def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
+        """Pickled through host memory (the visible elements of a view); unpickled onto
+        the receiving process's default device."""
+        return _unpickle, (self.numpy(),)
 
     def get(self) -> np.ndarray:
         """Alias of numpy(), as cupy names it."""
@@ -314,6 +463,64 @@ class Array:
     @property
     def element_strides(self) -> tuple[int, ...]:
         return self._strides
+
+
+def _check_index(it: Any) -> None:
+    """TypeError for an advanced index (arrays, lists, booleans), IndexError for one that
+    is no index at all, as numpy words it."""
+    if it is None or it is Ellipsis or isinstance(it, slice):
+        return
+    if isinstance(it, bool | np.bool_ | list | Array) or (
+            isinstance(it, np.ndarray) and (it.ndim or it.dtype.kind not in "iu")):
+        raise TypeError(_ADVANCED)
+    try:
+        operator.index(it)
+    except TypeError:
+        raise IndexError("only integers, slices (`:`), ellipsis (`...`), numpy.newaxis "
+                         "(`None`) and integer or boolean arrays are valid indices") from None
+
+
+def _numpy_matmul(a: Any, b: Any, *, out: Any = None, dtype: Any = None,
+                  casting: Casting = "same_kind", order: str = "K", subok: bool = True,
+                  **gufunc: Any) -> Any:
+    """numpy.matmul(a, b, ...) where an operand or out is an Array: coopmat.matmul on its
+    device, result an Array; a numpy `out` receives the result, cast by `casting`. The
+    gufunc keywords (axes, axis, signature) only as numpy's defaults."""
+    from coopmat.api.linalg import matmul
+    if gufunc.get("axes") is not None and [tuple(ax) for ax in gufunc["axes"]] == \
+            [(-2, -1)] * 3:  # numpy's own default, which `x @= y` passes
+        del gufunc["axes"]
+    given = sorted(k for k, v in gufunc.items() if v is not None)
+    if given:
+        raise TypeError(f"numpy.matmul on a coopmat.Array does not take {', '.join(given)}")
+    if order not in ("K", "A", "C"):
+        raise ValueError(f"numpy.matmul on a coopmat.Array gives C order, not order={order!r}")
+    if casting not in _CASTINGS:
+        raise ValueError(f"casting must be one of {', '.join(map(repr, _CASTINGS))}")
+    target = out[0] if isinstance(out, tuple) else out
+    if target is None or isinstance(target, Array):
+        return matmul(a, b, out=target, dtype=dtype)
+    if not isinstance(target, np.ndarray):
+        raise TypeError(f"numpy.matmul: out must be a numpy array or a coopmat.Array, not "
+                        f"{type(target).__name__}")
+    if not target.flags.writeable:
+        raise ValueError("numpy.matmul: out is read-only")
+    result = matmul(a, b, dtype=dtype)
+    host = result.numpy() if isinstance(result, Array) else np.asarray(result)
+    if host.shape != target.shape:
+        raise ValueError(f"numpy.matmul: out has shape {target.shape}, the result has shape "
+                         f"{host.shape}")
+    if not np.can_cast(host.dtype, target.dtype, casting):
+        raise TypeError(f"numpy.matmul: cannot cast the result from dtype "
+                        f"{dtype_name(host.dtype)} to out's {dtype_name(target.dtype)} with "
+                        f"casting rule {casting!r}")
+    np.copyto(target, host, casting="unsafe")
+    return target
+
+
+def _unpickle(host: np.ndarray) -> Array:
+    """An Array of a pickled one's contents, on this process's default device."""
+    return asarray(host)
 
 
 def _reshape_view(probe: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
