@@ -365,11 +365,3 @@ def required_capabilities(t: GemvTraits) -> set[Capability]:
         caps.add(Capability.Float16)
     caps.update(type_capabilities(t.stored_type, in_storage_buffer=True))
     return caps
-
-
-def emit_gemv(t: GemvTraits) -> bytes:
-    if t.b_quant is not None:
-        from coopmat.codegen.gemv_quant import QuantGemvEmitter
-
-        return QuantGemvEmitter(t).build()
-    return GemvEmitter(t).build()
