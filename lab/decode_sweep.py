@@ -44,10 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.codegen import KhrTraits, tune_candidates
-from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
-from coopmat.codegen.rows_tiles import rows_sweep
-from coopmat.codegen.tiles import SMALL_M
+from coopmat.codegen import KhrTraits
 from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits, Tile
 from coopmat.dispatch.gemm import (
     DeviceOperand,
@@ -59,7 +56,10 @@ from coopmat.dispatch.gemm import (
 )
 from coopmat.dispatch.runtime import Runtime, runtime
 from coopmat.policy import Options, resolve
+from coopmat.policy.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.policy.kernel import quant_tile
+from coopmat.policy.rows_tiles import rows_sweep
+from coopmat.policy.tiles import SMALL_M, tune_candidates
 from coopmat.tools.bench_infer import hot, warm_up
 
 REPEAT = 15

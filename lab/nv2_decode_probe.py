@@ -217,10 +217,10 @@ def main() -> None:
     from decode_sweep import measure, quant_sweep
 
     from coopmat.api.quantized import quantize
-    from coopmat.codegen.variants import nv2_tiles
     from coopmat.dispatch.gemm import PreparedGemm
     from coopmat.dispatch.runtime import runtime
     from coopmat.policy import Options, resolve
+    from coopmat.policy.tiles import nv2_tiles
     from coopmat.tools.bench_infer import warm_up
 
     rt = runtime()

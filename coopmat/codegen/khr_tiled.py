@@ -70,7 +70,6 @@ from coopmat.codegen.spv import (
     Scope,
     StorageClass,
 )
-from coopmat.codegen.tiles import SMALL_M
 from coopmat.codegen.traits import Layout
 from coopmat.codegen.types import (
     RESULT_TYPES,
@@ -229,10 +228,9 @@ class TiledGemmEmitter:
         B.outer_limit, B.inner_limit = (P["N"], P["K"]) if B.k_is_inner else (P["K"], P["N"])
         self.quant: QuantReader | None = None
         if t.b_quant is not None:
-            # The magic held in a register measured faster on the few-row tiles only.
             self.quant = QuantReader(s, quant_format(t.b_quant), B.buf, self.b_el, B.unit,
                                      t.b_quant_unit, B.ld, B.base,
-                                     held_magic=tile.tile_m <= SMALL_M)
+                                     held_magic=t.b_quant_held_magic)
         # Invocation i's r-th unit of a quantized B is unit i + r x invocations of the
         # tile, lines (B's columns) of tile_k / b_quant_unit units.
         self.quant_units = (B.stage.total_units * B.stage.unit_elems // t.b_quant_unit

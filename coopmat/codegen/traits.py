@@ -213,6 +213,10 @@ class KhrTraits(GemmTraits):
     # None: plain B.
     b_quant: str | None = None
     b_quant_unit: int = 8
+    # With b_quant: the dequantization's float magic held in a register
+    # (quant.held_constant) instead of written as a literal; the policy's choice
+    # (policy.kernel, few-row tiles). Not in `describe`: the same product either way.
+    b_quant_held_magic: bool = False
     out_matrix: bool = True
     # S > 1: a split-K of one product in one dispatch. Workgroup z is slice s of K (A and
     # B offset by their batch strides); each workgroup stores its float32 accumulators

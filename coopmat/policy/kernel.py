@@ -21,8 +21,8 @@ The rules, each with its measurement in docs/kernels.md:
   `dequantizes_first` says so (Options.dequant, else many rows on a GPU), a pass into a
   float16/bfloat16 B first (codegen/dequant.py, a PackChoice), then the float problem's
   choice by every rule here;
-- gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
-- rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
+- gemv: the tuned tile where the table names gemv, else the default (policy/gemv_tiles.py);
+- rows tile: tuned, else the default for the device and M (policy/rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
 - khr tile: tuned, else the default for the shape class (few rows, or general); on a
   GPU, a few-row tile with fewer rows than M is widened to hold them all
@@ -50,7 +50,6 @@ from dataclasses import dataclass, replace
 from typing import overload
 
 from coopmat.codegen import (
-    SMALL_M,
     GemmParams,
     GemmTraits,
     GemvTraits,
@@ -64,27 +63,26 @@ from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.plan import SPLIT_MIN_QUANT_UNIT, plan_kernel
 from coopmat.codegen.rows import RowsPlan
-from coopmat.codegen.tiles import filling_tile
 from coopmat.codegen.traits import EpilogueOps
-from coopmat.codegen.variants import (
-    GEMV_OPERANDS,
-    gemv_traits,
-    is_cpu,
-    khr_covering_tile,
-    khr_deep_tile,
-    khr_filling_ladder,
-    khr_quant_tile,
-    khr_tile,
-    khr_traits,
-    nv2_tiles,
-    rows_traits,
-)
+from coopmat.codegen.variants import GEMV_OPERANDS, is_cpu, khr_traits
 from coopmat.common.enums import ComponentType
 from coopmat.common.errors import MissingFeatureError
 from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
+from coopmat.policy.gemv_tiles import gemv_traits
 from coopmat.policy.options import Options
+from coopmat.policy.rows_tiles import rows_traits
+from coopmat.policy.tiles import (
+    SMALL_M,
+    filling_tile,
+    khr_covering_tile,
+    khr_deep_tile,
+    khr_filling_ladder,
+    khr_quant_tile,
+    khr_tile,
+    nv2_tiles,
+)
 from coopmat.policy.types import TypePair, config_for
 
 # Problems of at least this many operations get a kernel with their sizes and strides
@@ -666,9 +664,12 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
         covering = cfg.M < problem.M <= SMALL_M and tile.tile_m >= problem.M
         if not small:
             unit = QUANT_GENERAL_UNIT.get(problem.b_quant or "", unit)
+    # The dequantization's magic held in a register: measured faster on few-row tiles only
+    # (docs/quantized.md).
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), b_quant=problem.b_quant,
-                  b_quant_unit=unit, ops=problem.ops)
+                  b_quant_unit=unit, b_quant_held_magic=tile.tile_m <= SMALL_M,
+                  ops=problem.ops)
     few_rows = not is_cpu(info) and small
     return fastest_variant(khr, params, problem.batch, options, covering, few_rows), why
 

@@ -559,9 +559,9 @@ def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     """Tiles of the sweep (gemv_tiles.gemv_sweep) other than the default: U blocks per
     lane and step, C columns per subgroup, S subgroups; no or two whole steps and a
     remainder, with and without the prefetch."""
-    from coopmat.codegen.gemv_tiles import gemv_sweep
-    from coopmat.codegen.variants import gemv_traits, khr_subgroup_size
+    from coopmat.codegen.variants import khr_subgroup_size
     from coopmat.common.enums import ComponentType as CT
+    from coopmat.policy.gemv_tiles import gemv_sweep, gemv_traits
     from coopmat.policy.types import TypePair
 
     info = rt.device.info
@@ -587,8 +587,8 @@ def test_gemv_bfloat16(rt, fmt):
     (even, odd) order; explicit traits where matmul offers no bfloat16 (lavapipe)."""
     import ml_dtypes
 
-    from coopmat.codegen.variants import gemv_traits
     from coopmat.common.enums import ComponentType as CT
+    from coopmat.policy.gemv_tiles import gemv_traits
     from coopmat.policy.types import TypePair
 
     M, N, K = 4, 37, 4192

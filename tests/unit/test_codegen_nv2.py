@@ -29,7 +29,6 @@ from coopmat.codegen.family import Nv2WorkgroupFamily
 from coopmat.codegen.nv2_tiles import NV2_TYPES, entry_for_tile
 from coopmat.codegen.nv2_workgroup import DEFAULT_UNROLL
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import device_variants
 from coopmat.common.enums import ComponentType as CT
 from coopmat.common.enums import Scope
 from coopmat.device.model import FlexibleDimensionsProperties
@@ -40,6 +39,7 @@ from coopmat.device.record import (
     nv2_usable,
     parse_flexible_dims_text,
 )
+from coopmat.policy.variants import device_variants
 from coopmat.tools import codegen as cli
 
 DATA = Path(__file__).parents[1] / "data"

@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 from conftest import DATA
 
-from coopmat.codegen import SMALL_M, GemvTraits, KhrTraits, Layout
-from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile
+from coopmat.codegen import GemvTraits, KhrTraits, Layout
 from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
 from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.common.quant_formats import FORMATS
 from coopmat.device.record import load_records
-from coopmat.policy import Options, choose
+from coopmat.policy import SMALL_M, Options, choose
 from coopmat.policy import kernel as policy_kernel
+from coopmat.policy.gemv_tiles import GEMV_MAX_M, default_gemv_tile
 from coopmat.policy.kernel import OperandLayout, Problem, split_k_for
 from coopmat.policy.types import resolve
 
@@ -147,7 +147,7 @@ def test_gemv_quant_one_row_tile(h200):
     q8_0 two columns a subgroup and two blocks a step at any N; q4_0 two columns and four
     blocks against few columns, four columns and one block against many; more rows and
     an unknown N keep the default."""
-    from coopmat.codegen.gemv_tiles import QUANT_ONE_ROW
+    from coopmat.policy.gemv_tiles import QUANT_ONE_ROW
 
     def shape(fmt, M, N, K=4096):
         t = choose(h200, _problem(h200, M, N, K, fmt)).traits

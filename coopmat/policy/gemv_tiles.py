@@ -22,7 +22,19 @@ slower (32.8 against 24.2 us). The sweep is the same 27 tiles, with tile_k in bl
 
 from __future__ import annotations
 
-from coopmat.codegen.traits import GEMV_MAX_ROWS, Tile, gemv_tile
+from dataclasses import replace
+
+from coopmat.codegen.traits import (
+    GEMV_MAX_ROWS,
+    EpilogueOps,
+    GemvTraits,
+    Layout,
+    Tile,
+    gemv_tile,
+)
+from coopmat.codegen.variants import khr_subgroup_size
+from coopmat.common.enums import ComponentType
+from coopmat.device.model import DeviceLimits
 
 GEMV_MAX_M = GEMV_MAX_ROWS  # the policy's gemv rule reaches for it up to this many rows
 DEFAULT_COLS, DEFAULT_SPLITS = 2, 4
@@ -126,3 +138,24 @@ def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024,
                 if t not in out:
                     out.append(t)
     return out
+
+
+def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLimits,
+                has_c: bool, M: int, *, tile: Tile | None = None,
+                out_type: ComponentType | None = None,
+                ops: EpilogueOps | None = None, b_quant: str | None = None,
+                K: int | None = None, N: int | None = None) -> GemvTraits:
+    """gemv traits (row-major A, column-major B; b_quant: B as GGUF blocks of that
+    format) for M rows on a device: `tile` (its tile_m replaced by the rows M needs), else
+    the default tile; at the subgroup size khr kernels use (the smallest
+    the device lets a pipeline require); without the driver's bounds checks where
+    checks_storage says, and for a known K loading a step ahead where
+    prefetches says (N, where known, shapes a quantized B's one-row tile)."""
+    sg = khr_subgroup_size(limits)
+    tile = default_gemv_tile(M, sg, b_quant, N, K) if tile is None else \
+        replace(tile, tile_m=gemv_rows_for(M))
+    return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
+                      a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,
+                      tile=tile, subgroup_size=sg, out_type=out_type, ops=ops,
+                      b_quant=b_quant, storage_checks=checks_storage(M, b_quant),
+                      prefetch=K is not None and prefetches(K, tile, b_quant))
