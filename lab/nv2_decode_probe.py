@@ -200,9 +200,10 @@ def main() -> None:
                     "only the policy's")
     args = ap.parse_args()
     if args.spirv:
-        from coopmat.codegen import default_nv2_tile, nv2_traits
+        from coopmat.codegen import nv2_traits
         from coopmat.common.enums import ComponentType as CT
         from coopmat.device.record import load_flexible_dims
+        from coopmat.policy.nv2_tiles import default_nv2_tile
 
         flex = load_flexible_dims("tests/data/nvidia-h200-nv-coopmat2-flexible-dims.txt")
         tile = default_nv2_tile(CT.FLOAT16, CT.FLOAT32, flex, 32, 49152, 256)

@@ -25,7 +25,7 @@ from coopmat.codegen.abi import aligned_ok, exact_ok, overread_elems
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.family import KernelFamily, register_family
 from coopmat.codegen.kernel import Kernel
-from coopmat.codegen.nv2_tiles import default_nv2_tile, nv2_tile_candidates, nv2_traits
+from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.traits import (
     GemmParams,
     GemmTraits,
@@ -43,7 +43,7 @@ from coopmat.codegen.variants import khr_traits
 __all__ = [
     "GemmParams", "GemmTraits", "GemvTraits", "Kernel", "KernelFamily",
     "KhrTraits", "Layout", "Nv2Traits", "RowsTraits", "Tile",
-    "aligned_ok", "build_gemm", "default_nv2_tile", "exact_ok", "overread_elems",
-    "gemv_tile", "khr_traits", "nv2_tile_candidates", "nv2_traits", "register_family",
+    "aligned_ok", "build_gemm", "exact_ok", "overread_elems",
+    "gemv_tile", "khr_traits", "nv2_traits", "register_family",
     "rows_tile",
 ]

@@ -68,7 +68,7 @@ class KhrTiledFamily:
 
 class Nv2WorkgroupFamily:
     """VK_NV_cooperative_matrix2 workgroup-scope matrices through tensor layouts
-    (nv2_workgroup.py); tiles from nv2_tiles.py."""
+    (nv2_workgroup.py); tile geometry in nv2_tiles.py."""
 
     name = "nv2"
 

@@ -18,7 +18,7 @@ Why:
 - 64 accumulator elements per invocation (the D block is 64 x width elements): on NVIDIA
   the 64 x 32 block of 16 x 16 matrices, 8 accumulators (16 for 16 x 8) in 64 of a
   thread's 255 registers, keeps tensor cores busy between fragment loads without
-  exhausting registers (the H100/H200 results: docs/benchmarks.md); on AMD at wave32 it
+  exhausting registers (docs/design.md, Kernels); on AMD at wave32 it
   is 64 VGPRs, as on NVIDIA. On Intel a SIMD8 thread then holds
   2 KiB of accumulators (4 x 2 matrices of 8 x 8 float32) of Xe-HPG's 4 KiB register
   file (128 x 32 bytes) and a SIMD16 thread 4 KiB (4 x 2 of 8 x 16) of Xe2's 16 KiB
@@ -55,7 +55,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from coopmat.codegen.nv2_tiles import nv2_tile_candidates
 from coopmat.codegen.plan import element_bytes
 from coopmat.codegen.tiles import tile_fits
 from coopmat.codegen.traits import Tile
@@ -63,6 +62,7 @@ from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.common.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
+from coopmat.policy.nv2_tiles import nv2_tile_candidates
 
 TILE_K_BYTES = 64
 GPU_INVOCATIONS = 256  # per workgroup, at every subgroup width (table above)
@@ -116,7 +116,7 @@ def default_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: i
     `cpu` for a CPU driver's tile (module docstring)."""
     for tile in _candidates(a_type, m, n, k, subgroup_size, cpu):
         if tile_fits(tile, a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
-                 max_invocations):
+                     max_invocations):
             return tile
     raise ValueError(f"no tile fits {m}x{n}x{k} with subgroup {subgroup_size}, "
                      f"{max_shared_memory} bytes of shared memory, "
@@ -138,7 +138,7 @@ def small_m_tile(a_type: ComponentType, result_type: ComponentType, m: int, n: i
     tk = max(k, 128 // element_bytes(a_type) // k * k)
     tile = Tile(2 * m, 2 * 2 * n, tk, 1, 2, 2)
     if tile_fits(tile, a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
-             max_invocations):
+                 max_invocations):
         return tile
     return default_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
                         max_invocations)
@@ -151,25 +151,21 @@ def covering_rows_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
     holds fewer: each row block reads all of B again, and with few rows the product is a
     stream over B. 32 or 64 rows by 4 matrices' columns, 2 x 2 subgroups, `tile`'s K step,
     two register sets (buffering 5: loads two K steps ahead); `tile` itself where that
-    does not fit the device, and for 17-31 rows.
-    Measured on the H200 (benchmarks/decode_sweep.py, x @ w.T, 2026-11-22): 64 x 4096 @
-    (14336 x 4096)^T took 60.6 us against 107.8 on the 16-row tile's 4 row blocks, 32 rows
-    50.1 against 57.1; but 24 rows on the 32-row tile took 88.2 us (partial tiles, the
-    aligned variant), slower than 32 rows on two 16-row blocks, so 17-31 rows keep `tile`.
-    Buffering 5 against 2 (2026-11-23, docs/kernels.md): 32 rows 46.3 against 50.2 us,
-    64 rows 58.2 against 61.0, split products level or up to 5% faster."""
+    does not fit the device, and for 17-31 rows (a partial 32-row tile measured slower
+    than two 16-row blocks). Buffering 5 measured faster than 2 on these tiles
+    (docs/design.md, Kernels)."""
     if M <= tile.tile_m or M > SMALL_M or 16 < M < 32:
         return tile
     rows = 32 if M <= 32 else 64
     wide = Tile(rows, 4 * n, tile.tile_k, 2, 2, COVERING_BUFFERING)
     if rows % (2 * m) or not tile_fits(wide, a_type, result_type, m, n, k, subgroup_size,
-                                   max_shared_memory, max_invocations):
+                                       max_shared_memory, max_invocations):
         return tile
     return wide
 
 
 # A grid of at least this many workgroups keeps a large GPU busy: about two per
-# multiprocessor of the H200 (132), the split-K rule's target too.
+# multiprocessor of a 132-SM GPU, the split-K rule's target too.
 FILL_GROUPS = 256
 
 
@@ -187,19 +183,17 @@ def filling_ladder(a_type: ComponentType, result_type: ComponentType, m: int, n:
     tk = max(k, 128 // element_bytes(a_type) // k * k)
     ladder = (Tile(4 * m, 4 * n, tk, 2, 2, 2), Tile(2 * m, 4 * n, tk, 1, 2, 2),
               Tile(m, 2 * n, tk, 1, 2, 1))
-    return tuple(t for t in ladder if tile_fits(t, a_type, result_type, m, n, k, subgroup_size,
-                                            max_shared_memory, max_invocations))
+    return tuple(t for t in ladder if tile_fits(t, a_type, result_type, m, n, k,
+                                                subgroup_size, max_shared_memory,
+                                                max_invocations))
 
 
 def filling_tile(tile: Tile, ladder: tuple[Tile, ...], M: int, N: int, batch: int) -> Tile:
     """`tile` where its grid has FILL_GROUPS workgroups or more; else the largest tile of
     `ladder` (filling_ladder) smaller than it whose grid has, else the ladder's smallest.
-    A small product on a large tile runs on a few workgroups, each walking all of K: on
-    the H200 (float16, kernel time, 2026-11-24, docs/kernels.md "Filling the GPU") 64^3
-    took 11.6 us on its one 64 x 64 workgroup against 4.9 on 16 x 32 tiles, 128^3 23.0
-    against 6.2, 256 x 256 x 2048 48.9 against 17.2, 1024^3 32.5 (64 workgroups of 128 x
-    128) against 20.1 (256 of 64 x 64); at 2048^3 the 128 x 128 tile's 256 workgroups
-    stayed fastest (69.9 us against 96.5)."""
+    A small product on a large tile runs on a few workgroups, each walking all of K, and
+    leaves most of the GPU idle; once the large tile's grid fills the GPU it is the
+    faster again (docs/design.md, Kernels)."""
     def groups(t: Tile) -> int:
         return batch * -(-M // t.tile_m) * -(-N // t.tile_n)
 
@@ -219,11 +213,8 @@ def deep_few_row_tile(tile: Tile, m: int, n: int, k: int) -> Tile:
     """The one-row-block few-row tile (m rows, 4 subgroups across N) with 256 elements of K
     a step instead of 128, for products the split-K rule leaves whole: more of B in flight
     per workgroup. `tile` itself for other tiles (the caller checks that the kernel's
-    shared memory fits: it depends on the layouts).
-    Measured on the H200 (benchmarks/decode_sweep.py --families khrtiles, 2026-11-22,
-    kernel time, x @ w.T, unsplit): 16 x 4096 @ (14336 x 4096)^T 38.5 us against 44.8
-    (in three runs), 8 rows 41.3 against 48.8; 16 x 14336 @ (4096 x 14336)^T 79.8 against
-    102-119 unsplit (the split-K rule's 44.5 stays ahead there: the rule runs first)."""
+    shared memory fits: it depends on the layouts). Where the split-K rule splits a
+    product, the split stays ahead: the rule runs first."""
     if (tile.tile_m, tile.tile_n, tile.tile_k, tile.subgroups_m, tile.subgroups_n) != \
             (m, 4 * n, 128, 1, 4):
         return tile
@@ -235,18 +226,14 @@ def quant_few_row_tile(tile: Tile, M: int, a_type: ComponentType, result_type: C
                        max_invocations: int) -> Tile:
     """The khr tile for a quantized B with at most SMALL_M rows on a GPU: 4 n columns, 128
     elements of K (four blocks) a step, two buffers; m rows on 1 x 4 subgroups up to m
-    rows, 2 m or 4 m rows on 2 x 2 past that (the tiles the float product runs on the
-    H200: its tuned few-row tile, and the covering ones); `tile` where that does not fit.
-    Measured on the H200 (benchmarks/decode_sweep.py --quant --tiles, 2026-11-23, kernel
-    time, the exact variant, split as the float table says), against the 32 x 32 x 128
-    tile it replaced: 16 x 4096 @ (14336 x 4096)^T q8_0 44.6 against 62.3 us, q4_0 41.3
-    against 53.4; 64 rows 68.6 against 96.3 and 60.8 against 91.0; at 32 rows level."""
+    rows, 2 m or 4 m rows on 2 x 2 past that (the tiles the float product runs: the tuned
+    few-row tile, and the covering ones); `tile` where that does not fit."""
     if M <= m:
         few = Tile(m, 4 * n, 128, 1, 4, 2)
     else:
         few = Tile(2 * m if M <= 2 * m else 4 * m, 4 * n, 128, 2, 2, 2)
     if 128 % k or not tile_fits(few, a_type, result_type, m, n, k, subgroup_size,
-                            max_shared_memory, max_invocations):
+                                max_shared_memory, max_invocations):
         return tile
     return few
 
@@ -257,14 +244,11 @@ def quant_general_tile(tile: Tile, a_type: ComponentType, result_type: Component
     """The khr tile for a quantized B (GGUF blocks dequantized while staged) with more than
     SMALL_M rows on a GPU: 8 x 4 matrices (128 x 64 with 16 x 16 ones), 2 x 2 subgroups,
     64 elements of K (two blocks) a step, two buffers; `tile` where that does not fit.
-    Measured on the H200 (benchmarks/decode_sweep.py --quant, 2026-11-22, kernel time), 512
-    x 4096 @ (4096 x 4096)^T: q8_0 93.6 us and q4_0 109.1 against 204.1 and 139.5 for the
-    general default tile (128 x 128 x 32, 2 x 4 subgroups), the float16 kernel 107; it was
-    the best or within 11% of the best of the swept tiles at 512 and 2048 rows against 4096
-    and 14336 columns. Half the default's columns leave registers for the dequantization."""
+    Half the general default's columns leave registers for the dequantization (the best
+    or near it of the swept tiles; docs/design.md, Quantized weights)."""
     wide = Tile(8 * m, 4 * n, 64, 2, 2, 2)
     if 64 % k or not tile_fits(wide, a_type, result_type, m, n, k, subgroup_size,
-                           max_shared_memory, max_invocations):
+                               max_shared_memory, max_invocations):
         return tile
     return wide
 
@@ -284,8 +268,8 @@ def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n
                     tk = max(k, kb // element_bytes(a_type) // k * k)
                     tile = Tile(sg_m * acc_m * m, sg_n * acc_n * n, tk, sg_m, sg_n, 2)
                     if tile not in out and tile_fits(tile, a_type, result_type, m, n, k,
-                                                 subgroup_size, max_shared_memory,
-                                                 max_invocations):
+                                                     subgroup_size, max_shared_memory,
+                                                     max_invocations):
                         out.append(tile)
         first = small_m_tile(a_type, result_type, m, n, k, subgroup_size, max_shared_memory,
                              max_invocations)
@@ -309,8 +293,9 @@ def tune_candidates(a_type: ComponentType, result_type: ComponentType, m: int, n
             for kb in k_bytes:
                 tk = max(k, kb // element_bytes(a_type) // k * k)
                 tile = Tile(sg_m * acc_m * m, sg_n * acc_n * n, tk, sg_m, sg_n, 2)
-                if tile not in out and tile_fits(tile, a_type, result_type, m, n, k, subgroup_size,
-                                             max_shared_memory, max_invocations):
+                if tile not in out and tile_fits(tile, a_type, result_type, m, n, k,
+                                                 subgroup_size, max_shared_memory,
+                                                 max_invocations):
                     out.append(tile)
     if not cpu:
         staged = _staged_candidates(a_type, result_type, m, n, k, subgroup_size,

@@ -5,8 +5,8 @@ is used.
 
 A user's own tuning file wins; otherwise a table shipped in coopmat/policy/tuned/ for the
 device (PCI vendor and device id) applies. Whether they are used at all is the policy's
-Options.tuning ($COOPMAT_NO_TUNING). Those tables come from `--tune` runs recorded
-in README.md (the NVIDIA H200: 10de-2335; the H100 80GB HBM3: 10de-2330)."""
+Options.tuning ($COOPMAT_NO_TUNING). Those tables come from `--tune` runs, named by
+PCI vendor and device id (docs/design.md, Policy)."""
 
 from __future__ import annotations
 

@@ -314,7 +314,8 @@ ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
 
 
 # Tiles of more than SMALL_M rows stage with the magic as a literal, fewer-row tiles with
-# it held in a register (quant.held_constant): both forms on this device.
+# it held in a register (quant.held_constant; KhrTraits.b_quant_held_magic, as the policy
+# chooses): both forms on this device.
 TALL_TILE_CASES = [("q4_0", 2, "general", 8), ("q8_0", 2, "general", 32)]
 
 
@@ -346,7 +347,7 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, tile_m):
     if (tile.tile_n * tile_k // unit) % invocations:
         tile = replace(tile, tile_n=invocations * unit // tile_k)
     traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
-                     exact=variant == "exact", specialized=())
+                     exact=variant == "exact", specialized=(), b_quant_held_magic=not tile_m)
     choice = choose(info, problem, traits=traits)
     w = exact_weight(fmt, N, K)
     x = small_x((M, K))

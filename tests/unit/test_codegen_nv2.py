@@ -21,8 +21,6 @@ from coopmat.codegen import (
     Nv2Traits,
     Tile,
     build_gemm,
-    default_nv2_tile,
-    nv2_tile_candidates,
     nv2_traits,
 )
 from coopmat.codegen.family import Nv2WorkgroupFamily
@@ -39,6 +37,7 @@ from coopmat.device.record import (
     nv2_usable,
     parse_flexible_dims_text,
 )
+from coopmat.policy.nv2_tiles import default_nv2_tile, nv2_tile_candidates
 from coopmat.policy.variants import device_variants
 from coopmat.tools import codegen as cli
 
