@@ -42,6 +42,9 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
     assert t.tile.tile_k % 32 == 0
     plain = choose(h200, _problem(h200, M, 4096, 4096, None), Options(split_k=1)).traits
     assert t.tile != plain.tile  # its own tiles (measured: tiles.quant_*_tile)
+    # The dequantization's magic in a register on few-row tiles, a literal on taller ones:
+    # the policy's choice, which the split-K kernel keeps.
+    assert t.b_quant_held_magic == (t.tile.tile_m <= SMALL_M) == (M <= SMALL_M)
     if M > SMALL_M:  # and staging unit
         assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (128, 64, 64)
         assert t.b_quant_unit == policy_kernel.QUANT_GENERAL_UNIT[fmt]
