@@ -273,7 +273,7 @@ class GemvEmitter:
         zeros, where there is no full step), then in step i the loads of step i + 1 (of
         step i again in the last, whose values go unused: always in bounds, no branch)
         into Function variables, then step i's products from the values loaded a step
-        earlier, so the loads stay in flight across the products (gemv_tiles.prefetches
+        earlier, so the loads stay in flight across the products (policy.gemv_tiles.prefetches
         says where that measured faster)."""
         s, f = self.s, self.s.f
         first = loads_at(self.lane, s.lt(s.c(0), full))
