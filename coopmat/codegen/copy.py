@@ -1,9 +1,8 @@
 """A helper kernel: copy whole 16-byte units from one buffer to another.
 
-On the H200 a small result's copy to host memory behind a GEMM, as a vkCmdCopyBuffer on
-the compute queue, added 8-9 us to the decode step's submission for 128 KiB; a shader
-writing the same bytes into host memory added 4-5 (docs/arrays.md, runs 8 and 9).
-Executor records such downloads with this kernel (dispatch.executor.shader_copy_fits
+A shader writing a small result into host memory behind a GEMM costs the submission
+about half of what a vkCmdCopyBuffer on the compute queue does (docs/design.md, Data
+path). Executor records such downloads with this kernel (dispatch.executor.shader_copy_fits
 says which).
 
 Each invocation copies one unit: dst[dst0 + i] = src[src0 + i] for i < count.

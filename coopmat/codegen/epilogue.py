@@ -107,14 +107,12 @@ class ElementOps:
         raise ValueError(f"unknown activation {act!r}")
 
     def _over_one_plus_exp2(self, x: int, power: int) -> int:
-        """x / (1 + 2^power), power clamped to EXP2_MAX. Divisors of inf are slow on the
-        H200: at 4096^3 with accumulators of magnitude 64 (about half of them past the
-        clamp) gelu_tanh cost +4.8-5.2% over the plain kernel unclamped, +1.1-1.9%
-        clamped (kernels.md). Past the clamp the quotient is below 2^-64 |x| either way
-        (x / inf was -0). NaN stays NaN through x, whichever operand FMin returns for a
-        NaN power. Exp2, not Exp: on the H200 a kernel using GLSL.std.450 Exp (or Tanh)
-        ran 3.3x (4.2x) slower than with Exp2, which cost nothing measurable
-        (benchmarks/epilogue_cost.py --form); callers fold log2(e) into their constants."""
+        """x / (1 + 2^power), power clamped to EXP2_MAX: divisors of inf are slow on
+        NVIDIA GPUs. Past the clamp the quotient is below 2^-64 |x| either way (x / inf
+        was -0). NaN stays NaN through x, whichever operand FMin returns for a NaN power.
+        Exp2, not Exp: GLSL.std.450 Exp (or Tanh) measured several times slower, Exp2
+        nothing measurable (docs/design.md, Kernels); callers fold log2(e) into their
+        constants."""
         f, w = self.s.f, self.work
         e = self._ext(GLSLstd450.Exp2, self._ext(GLSLstd450.FMin, power,
                                                  self._const(EXP2_MAX)))

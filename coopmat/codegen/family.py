@@ -68,7 +68,7 @@ class KhrTiledFamily:
 
 class Nv2WorkgroupFamily:
     """VK_NV_cooperative_matrix2 workgroup-scope matrices through tensor layouts
-    (nv2_workgroup.py); tiles from nv2_tiles.py."""
+    (nv2_workgroup.py); tile geometry in nv2_tiles.py."""
 
     name = "nv2"
 
@@ -151,9 +151,12 @@ class GemvFamily:
             features=vulkan_features(required_capabilities(gemv)))
 
     def generate(self, traits: GemmTraits) -> bytes:
-        from coopmat.codegen.gemv import emit_gemv
+        from coopmat.codegen.gemv import GemvEmitter
+        from coopmat.codegen.gemv_quant import QuantGemvEmitter
 
-        return emit_gemv(_own(traits, GemvTraits))
+        gemv = _own(traits, GemvTraits)
+        emitter = GemvEmitter if gemv.b_quant is None else QuantGemvEmitter
+        return emitter(gemv).build()
 
 
 _FAMILIES: dict[str, KernelFamily] = {}

@@ -273,7 +273,7 @@ class GemvEmitter:
         zeros, where there is no full step), then in step i the loads of step i + 1 (of
         step i again in the last, whose values go unused: always in bounds, no branch)
         into Function variables, then step i's products from the values loaded a step
-        earlier, so the loads stay in flight across the products (gemv_tiles.prefetches
+        earlier, so the loads stay in flight across the products (policy.gemv_tiles.prefetches
         says where that measured faster)."""
         s, f = self.s, self.s.f
         first = loads_at(self.lane, s.lt(s.c(0), full))
@@ -365,11 +365,3 @@ def required_capabilities(t: GemvTraits) -> set[Capability]:
         caps.add(Capability.Float16)
     caps.update(type_capabilities(t.stored_type, in_storage_buffer=True))
     return caps
-
-
-def emit_gemv(t: GemvTraits) -> bytes:
-    if t.b_quant is not None:
-        from coopmat.codegen.gemv_quant import QuantGemvEmitter
-
-        return QuantGemvEmitter(t).build()
-    return GemvEmitter(t).build()

@@ -33,9 +33,8 @@ masked under float16 1024's bits (q8_0's sign bits flipped by the same operation
 widened to float32 (two weights per run shift, no integer-to-float conversion and no
 per-weight shift). A pair's two weights lie 2 apart in the block, so A's 32 elements,
 widened once per row and step as for a float B, are regrouped into vectors in the
-weights' order (register renaming, no instructions). On the H200 this took 2 x 14336 @
-(4096 x 14336)^T q4_0 from 24.2 to 21.0 us and 4 rows from 36.3 to 29.5, against shifts
-and conversions per weight (docs/quantized.md).
+weights' order (register renaming, no instructions): faster than shifts and
+conversions per weight (docs/design.md, Quantized weights).
 """
 
 from __future__ import annotations
@@ -91,8 +90,8 @@ class QuantGemvEmitter(GemvEmitter):
         flip = 0 if self.fmt.nibbles else (1 << (self.fmt.bits - 1)) * 0x10001
         magic = (F16_MAGIC << 16 | F16_MAGIC) ^ flip
         # q4_0 holds the magic in a vector register (quant.held_constant), so a weight
-        # pair's mask and XOR are one LOP3: on the H200 1-6% faster at 2-3 rows, up to 1%
-        # at one; q8_0 measured mixed (up to 8% slower) and keeps the literal.
+        # pair's mask and XOR are one LOP3 on NVIDIA GPUs (measured faster); q8_0 measured
+        # mixed and keeps the literal.
         self.magic = (held_constant(self.s, magic, self.P["K"], self.lane)
                       if self.fmt.nibbles else self.s.c(magic))
 

@@ -70,7 +70,6 @@ from coopmat.codegen.spv import (
     Scope,
     StorageClass,
 )
-from coopmat.codegen.tiles import SMALL_M
 from coopmat.codegen.traits import Layout
 from coopmat.codegen.types import (
     RESULT_TYPES,
@@ -229,10 +228,9 @@ class TiledGemmEmitter:
         B.outer_limit, B.inner_limit = (P["N"], P["K"]) if B.k_is_inner else (P["K"], P["N"])
         self.quant: QuantReader | None = None
         if t.b_quant is not None:
-            # The magic held in a register measured faster on the few-row tiles only.
             self.quant = QuantReader(s, quant_format(t.b_quant), B.buf, self.b_el, B.unit,
                                      t.b_quant_unit, B.ld, B.base,
-                                     held_magic=tile.tile_m <= SMALL_M)
+                                     held_magic=t.b_quant_held_magic)
         # Invocation i's r-th unit of a quantized B is unit i + r x invocations of the
         # tile, lines (B's columns) of tile_k / b_quant_unit units.
         self.quant_units = (B.stage.total_units * B.stage.unit_elems // t.b_quant_unit
@@ -329,8 +327,8 @@ class TiledGemmEmitter:
         """Registers <- the K step at k0. Near the end of the loop k0 lies past K: the
         exact variant then reads unchecked beyond the matrix, into the margin the
         dispatcher allocates after each operand (abi.overread_elems); the values are
-        never stored. A guard here (a select or a branch on k0) cost 7% at 8192^3 f16 on
-        the H200: the look-ahead addresses stop being plain induction variables."""
+        never stored. A guard here (a select or a branch on k0) measured slower: the
+        look-ahead addresses stop being plain induction variables."""
         for op in (self.A, self.B):
             if op is self.B and self.quant is not None:  # raw words: decoded when staged
                 coords = [self._quant_coords(r) for r in range(self.quant_units)]
@@ -551,8 +549,7 @@ class TiledGemmEmitter:
         """Block b's residual matrix, loaded RESIDUAL_AHEAD blocks before b is stored: the
         residual may be D's own memory (it is not restrict), so no load can move above an
         earlier block's store, and loaded just before its own use each block waited out a
-        global load's latency (residual +2.3-2.8% over the plain kernel at 4096^3 on the
-        H200; kernels.md has the sweep). Call in block order."""
+        global load's latency (docs/design.md, Kernels). Call in block order."""
         s, P = self.s, self.P
         loaded: dict[int, int] = {}
         row = CooperativeMatrixLayout.RowMajor
@@ -578,9 +575,8 @@ class TiledGemmEmitter:
         matrix addressed like D (from _residuals), and the activation on this
         invocation's components of the accumulator (OpCooperativeMatrixLengthKHR of them;
         an activation is element-wise, so which elements they are does not matter). No
-        shared memory, no barriers, no per-element addressing: on the H200 the
-        per-element form of bias + relu cost from +1% to +235% over the plain kernel,
-        build to build; this form measured -1%."""
+        shared memory, no barriers, no per-element addressing: the per-element form's
+        cost varied widely from build to build, this form's was nil."""
         s, f, P, t = self.s, self.s.f, self.P, self.t
         eops, ops, mat_out = self.element_ops, t.ops, self.mat_out
         assert eops is not None and ops is not None

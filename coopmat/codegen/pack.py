@@ -2,8 +2,8 @@
 
 Tensor cores take 8-bit B fragments with K contiguous, and a row-major 8-bit B cannot be
 transposed on the way into them as cheaply as 16-bit data can, so a GEMM on 8-bit types
-with a row-major B runs much slower than with a column-major one (H200: 312 against
-588 TOPS at 8192^3, README). Repacking B first costs one read and one write of B.
+with a row-major B runs much slower than with a column-major one (about half the speed;
+docs/design.md, Kernels). Repacking B first costs one read and one write of B.
 
 Each invocation gathers a 32 (K) x 4 (N) block and writes, per column, its 32 K values as
 two 16-byte vectors (one whole 32-byte memory sector). The wide variant reads the block as

@@ -143,9 +143,9 @@ def _stage(t: ComponentType, layout: Layout, outer_dim: int, k_dim: int, outer_g
 # dequantizes into four uvec4 units as it stores them to shared memory.
 BLOCK_UNIT = 32
 QUANT_UNITS = (4, 8, BLOCK_UNIT)
-# Split-K kernels with units of 4 weights gave wrong sums on the H200 (errors of 5-118 at
-# every tile tried, q8_0 and q4_0, 2026-11-23) and right ones on lavapipe; units of 8 and
-# whole blocks were right on both. Cause not found: such kernels are refused.
+# Split-K kernels with units of 4 weights gave wrong sums on an NVIDIA GPU (every tile
+# tried, q8_0 and q4_0) and right ones on lavapipe; units of 8 and whole blocks were
+# right on both. Cause not found: such kernels are refused.
 SPLIT_MIN_QUANT_UNIT = 8
 
 

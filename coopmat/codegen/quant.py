@@ -102,10 +102,9 @@ def held_constant(s: ShaderContext, value: int, size: int, lane: int | None = No
     takes one immediate), one when the magic is in a register, and a driver keeps a value
     computed from a push constant in one: a uniform register when the value is the same
     for every invocation (which LOP3's third operand cannot read: a MOV a use), a vector
-    register with `lane` in it. On the H200 (docs/quantized.md): the khr kernel's few-row
-    tiles 1-3% faster at 8 and 16 rows (uniform); q4_0's gemv kernel up to 6% faster at
-    1-4 rows with `lane` (3-9% slower at 1-2 rows without); q8_0's gemv and the khr
-    prefill tile measured mixed or slower and keep the literal."""
+    register with `lane` in it. Measured faster for the khr kernel's few-row tiles
+    (uniform) and q4_0's gemv kernel (with `lane`); q8_0's gemv and the khr prefill tile
+    measured mixed or slower and keep the literal (docs/design.md, Quantized weights)."""
     x = size if lane is None else s.add(s.shr(size, s.c(1)), lane)
     return s.f.op(Op.BitwiseOr, s.u32, s.c(value), s.shr(x, s.c(31)))
 

@@ -213,6 +213,10 @@ class KhrTraits(GemmTraits):
     # None: plain B.
     b_quant: str | None = None
     b_quant_unit: int = 8
+    # With b_quant: the dequantization's float magic held in a register
+    # (quant.held_constant) instead of written as a literal; the policy's choice
+    # (policy.kernel, few-row tiles). Not in `describe`: the same product either way.
+    b_quant_held_magic: bool = False
     out_matrix: bool = True
     # S > 1: a split-K of one product in one dispatch. Workgroup z is slice s of K (A and
     # B offset by their batch strides); each workgroup stores its float32 accumulators
@@ -433,11 +437,11 @@ class GemvTraits(GemmTraits):
     # (dispatch.pipelines), as KhrTraits.storage_checks. Every gemv kernel may: each load
     # is of a valid column, row and K unit (clamped, or unit 0 past K), and a quantized
     # B's words end at most 2 bytes past its last block, inside the pad its buffer keeps.
-    # gemv_tiles.checks_storage says where the checks measured faster.
+    # policy.gemv_tiles.checks_storage says where the checks measured faster.
     storage_checks: bool = True
     # True: each K step's loads are issued before the previous step's products, their
     # values carried across the loop (gemv.py's `_walk_k`), so a lane's arithmetic
-    # overlaps the next step's memory latency. gemv_tiles.prefetches says where.
+    # overlaps the next step's memory latency. policy.gemv_tiles.prefetches says where.
     prefetch: bool = False
 
     @property

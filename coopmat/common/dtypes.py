@@ -7,6 +7,8 @@ default result and accumulator types. Other modules read this table; none keeps 
 its own. Adding a type is one row here plus what is truly type-specific (e.g. the value
 conversion numpy needs).
 
+ComponentType (VkComponentTypeKHR) is defined here, beside its rows, so that its size and
+kind are read from the table; coopmat.common.enums re-exports it with the other Vulkan enums.
 SPIR-V facts are kept as enum member names (of coopmat.codegen.spv's Capability and
 FPEncoding), so this leaf module imports nothing of the layers above it.
 """
@@ -19,7 +21,48 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from coopmat.common.enums import ComponentType as CT
+from coopmat.common.vkenum import VkEnum
+
+
+class ComponentType(VkEnum):
+    """VkComponentTypeKHR."""
+
+    FLOAT16 = 0
+    FLOAT32 = 1
+    FLOAT64 = 2
+    SINT8 = 3
+    SINT16 = 4
+    SINT32 = 5
+    SINT64 = 6
+    UINT8 = 7
+    UINT16 = 8
+    UINT32 = 9
+    UINT64 = 10
+    BFLOAT16 = 1000141000  # VK_KHR_shader_bfloat16
+    SINT8_PACKED_NV = 1000491000  # VK_NV_cooperative_vector
+    UINT8_PACKED_NV = 1000491001  # VK_NV_cooperative_vector
+    FLOAT8_E4M3 = 1000491002  # VK_EXT_shader_float8
+    FLOAT8_E5M2 = 1000491003  # VK_EXT_shader_float8
+
+    @property
+    def known(self) -> bool:
+        return self.name in type(self).__members__
+
+    # Size and kind from the type's row of the table below (KeyError for a type it lacks).
+    @property
+    def bits(self) -> int:
+        return ELEMENT_TYPES[self].bits
+
+    @property
+    def is_float(self) -> bool:
+        return ELEMENT_TYPES[self].is_float
+
+    @property
+    def is_signed(self) -> bool:
+        return ELEMENT_TYPES[self].is_signed
+
+
+CT = ComponentType
 
 
 @dataclass(frozen=True)

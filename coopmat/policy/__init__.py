@@ -30,6 +30,7 @@ from coopmat.policy.kernel import (
     split_k_violation,
 )
 from coopmat.policy.options import Options
+from coopmat.policy.tiles import SMALL_M
 from coopmat.policy.types import (
     TypePair,
     config_for,
@@ -40,7 +41,7 @@ from coopmat.policy.types import (
 )
 
 __all__ = [
-    "MEDIUM_MN", "PACK_MIN_M", "SPECIALIZE_MIN_OPS", "KernelChoice", "OperandLayout",
+    "MEDIUM_MN", "PACK_MIN_M", "SMALL_M", "SPECIALIZE_MIN_OPS", "KernelChoice", "OperandLayout",
     "Options", "PackChoice", "Problem", "Tuned", "TypePair", "bounds_checked", "choose",
     "choose_family", "config_for", "config_pairs", "fastest_variant", "fills_small",
     "repacks", "resolve", "result_pairs",

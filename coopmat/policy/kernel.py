@@ -7,12 +7,12 @@ run first, and the read-past margins the operands' buffers need. It touches no V
 object and reads no environment variable, so it is tested against recorded devices
 without a GPU; the dispatcher (coopmat.dispatch.gemm) carries the choice out.
 
-The rules, each with its measurement in docs/kernels.md:
+The rules (their measurements: docs/design.md, Policy):
 - family: forced by Options; else gemv where `gemv_by_default` says so (GEMV_DEFAULT: at
   most gemv_max_m rows, a column-major B, a GPU, gemv_violation None); else the
   tuned choice for the device, dtype pair and shape class (rows and gemv run where their
   preconditions hold, else khr), else khr;
-- quantized B (Problem.b_quant; docs/quantized.md): khr or gemv only, forced by Options
+- quantized B (Problem.b_quant): khr or gemv only, forced by Options
   (other families are an error); else gemv where `gemv_quant_by_default` says so
   (GEMV_QUANT_DEFAULT: at most gemv_max_m rows by format and N, a GPU), else khr; never
   a tuned tile (the tables time float B); khr with its default tile for the shape class,
@@ -21,8 +21,8 @@ The rules, each with its measurement in docs/kernels.md:
   `dequantizes_first` says so (Options.dequant, else many rows on a GPU), a pass into a
   float16/bfloat16 B first (codegen/dequant.py, a PackChoice), then the float problem's
   choice by every rule here;
-- gemv: the tuned tile where the table names gemv, else the default (gemv_tiles.py);
-- rows tile: tuned, else the default for the device and M (rows_tiles.py); its aligned
+- gemv: the tuned tile where the table names gemv, else the default (policy/gemv_tiles.py);
+- rows tile: tuned, else the default for the device and M (policy/rows_tiles.py); its aligned
   variant (A read 16 bytes at a time) where A allows;
 - khr tile: tuned, else the default for the shape class (few rows, or general); on a
   GPU, a few-row tile with fewer rows than M is widened to hold them all
@@ -50,7 +50,6 @@ from dataclasses import dataclass, replace
 from typing import overload
 
 from coopmat.codegen import (
-    SMALL_M,
     GemmParams,
     GemmTraits,
     GemvTraits,
@@ -64,44 +63,43 @@ from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
 from coopmat.codegen.plan import SPLIT_MIN_QUANT_UNIT, plan_kernel
 from coopmat.codegen.rows import RowsPlan
-from coopmat.codegen.tiles import filling_tile
 from coopmat.codegen.traits import EpilogueOps
-from coopmat.codegen.variants import (
-    GEMV_OPERANDS,
-    gemv_traits,
-    is_cpu,
-    khr_covering_tile,
-    khr_deep_tile,
-    khr_filling_ladder,
-    khr_quant_tile,
-    khr_tile,
-    khr_traits,
-    nv2_tiles,
-    rows_traits,
-)
+from coopmat.codegen.variants import GEMV_OPERANDS, is_cpu, khr_traits
 from coopmat.common.enums import ComponentType
 from coopmat.common.errors import MissingFeatureError
 from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.device.record import nv2_usable
+from coopmat.policy.gemv_tiles import gemv_traits
 from coopmat.policy.options import Options
+from coopmat.policy.rows_tiles import rows_traits
+from coopmat.policy.tiles import (
+    SMALL_M,
+    filling_tile,
+    khr_covering_tile,
+    khr_deep_tile,
+    khr_filling_ladder,
+    khr_quant_tile,
+    khr_tile,
+    nv2_tiles,
+)
 from coopmat.policy.types import TypePair, config_for
 
+# The thresholds below are the measured crossovers recorded in docs/design.md (Policy);
+# each comment says the reason for its rule.
+
 # Problems of at least this many operations get a kernel with their sizes and strides
-# compiled in: address arithmetic folds away (H200, khr: +14% at 8192^3 f16, +7% int8),
-# for one extra build of ~0.5 s per shape, kept in the disk caches.
+# compiled in: address arithmetic folds away, worth one extra build per shape (kept in
+# the disk caches).
 SPECIALIZE_MIN_OPS = 2 ** 36
 # Few-row products on a covering tile (more rows than the few-row tile: 32 or 64 rows in
-# one row block) of at least this many operations are specialized too. On the H200 (docs/
-# kernels.md, "Sizes compiled in for 32 and 64 rows"): 64 x 4096 @ (14336 x 4096)^T 58.5 ->
-# 52.0 us, 64 x 4096 @ 4096^2 22.5 -> 19.1; but 16 rows on their own tile lost 11-20%, so
-# only covering tiles. 2^30: 32 rows against a 4096^2 weight and up (one build per shape).
+# one row block) of at least this many operations are specialized too; few rows on their
+# own tile measured slower specialized, so only covering tiles. 2^30: 32 rows against a
+# 4096^2 weight and up.
 SPECIALIZE_COVERING_MIN_OPS = 2 ** 30
 # Few-row products on a GPU whose workgroups take at least this many K steps get their K
-# loop marked DontUnroll (KhrTraits.k_loop_rolled). On the H200 with bounds checks off
-# (docs/kernels.md, "The driver's machine code"): 32 x 4096 @ (14336 x 4096)^T 42.7 ->
-# 38.6 us, 16 rows split 2 37.9 -> 35.0; with 4-8 steps (a split 4096^2 weight) rolling
-# lost up to 4%.
+# loop marked DontUnroll (KhrTraits.k_loop_rolled): a fully unrolled long loop measured
+# slower, a short one (4-8 steps) faster unrolled.
 ROLLED_MIN_K_STEPS = 16
 # Output sizes up to this many elements form the "@medium" shape class: with the big tiles
 # that win at 4096^3 they leave most of a large GPU's cores idle (a 1024^2 output is 32
@@ -113,43 +111,25 @@ MEDIUM_MN = 2048 * 2048
 # and a write) would cost more than it saves.
 PACK_MIN_M = SMALL_M + 1
 # Few-row products whose B has at most this many elements may take a filling tile
-# (fills_small): the largest B measured. On the H200, 64 x 64 @ 64 x 64 and 64 x 512 @
-# 512 x 512 ran faster on them (11.6 -> 4.9 us, 9.8 -> 7.7; docs/kernels.md).
+# (fills_small): the largest B measured faster on one.
 FILL_FEW_ROWS_MAX_B = 1 << 18
 K_CONTIGUOUS = (Layout.ROW_MAJOR, Layout.COLUMN_MAJOR)  # A's, B's
 
 # The gemv family (no cooperative matrices; few rows against a column-major B) as the
-# default for decode shapes (`gemv_by_default`). Measured on the H200 (docs/kernels.md,
-# timed back to back): against a float16 weight it beats the khr kernel at 1, 2 and 4 rows
-# (4096^2: 7.3-11.1 us against 23.4) but not at 8 (14336 x 4096: 64 against 46.5 us):
-# its float32 FMAs, 8 per weight and row, become the bound. Hence at most
-# GEMV_DEFAULT_MAX_M rows. Forced (Options.family) or tuned, it runs whatever this says.
+# default for decode shapes (`gemv_by_default`): against a float16 weight it beats the
+# khr kernel up to 4 rows, past which its float32 FMAs (8 per weight and row) become the
+# bound. Forced (Options.family) or tuned, it runs whatever this says.
 GEMV_DEFAULT = True
 GEMV_DEFAULT_MAX_M = 4
 # The same for a quantized B (`gemv_quant_by_default`; gemv_quant.py reads the blocks), up
-# to GEMV_QUANT_MAX_M[format] rows. Measured on the H200 (2026-11-23, kernel time, x @ w.T
-# against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, 1-6 rows; docs/quantized.md):
-# gemv's time grows with the rows, the khr kernel's few-row tile takes the same time from
-# 1 to 16; q8_0 gemv was ahead up to 3 rows (3 x 4096 @ (14336 x 4096)^T 40.4 against
-# 44.9 us), behind from 4 (48.7 against 44.7); q4_0 ahead up to 4 (42.2 against 50.8),
-# behind from 5 in all three shapes. (At 8 rows gemv took 2-2.6x khr's time.) With four
-# columns a subgroup from 3 rows (gemv_tiles.QUANT_COLS_FROM_ROWS) and no driver bounds
-# checks (2026-11-24), q8_0 gemv at 4 rows was ahead in two of the three shapes (14.0
-# against 15.2 us at 4096^2, 37.7 against 40.2 at 4 x 14336 @ (4096 x 14336)^T) and 1%
-# behind in the third (45.0 against 44.5), so q8_0 takes gemv up to 4 rows too.
-# With the packed-float16 weights (2026-11-24, later) q4_0 gemv at 5 rows beat the khr
-# kernel's bounds-checked variant against 4096 columns (13.7 against 18.5 us at 4096^2)
-# and lost against 14336; it lost to the exact variant with clamped rows (KhrTraits.
-# clamp_rows, the same day) in all three shapes (13.8 against 13.1, 34.9 against 32.9).
+# to GEMV_QUANT_MAX_M[format] rows: gemv's time grows with the rows while the khr
+# kernel's few-row tile takes the same time up to 16, so gemv leads only for the first
+# few rows.
 GEMV_QUANT_DEFAULT = True
 GEMV_QUANT_MAX_M = {"q8_0": 4, "q4_0": 4}
 # Fewer rows of gemv against a wide weight, by B's format (None: float): (from N columns,
-# at most R rows). With few rows off the khr tile running its exact variant with clamped
-# rows (2026-11-24; docs/kernels.md, "Clamped rows"), the khr kernel beat gemv on the
-# H200 against 14336 columns (x @ w.T, K = 4096), two processes each: float16 at 4 rows
-# 33.1 us against 36.1-36.2, at 2 and 3 rows 32.9-33.1 against 33.2-33.6; q8_0 and q4_0
-# at 4 rows 41.0-41.1 against 43.5-43.6 and 37.2 against 38.6-38.8. Against 4096 columns
-# (K = 4096 or 14336) gemv stayed ahead at every row count up to 4.
+# at most R rows). Against many columns the khr kernel's exact variant with clamped rows
+# overtakes gemv sooner.
 GEMV_WIDE_MAX_M: dict[str | None, tuple[int, int]] = {
     None: (8192, 1), "q8_0": (8192, 3), "q4_0": (8192, 3)}
 
@@ -164,31 +144,20 @@ def gemv_max_m(fmt: str | None, N: int) -> int:
 # Split-K for few-row products on the khr family (`split_k_for`), one dispatch whose last
 # workgroup of each tile finishes it (KhrTraits.split_k). S by the rows of the few-row
 # tile and the unsplit grid G: (largest G, S, S of an exact kernel of a float B) triples,
-# the first that holds applies, none: unsplit. Measured on the lent H200 (2026-11-23,
-# kernel time, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, S = 1,
-# 2, 4, 8 each; docs/kernels.md, "Split-K for few-row products"): the 16-row tile ran
-# fastest split 8 ways against 4096 columns (G = 64: 13.2 us at 16 rows, 37.7 at 8 rows
-# against the 14336-deep weight) and 2 ways against 14336 columns (G = 224: 38.7-39.9
-# against 38.5-41.6 unsplit); the 32- and 64-row tiles 4 ways against 4096 columns (G =
-# 64; 16.5 and 23.0 us) and unsplit against 14336 (32 rows: 50.5 exact, 58.8 split 4). A
-# quantized B on the same tiles (tiles.quant_few_row_tile) ran fastest with the same S, or
-# within 3% of it (decode_sweep.py --quant --tiles --splits 1,2,4,8, 2026-11-23). With
-# the exact kernels unchecked and their K loops rolled, 16 rows of a float B against
-# 14336 columns ran fastest unsplit on the 256-deep step (_deepened; 2026-11-24,
-# docs/kernels.md): 33.6-34.0 us against 34.8-35.2 split 2. 8 and 12 rows, then the
-# bounds-checked kernel, stayed faster split 2 (38.2-38.5 against 41.1-41.2); since they
-# run the exact kernel with clamped rows they take its entry (8 rows unsplit 33.6-33.8
-# against split 2's 35.0; docs/kernels.md, "Clamped rows"). Other tiles (other devices)
-# keep the workgroup-count rule below.
+# the first that holds applies, none: unsplit. A grid too small to fill the GPU gains
+# workgroups by splitting K; a float B's exact kernel (unchecked, K loop rolled, the
+# deeper K step of _deepened) needs fewer. A quantized B on the same tiles
+# (tiles.quant_few_row_tile) takes the same S. Other tiles (other devices) keep the
+# workgroup-count rule below.
 SPLIT_K_BY_TILE_ROWS: dict[int, tuple[tuple[int, int, int], ...]] = {
     16: ((128, 8, 8), (256, 2, 1)),
     32: ((128, 4, 4),),
     64: ((128, 4, 4),),
 }
 SPLIT_K_DEFAULT = True
-# The workgroup-count rule (the two-dispatch split-K's, measured on the H200 before
-# 2026-11-23): S nearest SPLIT_K_TARGET_GROUPS / G, G <= SPLIT_K_MAX_GROUPS: enough
-# workgroups to keep a large GPU's memory system busy (the H200 has 132 SMs).
+# The workgroup-count rule: S nearest SPLIT_K_TARGET_GROUPS / G, G <= SPLIT_K_MAX_GROUPS:
+# enough workgroups to keep a large GPU's memory system busy (about two per
+# multiprocessor of a 132-SM GPU).
 SPLIT_K_TARGET_GROUPS = 256
 SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
@@ -196,19 +165,15 @@ SPLIT_K_CHOICES = (2, 4, 8)
 SPLIT_K_MIN_SLICE = 512
 
 # Weights per staged unit of a quantized B on the khr kernel (KhrTraits.b_quant_unit): 8,
-# and with more than SMALL_M rows on a GPU by format, as measured on the H200 with the
-# tiles.quant_general_tile tile (512 x 4096 @ (4096 x 4096)^T: q8_0 93.6 us with 4
-# against 96.8 with 8; q4_0 109.1 with 8 against 112.6 with 4).
+# and with more than SMALL_M rows on a GPU by format, on the tiles.quant_general_tile
+# tile, whichever measured faster for that format.
 QUANT_UNIT_DEFAULT = 8
 QUANT_GENERAL_UNIT = {"q8_0": 4, "q4_0": 8}
 
 # A quantized B is dequantized into a float B by a pass of its own first (dequantizes_first)
 # on a GPU from DEQUANT_FIRST_MIN_M rows where the result has more than
-# DEQUANT_FIRST_MIN_OUTPUT elements. Measured on the H200 (decode_sweep.py --quant
-# --policy-only, kernel time, 2026-11-22, docs/quantized.md): the pass and the float
-# kernel ran at 0.89-0.97 of the float16 product from 1024 rows (the fused kernel 0.56-0.68)
-# and won from 256 rows against 14336 columns (3.7 M results); up to 512 rows against 4096
-# columns (2 M) the fused kernel won (1.02-1.49 of float16 there).
+# DEQUANT_FIRST_MIN_OUTPUT elements: with many rows the float kernel's speed outweighs
+# the pass, with few the fused kernel reads B once and wins.
 DEQUANT_FIRST_MIN_M = 128
 DEQUANT_FIRST_MIN_OUTPUT = 1 << 21
 
@@ -360,7 +325,7 @@ def fills_small(problem: Problem) -> bool:
     GPU more workgroups (tiles.filling_tile): always with more than SMALL_M rows; with
     fewer only where B holds at most FILL_FEW_ROWS_MAX_B elements. A few-row product on
     a large B is a stream over B whose tile, covering tiles and split-K were measured for
-    that (docs/kernels.md); smaller row blocks would read B more times."""
+    that; smaller row blocks would read B more times."""
     return problem.M > SMALL_M or problem.K * problem.N <= FILL_FEW_ROWS_MAX_B
 
 
@@ -386,8 +351,7 @@ def specializes(traits: GemmTraits, params: GemmParams, batch: int, options: Opt
 def rolls_k_loop(traits: KhrTraits, params: GemmParams, covering: bool) -> bool:
     """Whether a few-row product's kernel keeps its K loop rolled: at least
     ROLLED_MIN_K_STEPS K steps per workgroup (params.K is a split-K slice's), except a
-    bounds-checked kernel on a covering tile (48 rows on the 64-row tile: 10-11% slower
-    rolled on the H200)."""
+    bounds-checked kernel on a covering tile (partial row blocks measured slower rolled)."""
     steps = -(-params.K // traits.tile.tile_k)
     return steps >= ROLLED_MIN_K_STEPS and (traits.exact or not covering)
 
@@ -402,10 +366,9 @@ def bounds_checked(traits: KhrTraits) -> KhrTraits:
 def checks_off(traits: KhrTraits) -> bool:
     """Whether the kernel runs without the driver's bounds checks on its storage buffers
     (KhrTraits.storage_checks): the exact variant, which stays inside its bindings by
-    construction; with a quantized B only with its K loop rolled. On the H200 (docs/
-    kernels.md, "The driver's machine code"): float16 4096^3 and 8192^3 5-6% faster, few
-    rows 2-7%; bounds-checked variants 1.3-3.3x slower without the checks, and quantized
-    exact kernels with an unrolled K loop 1.4-1.6x slower."""
+    construction; with a quantized B only with its K loop rolled. Without the checks the
+    exact kernels run faster, while bounds-checked variants and quantized exact kernels
+    with an unrolled K loop run slower (docs/design.md, Kernels)."""
     return traits.exact and (traits.b_quant is None or traits.k_loop_rolled)
 
 
@@ -578,8 +541,8 @@ def default_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
                 f"cooperativeMatrixPerElementOperations, which device {info.index} "
                 f"({info.name}) lacks")
         fam, tile, why = "khr", None, "default"
-    # The rows family runs only when forced or tuned: on the H200 its default tiles
-    # measured slower than the khr kernel for most decode shapes (docs/kernels.md).
+    # The rows family runs only when forced or tuned: its default tiles measured slower
+    # than the khr kernel for most decode shapes (docs/design.md, Kernels).
     if fam == "rows":
         rows, why_not = rows_choice(info, problem, a_layout, b_layout, params, tile)
         if problem.ops is not None:
@@ -661,14 +624,15 @@ def _quant_traits(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     if not is_cpu(info):
         tile = _quant_tile(cfg, info.limits, tile, min(problem.M, SMALL_M + 1))
         # more rows than one matrix, all in one row block: specialized as the float
-        # product's covering tiles are (H200, q8_0 and q4_0, 32 and 64 rows: 1-13% faster
-        # in 11 of 12 cases, one 1.5% slower; docs/quantized.md)
+        # product's covering tiles are (faster there too)
         covering = cfg.M < problem.M <= SMALL_M and tile.tile_m >= problem.M
         if not small:
             unit = QUANT_GENERAL_UNIT.get(problem.b_quant or "", unit)
+    # The dequantization's magic held in a register: measured faster on few-row tiles only.
     khr = replace(khr_traits(cfg, info, a_layout, b_layout, problem.has_c, tile,
                              out_type=pair.out), b_quant=problem.b_quant,
-                  b_quant_unit=unit, ops=problem.ops)
+                  b_quant_unit=unit, b_quant_held_magic=tile.tile_m <= SMALL_M,
+                  ops=problem.ops)
     few_rows = not is_cpu(info) and small
     return fastest_variant(khr, params, problem.batch, options, covering, few_rows), why
 
@@ -703,7 +667,7 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
     K / S >= SPLIT_K_MIN_SLICE; 1: unsplit.
     `traits`: the unsplit kernel's; `deepens`: whether unsplit it would take the deeper
     K step (_deep_traits), which the table's entries for an exact kernel of a float B
-    count on (a row-major B's deeper tile does not fit 48 KiB on the H200)."""
+    count on (a row-major B's deeper tile does not fit 48 KiB of shared memory)."""
     p = problem
     if is_cpu(info) or not isinstance(traits, KhrTraits) or p.M > SMALL_M or p.batch != 1:
         return 1
@@ -863,7 +827,7 @@ def _deep_traits(info: PhysicalDeviceInfo, p: Problem, options: Options,
                              few_rows=True)
     # The bounds-checked variant too: a plan falls back to it where the operands' buffers
     # lack the exact variant's read-past margins (dispatch.gemm._make_plan), and it stages
-    # more (49408 bytes for 16 x 256 @ 256^2 on the H200, over its 48 KiB).
+    # more (over 48 KiB for 16 x 256 @ 256^2 on the deeper tile).
     try:
         if max(plan_kernel(v).shared_bytes for v in {traits, bounds_checked(traits)}) \
                 > info.limits.max_compute_shared_memory_size:

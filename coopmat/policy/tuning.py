@@ -1,11 +1,12 @@
 """Tuned kernel choices per device, found by `python -m coopmat.bench --tune` and kept on
-disk. A tuned choice names the kernel family and its tile for one dtype pair and shape
-class; where none is recorded, the codegen's default tile is used.
+disk, and the candidates that tuner times. A tuned choice names the kernel family and its
+tile for one dtype pair and shape class; where none is recorded, the policy's default tile
+is used.
 
 A user's own tuning file wins; otherwise a table shipped in coopmat/policy/tuned/ for the
 device (PCI vendor and device id) applies. Whether they are used at all is the policy's
-Options.tuning ($COOPMAT_NO_TUNING). Those tables come from `--tune` runs recorded
-in README.md (the NVIDIA H200: 10de-2335; the H100 80GB HBM3: 10de-2330)."""
+Options.tuning ($COOPMAT_NO_TUNING). Those tables come from `--tune` runs, named by
+PCI vendor and device id (docs/design.md, Policy)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from coopmat.codegen import Tile
+from coopmat.codegen import Layout, Tile
+from coopmat.codegen.variants import is_cpu
 from coopmat.common.cachedir import cache_root
-from coopmat.device.model import PhysicalDeviceInfo
+from coopmat.device.model import CooperativeMatrixProperties, PhysicalDeviceInfo
+from coopmat.policy.rows_tiles import rows_sweep, rows_traits
+from coopmat.policy.tiles import khr_tune_tiles, nv2_tiles
+from coopmat.policy.types import TypePair
 
 SHIPPED = Path(__file__).parent / "tuned"
 _lock = threading.Lock()
@@ -77,3 +82,19 @@ def record(info: PhysicalDeviceInfo, pair_name: str, family: str, tile: Tile,
         tmp.replace(path)
     with _lock:
         _loaded[device_key(info)] = table
+
+
+def candidates(info: PhysicalDeviceInfo, pair: TypePair, config: CooperativeMatrixProperties,
+               small_m: bool = False) -> list[tuple[str, Tile]]:
+    """(family, tile) pairs the tuner times for a dtype pair on a device, the default
+    first: khr tiles; nv2 tiles for the general shape classes; for few rows (`small_m`)
+    the rows family's sweep instead, on a GPU (too slow to time on a CPU)."""
+    cpu = is_cpu(info)
+    out: list[tuple[str, Tile]] = [
+        ("khr", t) for t in khr_tune_tiles(config, info.limits, small_m, cpu=cpu)]
+    if not small_m:
+        out += [("nv2", t) for t in nv2_tiles(info, pair.operand, pair.result)]
+    elif not cpu:
+        base = rows_traits(config, info.limits, Layout.ROW_MAJOR, Layout.ROW_MAJOR, False, 16)
+        out += [("rows", t) for t in rows_sweep(base, info.limits.max_compute_shared_memory_size)]
+    return out

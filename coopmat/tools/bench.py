@@ -42,6 +42,7 @@ from coopmat.device.record import nv2_usable
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, TypePair, tuning
+from coopmat.policy.rows_tiles import rows_traits
 from coopmat.tools import bench_sweeps as sweeps
 from coopmat.tools.bench_infer import hold_clock
 from coopmat.tools.cli import prog, write
@@ -433,19 +434,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
 
 def candidates_for(rt: Any, pair: TypePair, config: Any,
                    small_m: bool = False) -> list[tuple[str, Any]]:
-    info = rt.device.info
-    out: list[tuple[str, Any]] = [("khr", t) for t in
-                                  codegen.khr_tune_tiles(config, info.limits, small_m,
-                                                         cpu=info.device_type == "CPU")]
-    if not small_m:
-        out += [("nv2", t) for t in codegen.nv2_tiles(info, pair.operand, pair.result)]
-    elif info.device_type != "CPU":  # the rows family's sweep (too slow to time on a CPU)
-        from coopmat.codegen.rows_tiles import rows_sweep
-
-        base = codegen.rows_traits(config, info.limits, Layout.ROW_MAJOR, Layout.ROW_MAJOR,
-                                   False, 16)
-        out += [("rows", t) for t in rows_sweep(base, info.limits.max_compute_shared_memory_size)]
-    return out
+    return tuning.candidates(rt.device.info, pair, config, small_m)
 
 
 TUNE_CLASSES = ("square", "small-m", "medium")
@@ -473,7 +462,7 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
         if config is None:
             continue
         shapes = {"square": (size, size), "small-m": (16, size),
-                  "medium": (max(2 * codegen.SMALL_M, size // 2),) * 2}
+                  "medium": (max(2 * policy.SMALL_M, size // 2),) * 2}
         for name in classes:
             M, n = shapes[name]
             report += tune_class(args, rt, pair, config, dt, dtype, result, M, n, rng)
@@ -483,7 +472,7 @@ def tune(args: argparse.Namespace, dtypes: list[str]) -> list[dict[str, Any]]:
 def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, dt: str,
                dtype: np.dtype, result: np.dtype, M: int, size: int,
                rng: np.random.Generator) -> list[dict[str, Any]]:
-    small = M <= codegen.SMALL_M
+    small = M <= policy.SMALL_M
     key = policy.shape_class(pair, M, size)
     info = rt.device.info
     a, b = make_operands(dtype, M, size, size, "nn", rng)
@@ -505,8 +494,8 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
                                 info.limits.subgroup_size, Layout.ROW_MAJOR,
                                 b_layout, False, tile)
         elif family == "rows":
-            traits = codegen.rows_traits(config, info.limits, Layout.ROW_MAJOR, b_layout,
-                                         False, M, tile=tile, aligned=True)
+            traits = rows_traits(config, info.limits, Layout.ROW_MAJOR, b_layout,
+                                 False, M, tile=tile, aligned=True)
         else:
             base = codegen.khr_traits(config, info, Layout.ROW_MAJOR, b_layout, False, tile)
             traits = policy.fastest_variant(base, params, 1, Options.from_env())

@@ -12,9 +12,9 @@ import sys
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.tools import disassemble, validate
 from coopmat.codegen.traits import GemmTraits
-from coopmat.codegen.variants import current_device, device_variants
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.record import load_records
+from coopmat.policy.variants import current_device, device_variants
 from coopmat.tools.cli import prog
 
 

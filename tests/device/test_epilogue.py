@@ -28,11 +28,11 @@ from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import Op
 from coopmat.codegen.tools import find_tool
 from coopmat.codegen.traits import Activation, EpilogueOps, KhrTraits, Nv2Traits
-from coopmat.codegen.variants import device_variants
 from coopmat.common.enums import ComponentType as CT
 from coopmat.common.errors import MissingFeatureError
 from coopmat.device.record import load_records
 from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose
+from coopmat.policy.variants import device_variants
 
 DATA = Path(__file__).parents[1] / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")

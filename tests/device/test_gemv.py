@@ -19,24 +19,17 @@ import pytest
 import coopmat
 import coopmat.api.linalg
 from coopmat.api.quantized import PAD_BYTES
-from coopmat.codegen import (
-    GemmParams,
-    GemvTraits,
-    Layout,
-    abi,
-    build_gemm,
-    gemv_tiles,
-    gemv_traits,
-)
-from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile, gemv_sweep
+from coopmat.codegen import GemmParams, GemvTraits, Layout, abi, build_gemm
 from coopmat.codegen.quant import QUANT_PAD_BYTES
 from coopmat.codegen.tools import find_tool, validate
 from coopmat.codegen.traits import Activation, EpilogueOps, gemv_tile
-from coopmat.codegen.variants import gemv_variants, khr_subgroup_size
+from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.common.enums import ComponentType as CT
 from coopmat.device.record import load_records
-from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose
+from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose, gemv_tiles
 from coopmat.policy import kernel as policy_kernel
+from coopmat.policy.gemv_tiles import GEMV_MAX_M, default_gemv_tile, gemv_sweep, gemv_traits
+from coopmat.policy.variants import gemv_variants
 from tests.device.test_epilogue import check, oracle
 from tests.device.test_matmul import BFLOAT16, float_tolerance, reference, require, small_ints
 
@@ -274,7 +267,7 @@ def test_prefetch_for_deep_float_weights() -> None:
     """The policy's gemv kernel loads a step ahead from PREFETCH_MIN_STEPS full steps of a
     float B (1 x 14336 @ (4096 x 14336)^T on the H200), not at K = 4096 nor for a
     quantized B, and the name says so."""
-    from coopmat.codegen.gemv_tiles import PREFETCH_MIN_STEPS, PREFETCH_TILES, prefetches
+    from coopmat.policy.gemv_tiles import PREFETCH_MIN_STEPS, PREFETCH_TILES, prefetches
 
     deep = choose(H200, _problem(1, K=14336)).traits
     assert isinstance(deep, GemvTraits) and deep.prefetch

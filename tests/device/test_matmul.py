@@ -230,7 +230,8 @@ def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, 
     transposed view) are repacked K-contiguous on the device for more than SMALL_M rows,
     since tensor cores take 8-bit fragments that way; the result is exact either way."""
     from coopmat.api.linalg import last_kernel_traits
-    from coopmat.codegen import SMALL_M, Layout
+    from coopmat.codegen import Layout
+    from coopmat.policy import SMALL_M
 
     require(pairs, dtype, result)
     info = np.iinfo(dtype)

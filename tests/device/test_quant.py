@@ -314,7 +314,8 @@ ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
 
 
 # Tiles of more than SMALL_M rows stage with the magic as a literal, fewer-row tiles with
-# it held in a register (quant.held_constant): both forms on this device.
+# it held in a register (quant.held_constant; KhrTraits.b_quant_held_magic, as the policy
+# chooses): both forms on this device.
 TALL_TILE_CASES = [("q4_0", 2, "general", 8), ("q8_0", 2, "general", 32)]
 
 
@@ -346,7 +347,7 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, tile_m):
     if (tile.tile_n * tile_k // unit) % invocations:
         tile = replace(tile, tile_n=invocations * unit // tile_k)
     traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
-                     exact=variant == "exact", specialized=())
+                     exact=variant == "exact", specialized=(), b_quant_held_magic=not tile_m)
     choice = choose(info, problem, traits=traits)
     w = exact_weight(fmt, N, K)
     x = small_x((M, K))
@@ -559,9 +560,9 @@ def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     """Tiles of the sweep (gemv_tiles.gemv_sweep) other than the default: U blocks per
     lane and step, C columns per subgroup, S subgroups; no or two whole steps and a
     remainder, with and without the prefetch."""
-    from coopmat.codegen.gemv_tiles import gemv_sweep
-    from coopmat.codegen.variants import gemv_traits, khr_subgroup_size
+    from coopmat.codegen.variants import khr_subgroup_size
     from coopmat.common.enums import ComponentType as CT
+    from coopmat.policy.gemv_tiles import gemv_sweep, gemv_traits
     from coopmat.policy.types import TypePair
 
     info = rt.device.info
@@ -587,8 +588,8 @@ def test_gemv_bfloat16(rt, fmt):
     (even, odd) order; explicit traits where matmul offers no bfloat16 (lavapipe)."""
     import ml_dtypes
 
-    from coopmat.codegen.variants import gemv_traits
     from coopmat.common.enums import ComponentType as CT
+    from coopmat.policy.gemv_tiles import gemv_traits
     from coopmat.policy.types import TypePair
 
     M, N, K = 4, 37, 4192

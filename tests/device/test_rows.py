@@ -131,11 +131,12 @@ def test_swept_tile(pairs, live_device_info):
     """A non-default tile, passed as explicit traits (as a GPU sweep would): 2 row
     fragments, NF 1, S 2, U 1, kc 2 k; K = 40 is whole chunks and a partial one."""
     require(pairs, "float16", np.float32)
-    from coopmat.codegen import Layout, rows_traits
+    from coopmat.codegen import Layout
     from coopmat.common.enums import ComponentType as CT
     from coopmat.dispatch.gemm import PreparedGemm
     from coopmat.dispatch.runtime import runtime
     from coopmat.policy import TypePair, config_for
+    from coopmat.policy.rows_tiles import rows_traits
 
     pair = TypePair(CT.FLOAT16, CT.FLOAT32)
     cfg = config_for(live_device_info, pair)
@@ -162,8 +163,7 @@ def test_preconditions_are_errors(pairs):
         coopmat.matmul(small_ints((4, 64), np.float16), small_ints((64, 20), np.float16),
                        family="rows")
     # The kernel itself refuses parameters that break them, whoever calls it.
-    from coopmat.codegen import rows_variants
-    from coopmat.codegen.variants import current_device
+    from coopmat.policy.variants import current_device, rows_variants
 
     t = rows_variants(current_device())[0]
     kernel = build_gemm(t)

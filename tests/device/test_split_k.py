@@ -408,7 +408,7 @@ def test_split_kernels_validate(operand: CT) -> None:
     """The split kernels of the H200's float32-accumulating khr configs, with every D type
     they store, C and fused operations, pass spirv-val (Vulkan 1.3 environment)."""
     from coopmat.codegen import build_gemm
-    from coopmat.codegen.variants import device_variants
+    from coopmat.policy.variants import device_variants
 
     base = next(t for t in device_variants(H200) if isinstance(t, KhrTraits)
                 and t.a_type == operand and t.result_type == CT.FLOAT32 and not t.exact)

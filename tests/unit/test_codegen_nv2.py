@@ -21,15 +21,12 @@ from coopmat.codegen import (
     Nv2Traits,
     Tile,
     build_gemm,
-    default_nv2_tile,
-    nv2_tile_candidates,
     nv2_traits,
 )
 from coopmat.codegen.family import Nv2WorkgroupFamily
 from coopmat.codegen.nv2_tiles import NV2_TYPES, entry_for_tile
 from coopmat.codegen.nv2_workgroup import DEFAULT_UNROLL
 from coopmat.codegen.tools import disassemble, find_tool, validate
-from coopmat.codegen.variants import device_variants
 from coopmat.common.enums import ComponentType as CT
 from coopmat.common.enums import Scope
 from coopmat.device.model import FlexibleDimensionsProperties
@@ -40,6 +37,8 @@ from coopmat.device.record import (
     nv2_usable,
     parse_flexible_dims_text,
 )
+from coopmat.policy.nv2_tiles import default_nv2_tile, nv2_tile_candidates
+from coopmat.policy.variants import device_variants
 from coopmat.tools import codegen as cli
 
 DATA = Path(__file__).parents[1] / "data"
@@ -585,10 +584,10 @@ def test_emulated_fused_epilogue(pair: tuple[CT, CT], act: str | None, bias: boo
     test_epilogue; integer results take bias and residual only. D's padding must
     survive: edge elements are computed and discarded by the clamped store."""
     from nv2_emulator import Nv2Emulator
-    from tests.device.test_epilogue import check, oracle
 
     from coopmat.codegen.traits import Activation, EpilogueOps
     from coopmat.common.dtypes import numpy_dtype
+    from tests.device.test_epilogue import check, oracle
 
     dt, rdt = numpy_dtype(pair[0]), numpy_dtype(pair[1])
     if act is not None and rdt.kind in "iu":

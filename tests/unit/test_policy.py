@@ -17,7 +17,7 @@ import pytest
 from coopmat.codegen import KhrTraits, Layout, Nv2Traits, RowsTraits, Tile
 from coopmat.codegen.plan import plan_kernel
 from coopmat.codegen.rows import RowsPlan
-from coopmat.codegen.tiles import default_tile, filling_tile, kernel_subgroup_size
+from coopmat.codegen.tiles import kernel_subgroup_size
 from coopmat.codegen.variants import khr_subgroup_size
 from coopmat.common.enums import ComponentType as CT
 from coopmat.common.errors import MissingFeatureError
@@ -35,6 +35,7 @@ from coopmat.policy import (
     resolve,
     shape_class,
 )
+from coopmat.policy.tiles import default_tile, filling_tile
 from coopmat.policy.tuning import SHIPPED
 
 DATA = Path(__file__).parents[1] / "data"
@@ -235,7 +236,7 @@ def test_options_follow_the_process_environment(monkeypatch) -> None:
         Options.from_env()
 
 
-# -- recorded devices: subgroup size and tiles (codegen/tiles.py's tables) ------------------
+# -- recorded devices: subgroup size and tiles (policy/tiles.py's tables) ------------------
 def test_subgroup_size_is_chosen_not_inherited() -> None:
     # (device, reported subgroupSize, range, chosen): the smallest size a compute pipeline
     # may require, where the device lets it choose.
@@ -505,8 +506,8 @@ def test_few_rows_take_one_row_block() -> None:
     """Few-row products read B once per row block: on a GPU, a few-row tile with fewer
     rows than M (32 or 64 of them) is widened to hold them all; 17-31 rows keep it
     (measured slower on partial tiles), and so do CPU drivers and M past SMALL_M."""
-    from coopmat.codegen.tiles import covering_rows_tile
     from coopmat.codegen.traits import Tile
+    from coopmat.policy.tiles import covering_rows_tile
     f16, f32 = CT.FLOAT16, CT.FLOAT32
     small = Tile(16, 64, 128, 1, 4, 2)
 

@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 from conftest import DATA
 
-from coopmat.codegen import SMALL_M, GemvTraits, KhrTraits, Layout
-from coopmat.codegen.gemv_tiles import GEMV_MAX_M, default_gemv_tile
+from coopmat.codegen import GemvTraits, KhrTraits, Layout
 from coopmat.codegen.quant import QUANT_PAD_BYTES, overread_bytes
 from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.common.quant_formats import FORMATS
 from coopmat.device.record import load_records
-from coopmat.policy import Options, choose
+from coopmat.policy import SMALL_M, Options, choose
 from coopmat.policy import kernel as policy_kernel
+from coopmat.policy.gemv_tiles import GEMV_MAX_M, default_gemv_tile
 from coopmat.policy.kernel import OperandLayout, Problem, split_k_for
 from coopmat.policy.types import resolve
 
@@ -42,6 +42,9 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
     assert t.tile.tile_k % 32 == 0
     plain = choose(h200, _problem(h200, M, 4096, 4096, None), Options(split_k=1)).traits
     assert t.tile != plain.tile  # its own tiles (measured: tiles.quant_*_tile)
+    # The dequantization's magic in a register on few-row tiles, a literal on taller ones:
+    # the policy's choice, which the split-K kernel keeps.
+    assert t.b_quant_held_magic == (t.tile.tile_m <= SMALL_M) == (M <= SMALL_M)
     if M > SMALL_M:  # and staging unit
         assert (t.tile.tile_m, t.tile.tile_n, t.tile.tile_k) == (128, 64, 64)
         assert t.b_quant_unit == policy_kernel.QUANT_GENERAL_UNIT[fmt]
@@ -147,7 +150,7 @@ def test_gemv_quant_one_row_tile(h200):
     q8_0 two columns a subgroup and two blocks a step at any N; q4_0 two columns and four
     blocks against few columns, four columns and one block against many; more rows and
     an unknown N keep the default."""
-    from coopmat.codegen.gemv_tiles import QUANT_ONE_ROW
+    from coopmat.policy.gemv_tiles import QUANT_ONE_ROW
 
     def shape(fmt, M, N, K=4096):
         t = choose(h200, _problem(h200, M, N, K, fmt)).traits

@@ -1,28 +1,37 @@
-"""Tiles of the gemv kernel (gemv.py): the default and the sweep candidates.
+"""Tiles of the gemv kernel (codegen/gemv.py): the default, the sweep candidates, and
+whether the kernel keeps the driver's bounds checks and prefetches.
 
 A gemv tile is (rows, cols C, splits S, unroll U), see GemvTraits. The default: C = 2
 columns per subgroup, S = 4 subgroups per workgroup (8 columns: N = 4096 makes 512
-workgroups of 128 invocations, about four per multiprocessor of an H200), U = 4 for up to
-4 rows (each lane keeps U x C = 8 16-byte loads of B in flight) and U = 1 beyond (with 8
-rows the lane also holds 8 x 2 float32 vec4 sums and U x 8 units of A: registers, hence
-occupancy, cost more than loads in flight gain). On the H200 (benchmarks/decode_sweep.py,
-2026-11-22) that default came within 1.4% of the best of the 27 swept tiles at 1, 2 and
-4 rows except 2 x 14336 x 4096 (6%), and U = 1 is the best at 8 rows.
+workgroups of 128 invocations, about four per multiprocessor of a large GPU), U = 4 for
+up to 4 rows (each lane keeps U x C = 8 16-byte loads of B in flight) and U = 1 beyond
+(with 8 rows the lane also holds 8 x 2 float32 vec4 sums and U x 8 units of A:
+registers, hence occupancy, cost more than loads in flight gain). That default came
+near the best of the 27 swept tiles at 1 to 8 rows (docs/design.md, Kernels).
 
 With a quantized B (b_quant) a load is a whole block of 32 weights (34 bytes for q8_0, 18
 for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1, and C
 = 4 columns per subgroup from QUANT_COLS_FROM_ROWS rows of its format (C = 2 below): a
-lane then widens A's 32 elements once for four blocks. On the H200 (2026-11-24, x @ w.T
-against 4096 x 4096, 14336 x 4096 and 4096 x 14336 weights, 1-4 rows; docs/quantized.md),
-C = 4 without driver bounds checks against C = 2 with them: q4_0 up to 11% faster in 11
-of 12 cases (1% slower at 2 x 4096 @ 4096^2), q8_0 from 3 rows up to 21% faster (4 x
-14336 @ (4096 x 14336)^T 37.7 us against 47.8), but at 1 row of that weight 1.35x
-slower (32.8 against 24.2 us). The sweep is the same 27 tiles, with tile_k in blocks.
+lane then widens A's 32 elements once for four blocks (slower for q8_0 below 3 rows;
+docs/design.md, Quantized weights). The sweep is the same 27 tiles, with tile_k in
+blocks.
 """
 
 from __future__ import annotations
 
-from coopmat.codegen.traits import GEMV_MAX_ROWS, Tile, gemv_tile
+from dataclasses import replace
+
+from coopmat.codegen.traits import (
+    GEMV_MAX_ROWS,
+    EpilogueOps,
+    GemvTraits,
+    Layout,
+    Tile,
+    gemv_tile,
+)
+from coopmat.codegen.variants import khr_subgroup_size
+from coopmat.common.enums import ComponentType
+from coopmat.device.model import DeviceLimits
 
 GEMV_MAX_M = GEMV_MAX_ROWS  # the policy's gemv rule reaches for it up to this many rows
 DEFAULT_COLS, DEFAULT_SPLITS = 2, 4
@@ -39,20 +48,14 @@ def gemv_rows_for(M: int) -> int:
 
 
 # One row of a quantized B: (fewest columns N, columns per subgroup C, blocks per lane
-# and step U), the first entry whose fewest N the product has. On the H200 (2026-11-24, a
-# 27-tile sweep per shape, x @ w.T against 4096 x 4096, 14336 x 4096 and 4096 x 14336
-# weights; docs/quantized.md): q8_0 at C 2, U 2 took 8.1 / 21.1 / 22.5 us against the
-# default tile's 8.6 / 22.3 / 23.6; q4_0 against 4096 columns at C 2, U 4 7.0 and 16.2 us
-# against 7.7 and 18.2 (more subgroups for few columns, four blocks in flight a lane),
-# while against 14336 columns four columns, one block, stayed the fastest (15.7 us).
+# and step U), the first entry whose fewest N the product has: the fastest of a sweep per
+# format; against fewer columns, more subgroups and more blocks in flight a lane.
 QUANT_ONE_ROW = {"q8_0": ((0, 2, 2),), "q4_0": ((8192, QUANT_COLS, 1), (0, 2, 4))}
 
 
 # Rows of a float B deep enough to prefetch (`prefetches` on the tile above): (C, S, U)
-# by rows. On the H200 (2026-11-24, a 27-tile sweep with the prefetch, 4 x 14336 @ (4096 x
-# 14336)^T; docs/kernels.md) C 2, S 8, U 2 took 33.9 us against the default tile's 40.8
-# (fewer registers, 128 against 166, for the 4 rows' sums and the carried loads); at 1
-# and 2 rows the default was within 1% of the best.
+# by rows: at 4 rows a tile with fewer registers for the rows' sums and the carried
+# loads; at 1 and 2 rows the default stays the best.
 PREFETCH_TILES = {4: (2, 8, 2)}
 
 
@@ -78,13 +81,8 @@ def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
 
 
 # Rows up to which a quantized B's gemv kernel keeps the driver's bounds checks, by
-# format. Without them (GemvTraits.storage_checks) every gemv kernel the policy runs was
-# as fast or 1-9% faster on the H200 (2026-11-24, x @ w.T against 4096 x 4096, 14336 x
-# 4096 and 4096 x 14336 weights, 1-4 rows; docs/quantized.md) except q8_0 at one row:
-# 1 x 14336 @ (4096 x 14336)^T 27.0 us against 24.3 with them, 4096^2 9.0 against 8.7.
-# On its later tile (QUANT_ONE_ROW, packed-float16 weights) one row of q8_0 was 1-3%
-# faster without them too (2026-11-24, same shapes, 8 runs each: 7.9-8.0 against 8.2-8.3
-# us at 4096^2, 22.1-22.2 against 22.6 at 1 x 14336 @ (4096 x 14336)^T), so none keeps them.
+# format. Without them (GemvTraits.storage_checks) every gemv kernel the policy runs
+# measured as fast or faster, so none keeps them.
 CHECKED_QUANT_ROWS: dict[str, int] = {}
 
 
@@ -95,12 +93,9 @@ def checks_storage(M: int, b_quant: str | None = None) -> bool:
 
 
 # Full K steps (of tile_k) from which the gemv kernel of a float B loads each step a step
-# ahead (GemvTraits.prefetch). On the H200 (2026-11-24, x @ w.T, the default tile, 1024
-# elements of K a step; docs/kernels.md) it took 1 x 14336 @ (4096 x 14336)^T (14 steps)
-# from 37.2 to 30.2 us, 2 rows 38.3 -> 31.0, 4 rows 43.4 -> 41.2; at K = 4096 (4 steps) it
-# was as fast at one row and up to 23% slower at 2 and 4. With a quantized B it was slower
-# in 22 of 30 cases (up to 1.36x), 1-4% faster in the others, and with the packed-float16
-# arithmetic slower in all 24 policy cases (docs/quantized.md, "One row of q4_0"): off there.
+# ahead (GemvTraits.prefetch): a long K loop hides the loads' latency that way, a short
+# one (4 steps) measured as fast or slower; with a quantized B it measured slower, so
+# it is off there.
 PREFETCH_MIN_STEPS = 8
 
 
@@ -126,3 +121,24 @@ def gemv_sweep(M: int, subgroup_size: int, max_invocations: int = 1024,
                 if t not in out:
                     out.append(t)
     return out
+
+
+def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLimits,
+                has_c: bool, M: int, *, tile: Tile | None = None,
+                out_type: ComponentType | None = None,
+                ops: EpilogueOps | None = None, b_quant: str | None = None,
+                K: int | None = None, N: int | None = None) -> GemvTraits:
+    """gemv traits (row-major A, column-major B; b_quant: B as GGUF blocks of that
+    format) for M rows on a device: `tile` (its tile_m replaced by the rows M needs), else
+    the default tile; at the subgroup size khr kernels use (the smallest
+    the device lets a pipeline require); without the driver's bounds checks where
+    checks_storage says, and for a known K loading a step ahead where
+    prefetches says (N, where known, shapes a quantized B's one-row tile)."""
+    sg = khr_subgroup_size(limits)
+    tile = default_gemv_tile(M, sg, b_quant, N, K) if tile is None else \
+        replace(tile, tile_m=gemv_rows_for(M))
+    return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
+                      a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,
+                      tile=tile, subgroup_size=sg, out_type=out_type, ops=ops,
+                      b_quant=b_quant, storage_checks=checks_storage(M, b_quant),
+                      prefetch=K is not None and prefetches(K, tile, b_quant))
