@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from epilogue_oracle import check
+from epilogue_oracle import oracle as epilogue_oracle
 
 import coopmat
 import coopmat.api.linalg
 from coopmat.codegen import KhrTraits
 from coopmat.policy.options import SPLIT_K_ENV
-from tests.device.test_epilogue import check
-from tests.device.test_epilogue import oracle as epilogue_oracle
 
 pytestmark = pytest.mark.live
 
@@ -93,7 +93,7 @@ def test_quantized_weight(live_device_info, khr, fmt: str) -> None:
     """A quantized B on the khr kernel, 12 rows: integer weights whose blocks have scale
     1 (tests/test_quant.py), so the sums are exact."""
     pytest.importorskip("gguf")
-    from tests.device.test_quant import exact_weight, oracle
+    from quant_oracle import exact_weight, oracle
 
     w = exact_weight(fmt, N, K)
     deq = oracle(fmt, w)

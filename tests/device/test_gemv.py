@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from epilogue_oracle import check, oracle
+from matmul_oracle import BFLOAT16, float_tolerance, reference, require, small_ints
 
 import coopmat
 import coopmat.api.linalg
@@ -37,8 +39,6 @@ from coopmat.common.enums import ComponentType as CT
 from coopmat.device.record import load_records
 from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose
 from coopmat.policy import kernel as policy_kernel
-from tests.device.test_epilogue import check, oracle
-from tests.device.test_matmul import BFLOAT16, float_tolerance, reference, require, small_ints
 
 DATA = Path(__file__).parents[1] / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")

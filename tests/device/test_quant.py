@@ -22,16 +22,14 @@ pytestmark = pytest.mark.live
 gguf = pytest.importorskip("gguf")
 coopmat = pytest.importorskip("coopmat")
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
+from quant_oracle import QTYPE, RNG, exact_weight, oracle  # noqa: E402
 
 from coopmat.api.linalg import last_kernel_traits  # noqa: E402
 from coopmat.common.quant_formats import FORMATS  # noqa: E402
 
-QTYPE = {"q8_0": QT.Q8_0, "q4_0": QT.Q4_0}
 U16 = 2.0 ** -11
 U = {np.dtype(np.float16): U16, np.dtype(np.float32): 2.0 ** -24}
-RNG = np.random.default_rng(16)
 
 
 @pytest.fixture(scope="module")
@@ -41,24 +39,6 @@ def rt():
         return runtime()
     except coopmat.CoopmatError as exc:
         pytest.skip(f"no cooperative-matrix device: {exc}")
-
-
-def exact_weight(fmt: str, n: int, k: int) -> np.ndarray:
-    """Integer weights that gguf quantizes with d = 1 (so dequantize gives them back)."""
-    if fmt == "q8_0":
-        w = RNG.integers(-100, 101, (n, k // 32, 32))
-        w[:, :, 0] = 127 * RNG.choice([-1, 1], (n, k // 32))
-    else:
-        w = RNG.integers(-7, 8, (n, k // 32, 32))
-        w[:, :, 0] = -8
-    w = np.take_along_axis(w, RNG.permuted(np.tile(np.arange(32), (n, k // 32, 1)), axis=2),
-                           axis=2)  # the extreme value anywhere in its block
-    return w.reshape(n, k).astype(np.float32)
-
-
-def oracle(fmt: str, w: np.ndarray) -> np.ndarray:
-    """gguf's dequantization of gguf's quantization of w, in float64."""
-    return quants.dequantize(quants.quantize(w, QTYPE[fmt]), QTYPE[fmt]).astype(np.float64)
 
 
 def small_x(shape: tuple[int, ...]) -> np.ndarray:
@@ -491,8 +471,8 @@ def test_gemv_random_weights_within_bound(rt, fmt, out):
 def test_gemv_fused_epilogue(rt, fmt, out, fused):
     """act(x @ w.T + bias) + residual in the gemv kernel, as test_epilogue checks the
     float kernels (its oracle: float64, the accumulator's K-term bound)."""
-    from tests.device.test_epilogue import check
-    from tests.device.test_epilogue import oracle as epilogue_oracle
+    from epilogue_oracle import check
+    from epilogue_oracle import oracle as epilogue_oracle
 
     M, K, N = 3, 4192, 29
     w = (RNG.standard_normal((N, K)) / 8).astype(np.float32)

@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from matmul_oracle import float_tolerance, reference, require, small_ints
 
 import coopmat
 import coopmat.api.linalg
 from coopmat.codegen import GemmParams, RowsTraits, build_gemm, rows_tile
-from tests.device.test_matmul import float_tolerance, reference, require, small_ints
 
 RNG = np.random.default_rng(4321)
 

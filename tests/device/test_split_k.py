@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from epilogue_oracle import check
+from epilogue_oracle import oracle as epilogue_oracle
 from spirv_checks import assert_valid
 
 import coopmat
@@ -43,8 +45,6 @@ from coopmat.policy import (
     split_k_violation,
 )
 from coopmat.policy.options import SPLIT_K_ENV
-from tests.device.test_epilogue import check
-from tests.device.test_epilogue import oracle as epilogue_oracle
 
 DATA = Path(__file__).parents[1] / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")

@@ -346,7 +346,7 @@ def test_subgroups_interleaved_at_barriers(name: str, info: PhysicalDeviceInfo) 
 def _glsl_cases() -> list[Any]:
     """(device, traits) for each type pair of shaders/gemm_khr_tiled.comp that the device
     lists: a general variant with C, the device's default tile."""
-    from tests.device.test_shaders import CONFIGS
+    from glsl_twin import CONFIGS
 
     out = []
     for name, info in DEVICES:
@@ -364,7 +364,7 @@ def test_glslang_compiled_kernel(info: PhysicalDeviceInfo, traits: GemmTraits) -
     """The readable GLSL form of the kernel, compiled by glslang (another producer of
     SPIR-V: function calls, specialization constants, OpSpecConstantOp, arrays of
     matrices, OpPhi), at each device's subgroup size, shapes and tile."""
-    from tests.device.test_shaders import glsl_kernel, specialization
+    from glsl_twin import glsl_kernel, specialization
 
     from coopmat.codegen.tools import find_glslang
 

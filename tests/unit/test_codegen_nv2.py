@@ -584,8 +584,8 @@ def test_emulated_fused_epilogue(pair: tuple[CT, CT], act: str | None, bias: boo
     the residual as a matrix) on interior and edge tiles, against the float64 oracle of
     test_epilogue; integer results take bias and residual only. D's padding must
     survive: edge elements are computed and discarded by the clamped store."""
+    from epilogue_oracle import check, oracle
     from nv2_emulator import Nv2Emulator
-    from tests.device.test_epilogue import check, oracle
 
     from coopmat.codegen.traits import Activation, EpilogueOps
     from coopmat.common.dtypes import numpy_dtype
