@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from epilogue_oracle import act64, check, oracle
+from sampling import pairwise
 from spirv_checks import assert_valid
 
 import coopmat
@@ -41,9 +42,6 @@ ACTS = [None, "relu", "gelu_tanh", "silu"]
 
 needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
                                      reason="spirv-val not found")
-
-
-pytestmark = pytest.mark.usefixtures("private_spirv_cache")
 
 
 def f16(*shape, scale=1.0):
@@ -135,12 +133,11 @@ def test_policy_passes_ops_into_traits() -> None:
 
 # -- live -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("bias,residual", [(True, True), (True, False), (False, True),
-                                           (False, False)])
+# Every activation with and without bias and residual, and both with each other
+# (tests/support/sampling.py); the unfused case is test_matmul's.
+@pytest.mark.parametrize("act,bias,residual", pairwise(
+    ACTS, [True, False], [True, False], allowed=lambda c: c != (None, False, False)))
 def test_combinations_edge_shape(live_device_info, act, bias, residual) -> None:
-    if act is None and not bias and not residual:
-        pytest.skip("nothing fused: test_matmul's ground")
     M, N, K = 37, 45, 19  # not multiples of any tile
     a, b = f16(M, K), f16(K, N)
     bv = f16(N) if bias else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from matmul_oracle import BFLOAT16, RNG, float_tolerance, reference, require, small_ints
+from sampling import pairwise
 
 import coopmat
 import coopmat.api.linalg
@@ -54,9 +55,13 @@ SIZES = [(1, 1, 1), (8, 8, 8), (37, 29, 53), (64, 48, 40), (65, 33, 17), (3, 130
          (129, 7, 70)]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES, ids=lambda x: str(x))
-@pytest.mark.parametrize("M,N,K", SIZES)
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
+# Every dtype case, size and transposition, and every pair of them (tests/support/sampling.py)
+EXACT_CASES = [(*d, *size, *t) for d, size, t in pairwise(DTYPE_CASES, SIZES, TRANSPOSES)]
+
+
+@pytest.mark.parametrize("dtype,out_dtype,result,M,N,K,ta,tb", EXACT_CASES,
+                         ids=lambda x: str(x))
 def test_matches_numpy_exactly(pairs, dtype, out_dtype, result, M, N, K, ta, tb):
     require(pairs, dtype, result)
     a, b = operands(dtype, M, N, K)

@@ -24,6 +24,7 @@ coopmat = pytest.importorskip("coopmat")
 
 from gguf import quants  # noqa: E402
 from quant_oracle import QTYPE, RNG, exact_weight, oracle  # noqa: E402
+from sampling import pairwise  # noqa: E402
 
 from coopmat.api.linalg import last_kernel_traits  # noqa: E402
 from coopmat.common.quant_formats import FORMATS  # noqa: E402
@@ -49,10 +50,9 @@ def traits_used():
     return last_kernel_traits()
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("K", [32, 96, 256])
-@pytest.mark.parametrize("N", [8, 40, 64])
-@pytest.mark.parametrize("M", [1, 5, 64, 100])
+# Every format, M, K and N, and every pair of them (tests/support/sampling.py).
+@pytest.mark.parametrize("fmt,M,K,N", pairwise(["q8_0", "q4_0"], [1, 5, 64, 100],
+                                                [32, 96, 256], [8, 40, 64]))
 def test_exact_float32(rt, fmt, M, K, N):
     w = exact_weight(fmt, N, K)
     deq = oracle(fmt, w)
@@ -385,9 +385,8 @@ def test_imports_without_gguf():
     assert "pip install gguf" in out
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("array_x", [False, True])
+@pytest.mark.parametrize("fmt,activation,array_x", pairwise(
+    ["q8_0", "q4_0"], [None, "relu", "gelu_tanh", "silu"], [False, True]))
 def test_linear_with_fused_epilogue(rt, fmt, activation, array_x):
     """coopmat.linear on a quantized weight: act(x @ w.T + bias) + residual, fused into the
     dequantizing kernel, against gguf's dequantization in float64."""
@@ -425,9 +424,7 @@ def gemv_traits_used(fmt: str, M: int):
     return t
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("K", GEMV_K)
-@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("fmt,M,K", pairwise(["q8_0", "q4_0"], [1, 3, 8], GEMV_K))
 def test_gemv_exact(rt, fmt, M, K):
     """Weights that quantize with d = 1 times small integers: exact in float32, so every
     byte, nibble, block and column must be where the kernel reads it."""
@@ -531,10 +528,11 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
     return d.numpy()
 
 
-@pytest.mark.parametrize("steps", [0, 2])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)])
+GEMV_SWEPT = [(fmt, *tile, prefetch, steps) for tile, fmt, prefetch, steps in pairwise(
+    [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)], ["q8_0", "q4_0"], [False, True], [0, 2])]
+
+
+@pytest.mark.parametrize("fmt,cols,splits,unroll,prefetch,steps", GEMV_SWEPT)
 def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     """Tiles of the sweep (gemv_tiles.gemv_sweep) other than the default: U blocks per
     lane and step, C columns per subgroup, S subgroups; no or two whole steps and a

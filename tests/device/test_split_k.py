@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from epilogue_oracle import check
 from epilogue_oracle import oracle as epilogue_oracle
+from sampling import pairwise
 from spirv_checks import assert_valid
 
 import coopmat
@@ -449,11 +450,10 @@ def oracle(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, gelu=False, residual
     return ref, tol
 
 
-@pytest.mark.parametrize("S", [2, 4])
-@pytest.mark.parametrize("M", [1, 5, 16])
-@pytest.mark.parametrize("K", [128, 256])  # 2 and 4 x (S x tile_k) on lavapipe (tile_k 16)
-@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
-@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+# Every split, M, K (2 and 4 x (S x tile_k) on lavapipe, tile_k 16), result type and B
+# layout, and every pair of them (tests/support/sampling.py).
+@pytest.mark.parametrize("S,M,K,out,b_col", pairwise([2, 4], [1, 5, 16], [128, 256], [F16, F32],
+                                                     [False, True]))
 def test_exact_results(live_device_info, monkeypatch, S, M, K, out, b_col) -> None:
     forced(monkeypatch, S)
     N = 40  # not a multiple of any tile's N
@@ -688,6 +688,7 @@ GPU_AV_CHILD = textwrap.dedent('''
 
 
 @pytest.mark.live
+@pytest.mark.gpu_av
 def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
     """Both dispatches under GPU-assisted validation (as test_buffer_bounds.py runs the
     khr variants): the slices' overlapping batch strides, the exact variant's look-ahead
