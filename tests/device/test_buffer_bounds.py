@@ -21,7 +21,7 @@ import pytest
 
 from coopmat.device.instance import VALIDATION_LAYER
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.gpu_av]
 
 CHILD = textwrap.dedent('''
     import json, struct
