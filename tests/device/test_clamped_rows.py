@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from epilogue_oracle import check
 from epilogue_oracle import oracle as epilogue_oracle
+from sampling import pairwise
 
 import coopmat
 import coopmat.api.linalg
@@ -45,11 +46,10 @@ def khr(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-@pytest.mark.parametrize("S", [1, 2], ids=["unsplit", "split2"])
-@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
-@pytest.mark.parametrize("b_col", [True, False], ids=["w.T", "b_row"])
-@pytest.mark.parametrize("n", [N, N_EDGE])
-@pytest.mark.parametrize("M", [5, 8, 12, 20, 48, 100])
+# Every M, N, B layout, result type and split, and every pair of them
+# (tests/support/sampling.py).
+@pytest.mark.parametrize("M,n,b_col,out,S", pairwise([5, 8, 12, 20, 48, 100], [N, N_EDGE],
+                                                     [True, False], [F16, F32], [1, 2]))
 def test_results(live_device_info, khr, M: int, n: int, b_col: bool, out: type,
                  S: int) -> None:
     khr.setenv(SPLIT_K_ENV, str(S))
