@@ -1,12 +1,32 @@
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
+CACHE_ENV = "COOPMAT_CACHE_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One coopmat cache directory for the session (SPIR-V, pipelines, tuning), unless
+    COOPMAT_CACHE_DIR is set: each kernel is then built once per session, and no test
+    reads the user's ~/.cache/coopmat, whose tuning file would change the policy's choices
+    and whose SPIR-V would hide a change to the generator's inputs outside codegen/.
+    Child processes the tests start inherit it."""
+    if os.environ.get(CACHE_ENV) is not None:
+        return
+    root = tempfile.mkdtemp(prefix="coopmat-tests-")
+    os.environ[CACHE_ENV] = root
+    # Registered before any pipeline cache's save, so it runs after them at exit.
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
 
 
 def load_record(name: str) -> dict[str, Any]:
@@ -27,12 +47,16 @@ def live_device_info():
 
 
 @pytest.fixture
-def private_spirv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def private_spirv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """SPIR-V built into this test's own cache directory (its spirv/), from an empty
-    memory cache: what a test builds is built by it."""
+    memory cache: what a test builds is built by it (for tests of the cache itself; the
+    others share the session's). The memory cache is emptied again afterwards, so a
+    doctored entry never reaches another test."""
     from coopmat.codegen import cache
 
     monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    yield
     cache.clear_memory_cache()
 
 

@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_runs_and_writes_json(live_device_info, tmp_path):
     out = tmp_path / "bench.json"
     png = tmp_path / "bench.png"
+    # One float and one integer type: each further type is only more kernels to compile.
     args = [sys.executable, "-m", "coopmat.bench", "--sizes", "16,40x24x56", "--layouts", "nn,tn",
-            "--repeat", "3", "--budget", "0.5", "--stream", "3", "--json", str(out)]
+            "--dtypes", "float16,int8", "--repeat", "3", "--budget", "0.5", "--stream", "3",
+            "--json", str(out)]
     try:
         import matplotlib  # noqa: F401
         args += ["--plot", str(png)]

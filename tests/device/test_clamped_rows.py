@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from epilogue_oracle import check
+from epilogue_oracle import oracle as epilogue_oracle
+from sampling import pairwise
 
 import coopmat
 import coopmat.api.linalg
 from coopmat.codegen import KhrTraits
 from coopmat.policy.options import SPLIT_K_ENV
-from tests.device.test_epilogue import check
-from tests.device.test_epilogue import oracle as epilogue_oracle
 
 pytestmark = pytest.mark.live
 
@@ -45,11 +46,10 @@ def khr(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-@pytest.mark.parametrize("S", [1, 2], ids=["unsplit", "split2"])
-@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
-@pytest.mark.parametrize("b_col", [True, False], ids=["w.T", "b_row"])
-@pytest.mark.parametrize("n", [N, N_EDGE])
-@pytest.mark.parametrize("M", [5, 8, 12, 20, 48, 100])
+# Every M, N, B layout, result type and split, and every pair of them
+# (tests/support/sampling.py).
+@pytest.mark.parametrize("M,n,b_col,out,S", pairwise([5, 8, 12, 20, 48, 100], [N, N_EDGE],
+                                                     [True, False], [F16, F32], [1, 2]))
 def test_results(live_device_info, khr, M: int, n: int, b_col: bool, out: type,
                  S: int) -> None:
     khr.setenv(SPLIT_K_ENV, str(S))
@@ -93,7 +93,7 @@ def test_quantized_weight(live_device_info, khr, fmt: str) -> None:
     """A quantized B on the khr kernel, 12 rows: integer weights whose blocks have scale
     1 (tests/test_quant.py), so the sums are exact."""
     pytest.importorskip("gguf")
-    from tests.device.test_quant import exact_weight, oracle
+    from quant_oracle import exact_weight, oracle
 
     w = exact_weight(fmt, N, K)
     deq = oracle(fmt, w)

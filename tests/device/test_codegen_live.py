@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
+from sampling import pairwise
 
 from coopmat.codegen import (
     GemmParams,
@@ -73,12 +74,6 @@ def runner() -> KernelRunner:
     except NoDevice as e:
         pytest.skip(f"no Vulkan device with VK_KHR_cooperative_matrix: {e} "
                     f"(run under scripts/cpu-vulkan for lavapipe)")
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory,
-                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 def traits(ab: CT, res: CT, a_layout: Layout, b_layout: Layout, has_c: bool, aligned: bool,
@@ -199,11 +194,25 @@ def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tup
     run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
 
 
-@pytest.mark.parametrize("buffering", [3, 4, 5], ids=lambda b: f"buf{b}")
-@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
-@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+def case_id(config: tuple[CT, CT], layouts: tuple[Layout, Layout], has_c: bool,
+            *rest: object) -> str:
+    names = {False: "general", True: "aligned"}
+    more = [names[x] if isinstance(x, bool) else
+            f"buf{x}" if isinstance(x, int) else "buf{}-M{}-N{}".format(*x) for x in rest]
+    return "-".join([param_id(config), param_id(layouts), "c" if has_c else "noc", *more])
+
+
+# The sweeps below are covering samples (tests/support/sampling.py): every config, layout
+# pair, C, edge handling and buffering, and every pair of them, at least once;
+# test_every_variant above runs the full product at the default tile.
+BUFFERING_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [False, True], [3, 4, 5])
+EXACT_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [1, 2, 3, 4, 5])
+CLAMPS = [(1, 40, 96), (2, 8, 96), (3, 40, 88), (4, 8, 88), (5, 64, 88)]  # buffering, M, N
+CLAMPED_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], CLAMPS)
+
+
+@pytest.mark.parametrize("config,layouts,has_c,aligned,buffering", BUFFERING_CASES,
+                         ids=[case_id(*c) for c in BUFFERING_CASES])
 def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
                                  layouts: tuple[Layout, Layout], has_c: bool, aligned: bool,
                                  buffering: int) -> None:
@@ -220,10 +229,8 @@ def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
     run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
 
 
-@pytest.mark.parametrize("buffering", [1, 2, 3, 4, 5], ids=lambda b: f"buf{b}")
-@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+@pytest.mark.parametrize("config,layouts,has_c,buffering", EXACT_CASES,
+                         ids=[case_id(*c) for c in EXACT_CASES])
 def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
                        layouts: tuple[Layout, Layout], has_c: bool, buffering: int) -> None:
     """The exact variant (no bounds checks, no edge epilogue) on whole tiles: several
@@ -236,21 +243,17 @@ def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
                               beta=beta), seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
 
 
-@pytest.mark.parametrize(("buffering", "M", "N"),
-                         [(1, 40, 96), (2, 8, 96), (3, 40, 88), (4, 8, 88), (5, 64, 88)],
-                         ids=["buf1-M40", "buf2-M8", "buf3-M40-N88", "buf4-M8-N88",
-                              "buf5-N88"])
-@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
+@pytest.mark.parametrize("config,layouts,has_c,clamp", CLAMPED_CASES,
+                         ids=[case_id(*c) for c in CLAMPED_CASES])
 def test_clamped_variant(runner: KernelRunner, config: tuple[CT, CT],
-                         layouts: tuple[Layout, Layout], has_c: bool, buffering: int, M: int,
-                         N: int) -> None:
+                         layouts: tuple[Layout, Layout], has_c: bool,
+                         clamp: tuple[int, int, int]) -> None:
     """The exact variant with clamped rows and/or columns: K whole tiles, M or N ending
     inside the last block of a 32 x 32 tile (8 rows: inside the first; 88 columns: 24
     into the third). The padding of A and B is NaN and D's gaps are checked, so a read
     of a row or column past the matrix, or a store of one, shows."""
     ab, res = config
+    buffering, M, N = clamp
     tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
                  exact=True, clamp_rows=M % 32 != 0, clamp_cols=N % 32 != 0)
     case = Case(M, N, 80, batch=2, pad=16, broadcast="b", alpha=0.5 if res.is_float else 3,
@@ -292,17 +295,23 @@ def test_batch_aligned(runner: KernelRunner, buffering: int) -> None:
     run_case(runner, tr, Case(40, 24, 32, batch=2, pad=16, broadcast="b", alpha=-1, beta=2))
 
 
-@pytest.mark.parametrize("tile", [Tile(8, 8, 8, 1, 1, 1), Tile(16, 32, 8, 1, 2, 1),
-                                  Tile(64, 16, 32, 4, 1, 2), Tile(24, 40, 24, 1, 1, 2),
-                                  Tile(8, 8, 8, 1, 1, 3), Tile(16, 32, 8, 1, 2, 3),
-                                  Tile(64, 16, 32, 4, 1, 3), Tile(24, 40, 24, 1, 1, 3),
-                                  Tile(32, 64, 16, 2, 2, 3), Tile(16, 32, 8, 1, 2, 4),
-                                  Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4),
-                                  # tiles.filling_ladder's shapes at lavapipe's 8 x 8 x 8
-                                  Tile(32, 32, 64, 2, 2, 2), Tile(16, 32, 64, 1, 2, 2),
-                                  Tile(8, 16, 64, 1, 2, 1)],
-                         ids=lambda t: t.describe().replace(" ", "-"))
-@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
+OTHER_TILES = [Tile(8, 8, 8, 1, 1, 1), Tile(16, 32, 8, 1, 2, 1),
+               Tile(64, 16, 32, 4, 1, 2), Tile(24, 40, 24, 1, 1, 2),
+               Tile(8, 8, 8, 1, 1, 3), Tile(16, 32, 8, 1, 2, 3),
+               Tile(64, 16, 32, 4, 1, 3), Tile(24, 40, 24, 1, 1, 3),
+               Tile(32, 64, 16, 2, 2, 3), Tile(16, 32, 8, 1, 2, 4),
+               Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4),
+               # tiles.filling_ladder's shapes at lavapipe's 8 x 8 x 8
+               Tile(32, 32, 64, 2, 2, 2), Tile(16, 32, 64, 1, 2, 2),
+               Tile(8, 16, 64, 1, 2, 1)]
+
+
+# Each tile once, general and aligned by turns: both edge handlings meet every buffering
+# (every variant at the default tile runs in test_every_variant).
+@pytest.mark.parametrize("tile,aligned", [(t, i % 2 == 1) for i, t in enumerate(OTHER_TILES)],
+                         ids=[t.describe().replace(" ", "-") + ("-aligned" if i % 2 else
+                                                                "-general")
+                              for i, t in enumerate(OTHER_TILES)])
 def test_other_tiles(runner: KernelRunner, tile: Tile, aligned: bool) -> None:
     tr = traits(CT.FLOAT16, CT.FLOAT32, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True, aligned,
                 tile)

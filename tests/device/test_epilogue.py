@@ -10,12 +10,13 @@ test_codegen_nv2, and live where a device runs it. Codegen and policy tests need
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from epilogue_oracle import act64, check, oracle
+from sampling import pairwise
 from spirv_checks import assert_valid
 
 import coopmat
@@ -38,50 +39,9 @@ DATA = Path(__file__).parents[1] / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
 RNG = np.random.default_rng(77)
 ACTS = [None, "relu", "gelu_tanh", "silu"]
-U = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.float32): 2.0 ** -24}
 
 needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
                                      reason="spirv-val not found")
-
-
-pytestmark = pytest.mark.usefixtures("private_spirv_cache")
-
-
-def act64(x: np.ndarray, act: str | None) -> np.ndarray:
-    if act == "relu":
-        return np.maximum(x, 0.0)
-    if act == "gelu_tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-    if act == "silu":
-        with np.errstate(over="ignore"):
-            return x / (1.0 + np.exp(-x))
-    return x
-
-
-def oracle(a, b, bias=None, act=None, residual=None, c=None, alpha=1.0, beta=0.0):
-    """(float64 result, tolerance) of act(alpha a @ b + beta c + bias) + residual."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    pre = alpha * (a64 @ b64)
-    mag = abs(alpha) * (np.abs(a64) @ np.abs(b64))
-    if c is not None:
-        pre = pre + beta * c.astype(np.float64)
-    if bias is not None:
-        pre = pre + bias.astype(np.float64)
-    x = act64(pre, act)
-    if residual is not None:
-        x = x + residual.astype(np.float64)
-    K = a.shape[-1]
-    # Every activation here has a slope of at most 1.13, so the accumulator's error passes
-    # through about unscaled; 1e-6 (1 + |pre|) covers float32 tanh/exp on the device.
-    return x, K * 2.0 ** -24 * mag * 1.2 + 1e-6 * (1 + np.abs(pre)), pre
-
-
-def check(d, ref, tol, out_dtype):
-    d = np.asarray(d)
-    assert d.dtype == out_dtype
-    bound = tol + U[np.dtype(out_dtype)] * np.abs(ref)
-    err = np.abs(d.astype(np.float64) - ref)
-    assert np.all(err <= bound), (float(err.max()), np.unravel_index(err.argmax(), err.shape))
 
 
 def f16(*shape, scale=1.0):
@@ -173,12 +133,11 @@ def test_policy_passes_ops_into_traits() -> None:
 
 # -- live -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("bias,residual", [(True, True), (True, False), (False, True),
-                                           (False, False)])
+# Every activation with and without bias and residual, and both with each other
+# (tests/support/sampling.py); the unfused case is test_matmul's.
+@pytest.mark.parametrize("act,bias,residual", pairwise(
+    ACTS, [True, False], [True, False], allowed=lambda c: c != (None, False, False)))
 def test_combinations_edge_shape(live_device_info, act, bias, residual) -> None:
-    if act is None and not bias and not residual:
-        pytest.skip("nothing fused: test_matmul's ground")
     M, N, K = 37, 45, 19  # not multiples of any tile
     a, b = f16(M, K), f16(K, N)
     bv = f16(N) if bias else None

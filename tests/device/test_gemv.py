@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from epilogue_oracle import check, oracle
+from matmul_oracle import BFLOAT16, float_tolerance, reference, require, small_ints
+from sampling import pairwise
 
 import coopmat
 import coopmat.api.linalg
@@ -30,8 +33,6 @@ from coopmat.policy import OperandLayout, Options, Problem, TypePair, choose, ge
 from coopmat.policy import kernel as policy_kernel
 from coopmat.policy.gemv_tiles import GEMV_MAX_M, default_gemv_tile, gemv_sweep, gemv_traits
 from coopmat.policy.variants import gemv_variants
-from tests.device.test_epilogue import check, oracle
-from tests.device.test_matmul import BFLOAT16, float_tolerance, reference, require, small_ints
 
 DATA = Path(__file__).parents[1] / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
@@ -42,9 +43,6 @@ F16_F32 = TypePair(CT.FLOAT16, CT.FLOAT32)
 
 needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
                                      reason="spirv-val not found")
-
-
-pytestmark = pytest.mark.usefixtures("private_spirv_cache")
 
 
 # -- codegen ----------------------------------------------------------------------------
@@ -389,12 +387,12 @@ def test_more_rows_than_one_block(pairs):
     np.testing.assert_array_equal(d, reference(a, w.T, np.float16).astype(np.float16))
 
 
-@pytest.mark.parametrize("act", [None, "relu", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("bias,residual", [(True, True), (True, False), (False, True),
-                                           (False, False)])
+# Every activation with and without bias and residual, and both with each other
+# (tests/support/sampling.py); the unfused case is test_exact's.
+@pytest.mark.parametrize("act,bias,residual", pairwise(
+    [None, "relu", "gelu_tanh", "silu"], [True, False], [True, False],
+    allowed=lambda c: c != (None, False, False)))
 def test_fused_epilogue(pairs, live_device_info, act, bias, residual):
-    if act is None and not bias and not residual:
-        pytest.skip("nothing fused: test_exact's ground")
     require(pairs, "float16", np.float16)
     M, N, K = 3, 29, tail_k(live_device_info)
     a, w = RNG.standard_normal((M, K)).astype(np.float16), \
@@ -463,9 +461,9 @@ def test_bfloat16(live_device_info):
         np.testing.assert_array_equal(d, reference(a, w.T, np.float32))
 
 
-@pytest.mark.parametrize("steps", [0, 1, 3])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
-@pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (3, 3, 3)])
+@pytest.mark.parametrize("cols,splits,unroll,prefetch,steps", [
+    (*tile, prefetch, steps) for tile, prefetch, steps in
+    pairwise([(1, 8, 4), (4, 2, 1), (3, 3, 3)], [False, True], [0, 1, 3])])
 def test_swept_tiles(pairs, live_device_info, cols, splits, unroll, prefetch, steps):
     """Explicit traits with other tiles (as a GPU sweep times them), with and without the
     prefetch: no, one and three whole steps, each with a remainder."""

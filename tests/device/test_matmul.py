@@ -12,29 +12,20 @@ Tolerances (documented in README):
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
+from matmul_oracle import BFLOAT16, RNG, float_tolerance, reference, require, small_ints
+from sampling import pairwise
 
 import coopmat
 import coopmat.api.linalg
 from coopmat.codegen import KhrTraits
 from coopmat.common.enums import ComponentType
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-RNG = np.random.default_rng(1234)
-U = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.float32): 2.0 ** -24}
-
 
 @pytest.fixture(scope="module")
 def pairs(live_device_info):
     return coopmat.supported_dtypes()
-
-
-def small_ints(shape, dtype):
-    # via float32: numpy casts integers to ml_dtypes' bfloat16 only through a float
-    return RNG.integers(-3, 4, size=shape).astype(np.float32).astype(dtype)
 
 
 def operands(dtype, M, N, K, batch=()):
@@ -51,18 +42,6 @@ def operands(dtype, M, N, K, batch=()):
     return a, b
 
 
-def reference(a, b, result_dtype):
-    if np.dtype(result_dtype).kind in "iu":
-        return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(result_dtype)
-    return np.matmul(a.astype(np.float64), b.astype(np.float64))
-
-
-def float_tolerance(a, b, acc, out):
-    K = a.shape[-1]
-    mag = np.matmul(np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64)))
-    return K * U[np.dtype(acc)] * mag + U[np.dtype(out)] * mag + 1e-30
-
-
 DTYPE_CASES = [
     ("float16", None, np.float16),
     ("float16", np.float32, np.float32),
@@ -72,20 +51,17 @@ DTYPE_CASES = [
 ]
 
 
-def require(pairs, dtype, result):
-    name = f"{np.dtype(dtype).name}->{np.dtype(result).name}"
-    if name not in pairs and not (dtype == "float16" and result == np.float16
-                                  and "float16->float32" in pairs):
-        pytest.skip(f"the device does not offer {name} (it offers {pairs})")
-
-
 SIZES = [(1, 1, 1), (8, 8, 8), (37, 29, 53), (64, 48, 40), (65, 33, 17), (3, 130, 5),
          (129, 7, 70)]
 
 
-@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES, ids=lambda x: str(x))
-@pytest.mark.parametrize("M,N,K", SIZES)
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
+# Every dtype case, size and transposition, and every pair of them (tests/support/sampling.py)
+EXACT_CASES = [(*d, *size, *t) for d, size, t in pairwise(DTYPE_CASES, SIZES, TRANSPOSES)]
+
+
+@pytest.mark.parametrize("dtype,out_dtype,result,M,N,K,ta,tb", EXACT_CASES,
+                         ids=lambda x: str(x))
 def test_matches_numpy_exactly(pairs, dtype, out_dtype, result, M, N, K, ta, tb):
     require(pairs, dtype, result)
     a, b = operands(dtype, M, N, K)

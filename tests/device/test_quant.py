@@ -22,16 +22,15 @@ pytestmark = pytest.mark.live
 gguf = pytest.importorskip("gguf")
 coopmat = pytest.importorskip("coopmat")
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import quants  # noqa: E402
+from quant_oracle import QTYPE, RNG, exact_weight, oracle  # noqa: E402
+from sampling import pairwise  # noqa: E402
 
 from coopmat.api.linalg import last_kernel_traits  # noqa: E402
 from coopmat.common.quant_formats import FORMATS  # noqa: E402
 
-QTYPE = {"q8_0": QT.Q8_0, "q4_0": QT.Q4_0}
 U16 = 2.0 ** -11
 U = {np.dtype(np.float16): U16, np.dtype(np.float32): 2.0 ** -24}
-RNG = np.random.default_rng(16)
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +42,6 @@ def rt():
         pytest.skip(f"no cooperative-matrix device: {exc}")
 
 
-def exact_weight(fmt: str, n: int, k: int) -> np.ndarray:
-    """Integer weights that gguf quantizes with d = 1 (so dequantize gives them back)."""
-    if fmt == "q8_0":
-        w = RNG.integers(-100, 101, (n, k // 32, 32))
-        w[:, :, 0] = 127 * RNG.choice([-1, 1], (n, k // 32))
-    else:
-        w = RNG.integers(-7, 8, (n, k // 32, 32))
-        w[:, :, 0] = -8
-    w = np.take_along_axis(w, RNG.permuted(np.tile(np.arange(32), (n, k // 32, 1)), axis=2),
-                           axis=2)  # the extreme value anywhere in its block
-    return w.reshape(n, k).astype(np.float32)
-
-
-def oracle(fmt: str, w: np.ndarray) -> np.ndarray:
-    """gguf's dequantization of gguf's quantization of w, in float64."""
-    return quants.dequantize(quants.quantize(w, QTYPE[fmt]), QTYPE[fmt]).astype(np.float64)
-
-
 def small_x(shape: tuple[int, ...]) -> np.ndarray:
     return RNG.integers(-3, 4, shape).astype(np.float16)
 
@@ -69,10 +50,9 @@ def traits_used():
     return last_kernel_traits()
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("K", [32, 96, 256])
-@pytest.mark.parametrize("N", [8, 40, 64])
-@pytest.mark.parametrize("M", [1, 5, 64, 100])
+# Every format, M, K and N, and every pair of them (tests/support/sampling.py).
+@pytest.mark.parametrize("fmt,M,K,N", pairwise(["q8_0", "q4_0"], [1, 5, 64, 100],
+                                                [32, 96, 256], [8, 40, 64]))
 def test_exact_float32(rt, fmt, M, K, N):
     w = exact_weight(fmt, N, K)
     deq = oracle(fmt, w)
@@ -406,9 +386,8 @@ def test_imports_without_gguf():
     assert "pip install gguf" in out
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("array_x", [False, True])
+@pytest.mark.parametrize("fmt,activation,array_x", pairwise(
+    ["q8_0", "q4_0"], [None, "relu", "gelu_tanh", "silu"], [False, True]))
 def test_linear_with_fused_epilogue(rt, fmt, activation, array_x):
     """coopmat.linear on a quantized weight: act(x @ w.T + bias) + residual, fused into the
     dequantizing kernel, against gguf's dequantization in float64."""
@@ -446,9 +425,7 @@ def gemv_traits_used(fmt: str, M: int):
     return t
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("K", GEMV_K)
-@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("fmt,M,K", pairwise(["q8_0", "q4_0"], [1, 3, 8], GEMV_K))
 def test_gemv_exact(rt, fmt, M, K):
     """Weights that quantize with d = 1 times small integers: exact in float32, so every
     byte, nibble, block and column must be where the kernel reads it."""
@@ -492,8 +469,8 @@ def test_gemv_random_weights_within_bound(rt, fmt, out):
 def test_gemv_fused_epilogue(rt, fmt, out, fused):
     """act(x @ w.T + bias) + residual in the gemv kernel, as test_epilogue checks the
     float kernels (its oracle: float64, the accumulator's K-term bound)."""
-    from tests.device.test_epilogue import check
-    from tests.device.test_epilogue import oracle as epilogue_oracle
+    from epilogue_oracle import check
+    from epilogue_oracle import oracle as epilogue_oracle
 
     M, K, N = 3, 4192, 29
     w = (RNG.standard_normal((N, K)) / 8).astype(np.float32)
@@ -552,10 +529,11 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
     return d.numpy()
 
 
-@pytest.mark.parametrize("steps", [0, 2])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("cols,splits,unroll", [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)])
+GEMV_SWEPT = [(fmt, *tile, prefetch, steps) for tile, fmt, prefetch, steps in pairwise(
+    [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)], ["q8_0", "q4_0"], [False, True], [0, 2])]
+
+
+@pytest.mark.parametrize("fmt,cols,splits,unroll,prefetch,steps", GEMV_SWEPT)
 def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     """Tiles of the sweep (gemv_tiles.gemv_sweep) other than the default: U blocks per
     lane and step, C columns per subgroup, S subgroups; no or two whole steps and a

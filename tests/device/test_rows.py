@@ -12,11 +12,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from matmul_oracle import float_tolerance, reference, require, small_ints
+from sampling import pairwise
 
 import coopmat
 import coopmat.api.linalg
 from coopmat.codegen import GemmParams, RowsTraits, build_gemm, rows_tile
-from tests.device.test_matmul import float_tolerance, reference, require, small_ints
 
 RNG = np.random.default_rng(4321)
 
@@ -40,11 +41,12 @@ def weight(K, N, dtype, column_major):
     return small_ints((K, N), dtype)
 
 
-@pytest.mark.parametrize("out_dtype,result", [(None, np.float16), (np.float32, np.float32)],
-                         ids=["f16", "f32"])
-@pytest.mark.parametrize("column_major", [False, True], ids=["x@W", "x@w.T"])
-@pytest.mark.parametrize("N,K", [(32, 64), (96, 48)])
-@pytest.mark.parametrize("M", [1, 3, 8, 16, 17, 64])
+# Every M, N x K, B layout and result type, and every pair of them
+# (tests/support/sampling.py).
+@pytest.mark.parametrize("M,N,K,column_major,out_dtype,result", [
+    (M, *nk, col, *out) for M, nk, col, out in pairwise(
+        [1, 3, 8, 16, 17, 64], [(32, 64), (96, 48)], [False, True],
+        [(None, np.float16), (np.float32, np.float32)])])
 def test_exact(pairs, M, N, K, column_major, out_dtype, result):
     require(pairs, "float16", result)
     a = small_ints((M, K), np.float16)

@@ -11,71 +11,26 @@ explains). So the two kernels must agree bit for bit, edges, C, alpha and beta i
 
 from __future__ import annotations
 
-import functools
 import itertools
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from glsl_twin import CONFIGS, glsl_kernel, specialization
 from kernel_runner import KernelRunner, NoDevice, pack, param_id, unpack
 
-from coopmat.codegen import GemmParams, Kernel, KhrTraits, Layout, Tile, build_gemm
-from coopmat.codegen.family import family_for
-from coopmat.codegen.tools import compile_glsl, find_glslang, find_tool, validate
+from coopmat.codegen import GemmParams, KhrTraits, Layout, Tile, build_gemm
+from coopmat.codegen.tools import find_glslang
 from coopmat.common.enums import ComponentType as CT
 
 pytestmark = pytest.mark.live
 
-SHADER = Path(__file__).resolve().parents[2] / "shaders" / "gemm_khr_tiled.comp"
 SUBGROUP = 8
 SHAPE = (8, 8, 8)
 TILE = Tile(32, 32, 16, 2, 2, 2)  # the generated kernel's default on lavapipe (tiles.py)
-CONFIGS = [(CT.FLOAT16, CT.FLOAT16), (CT.FLOAT16, CT.FLOAT32), (CT.SINT8, CT.SINT32),
-           (CT.UINT8, CT.UINT32)]
 NP: dict[CT, Any] = {CT.FLOAT16: np.float16, CT.FLOAT32: np.float32, CT.UINT8: np.uint8,
                      CT.SINT8: np.int8, CT.UINT32: np.uint32, CT.SINT32: np.int32}
-# GLSL name and size in bytes of each element type.
-GLSL_TYPE = {CT.FLOAT16: ("float16_t", 2), CT.FLOAT32: ("float", 4), CT.SINT8: ("int8_t", 1),
-             CT.UINT8: ("uint8_t", 1), CT.SINT32: ("int32_t", 4), CT.UINT32: ("uint32_t", 4)}
-
-
-# -- the GLSL kernel -----------------------------------------------------------------------
-def defines(tr: KhrTraits) -> dict[str, object]:
-    ab, ab_bytes = GLSL_TYPE[tr.a_type]
-    d = GLSL_TYPE[tr.result_type][0]
-    out: dict[str, object] = {"AB_TYPE": ab, "AB_BYTES": ab_bytes, "D_TYPE": d,
-                              "SCALAR_TYPE": "float" if tr.result_type.is_float else d}
-    if tr.has_c:
-        out["HAS_C"] = None
-    return out
-
-
-def specialization(tr: KhrTraits) -> dict[int, int]:
-    """The shader's constant_id -> value for `tr` (ids as declared in the shader)."""
-    t = tr.tile
-    return {0: tr.m, 1: tr.n, 2: tr.k, 3: t.tile_m, 4: t.tile_n, 5: t.tile_k,
-            6: t.subgroups_m, 7: t.subgroups_n, 8: int(tr.a_layout == Layout.COLUMN_MAJOR),
-            9: int(tr.b_layout == Layout.COLUMN_MAJOR), 10: t.subgroups * tr.subgroup_size}
-
-
-@functools.cache
-def _compiled(define_items: tuple[tuple[str, object], ...]) -> bytes:
-    spirv = compile_glsl(SHADER, dict(define_items))
-    if find_tool("spirv-val"):
-        result = validate(spirv)
-        assert result.ok, f"spirv-val rejects the compiled shader:\n{result.message}"
-    return spirv
-
-
-def glsl_kernel(tr: KhrTraits) -> Kernel:
-    """The shader compiled for `tr`'s types, with the generated kernel's metadata (local
-    size, bindings, push constants, workgroup grid): the ABI is the same."""
-    spirv = _compiled(tuple(defines(tr).items()))
-    kernel = family_for(tr).describe(tr)
-    # glslang turns local_size_x_id into LocalSizeId, which needs maintenance4.
-    return replace(kernel, spirv=spirv, features=(*kernel.features, "maintenance4"))
 
 
 # -- fixtures --------------------------------------------------------------------------------
@@ -101,12 +56,6 @@ def runner() -> KernelRunner:
                              "storageBuffer8BitAccess", "maintenance4"], instance=instance())
     except NoDevice as e:
         pytest.skip(f"no Vulkan device with VK_KHR_cooperative_matrix: {e}")
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory,
-                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COOPMAT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 # -- one case, both kernels ------------------------------------------------------------------

