@@ -585,7 +585,6 @@ def test_emulated_fused_epilogue(pair: tuple[CT, CT], act: str | None, bias: boo
 
     from coopmat.codegen.traits import Activation, EpilogueOps
     from coopmat.common.dtypes import numpy_dtype
-    from tests.device.test_epilogue import check, oracle
 
     dt, rdt = numpy_dtype(pair[0]), numpy_dtype(pair[1])
     if act is not None and rdt.kind in "iu":
