@@ -359,3 +359,25 @@ def test_worker_without_its_device_fails_its_start(scheduler, tmp_path):
     assert proc.returncode != 0
     assert "coopmat.dask: worker" in out and "has no device" in out and \
         "no-such-device-here" in out, out
+
+
+def test_bench_dask_on_two_workers(device, tmp_path):
+    out = tmp_path / "dask.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "coopmat.bench", "--dask", "--rows", "96", "--k", "64", "--n",
+         "32", "--chunk", "16", "--workers", "1,2", "--devices",
+         f"{device.index},{device.index}", "--repeat", "1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["config"]["rows"] == 96 and doc["config"]["chunk"] == 16
+    rows = [x for x in doc["results"] if x["engine"] == "coopmat"]
+    assert [x["workers"] for x in rows] == [1, 2]
+    for x in rows:
+        assert x["seconds"] > 0 and x["max_error"] < 1e-2
+        assert x["ms_per_chunk_per_worker"] == pytest.approx(1e3 * x["seconds"] * x["workers"]
+                                                             / 6)
+        split = x["bare_product"]
+        assert min(split["upload_ms"], split["kernel_ms"], split["download_ms"]) > 0
+        assert x["task_compute_ms"] > 0 and x["host_copy_gbps"] > 0
+    assert "coopmat" in r.stdout and "upload" in r.stdout
