@@ -11,9 +11,13 @@ import dask.array as da
 import numpy as np
 from dask.delayed import delayed
 
-import coopmat
+import coopmat as _coopmat
 from coopmat.dask.cache import weight_cache
 from coopmat.dask.weights import Weight, WeightKey, weight_key
+
+# coopmat's public names load on first use (coopmat.__getattr__), so mypy sees them as
+# object: used through an Any.
+coopmat: Any = _coopmat
 
 # coopmat.matmul's default result dtypes (its docstring): the meta of the dask result.
 _RESULT = {"float16": "float16", "int8": "int32", "uint8": "uint32", "bfloat16": "float32",

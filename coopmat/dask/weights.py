@@ -11,7 +11,11 @@ import numpy as np
 from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
-import coopmat
+import coopmat as _coopmat
+
+# coopmat's public names load on first use (coopmat.__getattr__), so mypy sees them as
+# object: used through an Any.
+coopmat: Any = _coopmat
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,8 +31,12 @@ from typing import Any
 
 import numpy as np
 
-import coopmat
+import coopmat as _coopmat
 from coopmat.tools.cli import prog, write
+
+# coopmat's public names load on first use (coopmat.__getattr__), so mypy sees them as
+# object: used through an Any.
+coopmat: Any = _coopmat
 
 LOOPBACK = "127.0.0.1"
 

@@ -381,3 +381,12 @@ def test_bench_dask_on_two_workers(device, tmp_path):
         assert min(split["upload_ms"], split["kernel_ms"], split["download_ms"]) > 0
         assert x["task_compute_ms"] > 0 and x["host_copy_gbps"] > 0
     assert "coopmat" in r.stdout and "upload" in r.stdout
+
+
+def test_import_coopmat_leaves_dask_alone():
+    code = ("import sys, numpy as np, coopmat; coopmat.matmul; coopmat.Array; "
+            "assert not any(m == 'dask' or m.startswith(('dask.', 'distributed')) "
+            "for m in sys.modules), sorted(m for m in sys.modules if 'dask' in m)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
