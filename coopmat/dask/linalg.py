@@ -4,6 +4,7 @@ worker's device against the weight that worker keeps there."""
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 from typing import Any
 
@@ -50,14 +51,36 @@ def result_dtype(x_dtype: np.dtype, dtype: Any) -> np.dtype:
     return np.dtype(name)
 
 
-def _transportable(error: BaseException) -> BaseException:
-    """The error itself where it pickles (it must reach the client), else a CoopmatError
-    naming it: a VulkanError's two-argument constructor does not survive pickling."""
+class TaskOutOfDeviceMemoryError(_coopmat.OutOfDeviceMemoryError):
+    """coopmat.OutOfDeviceMemoryError as a task raises it (the same error, a subclass):
+    distributed sends errors pickled through tblib, which cannot rebuild the MemoryError
+    base of coopmat's class; this one says how to rebuild it."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)
+
+
+def _round_trips(error: BaseException) -> bool:
+    try:  # as distributed sends it: tblib's pickling where distributed brought it in
+        import tblib.pickling_support
+        tblib.pickling_support.install(error)
+    except ImportError:
+        pass
     try:
         pickle.loads(pickle.dumps(error))
     except Exception:
-        return coopmat.CoopmatError(f"{type(error).__name__}: {error}")
-    return error
+        return False
+    return True
+
+
+def _transportable(error: BaseException) -> BaseException:
+    """The error itself where it survives pickling (it must reach the client), else the
+    same error in a form that does, else a CoopmatError naming it."""
+    if "distributed" not in sys.modules or _round_trips(error):
+        return error  # (the threaded scheduler pickles nothing)
+    if type(error) is _coopmat.OutOfDeviceMemoryError:
+        return TaskOutOfDeviceMemoryError(*error.args)
+    return coopmat.CoopmatError(f"{type(error).__name__}: {error}")
 
 
 def _on_device(weight: Any) -> Any:
@@ -86,7 +109,12 @@ def gemm_block(x: np.ndarray, weight: Any, bias: Any, residual: Any, *, mode: st
                 y = coopmat.matmul(x, w, bias=bias, residual=residual, **opts)
             return y.numpy() if isinstance(y, coopmat.Array) else np.asarray(y)
     except coopmat.CoopmatError as e:
-        raise _transportable(e) from None
+        error = _transportable(e)
+        if error is e:
+            raise
+    # Raised here, not inside `except`: its __context__ (the original error) would travel
+    # with it and fail to unpickle just the same.
+    raise error
 
 
 def _small_key(value: Any) -> Any:

@@ -218,6 +218,37 @@ def test_task_error_reaches_the_client_promptly(client):
     assert time.monotonic() - t0 < 15
 
 
+def test_device_memory_error_reaches_the_client_as_coopmats(client, device):
+    limit = device.limits.max_storage_buffer_range
+    if limit > 256 << 20:
+        pytest.skip("a chunk past this device's maxStorageBufferRange is too large to make")
+    k = 8192
+    rows = limit // (2 * k) + 8  # one chunk just past the range, made on the worker
+    y = cd.matmul(da.zeros((rows, k), dtype=np.float16, chunks=(rows, k)),
+                  np.zeros((k, 8), np.float16))
+    t0 = time.monotonic()
+    with pytest.raises(coopmat.OutOfDeviceMemoryError, match="maxStorageBufferRange"):
+        client.compute(y).result(timeout=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_every_coopmat_error_survives_the_trip_to_the_client():
+    """distributed pickles a task's error through tblib; each arrives as its own class."""
+    import tblib.pickling_support
+    from distributed.protocol import pickle as dask_pickle
+
+    from coopmat.dask.linalg import _transportable
+    for error in (coopmat.OutOfDeviceMemoryError("too big"),
+                  coopmat.VulkanError("vkQueueSubmit", -4),
+                  coopmat.DeviceLostError("vkQueueSubmit", -4),
+                  coopmat.DeviceMismatchError("two devices"),
+                  coopmat.MissingFeatureError("no bfloat16")):
+        sent = _transportable(error)
+        tblib.pickling_support.install(sent)
+        back = dask_pickle.loads(dask_pickle.dumps(sent))
+        assert isinstance(back, type(error)) and str(back) == str(error)
+
+
 def test_default_scheduler_runs_on_this_process():
     cd.clear_cache()
     before = cd.cache_info()
