@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from coopmat.dask.cache import cache_info, clear_cache, set_cache_limit
+from coopmat.dask.devices import held_device
 from coopmat.dask.linalg import linear, matmul
 from coopmat.dask.weights import Weight, from_gguf, quantized
 
-_CLUSTER = ("LocalCluster", "worker_devices", "held_device")
+_CLUSTER = ("LocalCluster", "worker_devices")
 
 
 def __getattr__(name: str) -> Any:

@@ -62,4 +62,4 @@ def worker_devices(client: distributed.Client) -> dict[str, str]:
     return client.run(held_device)
 
 
-__all__ = ["LocalCluster", "held_device", "worker_devices"]
+__all__ = ["LocalCluster", "worker_devices"]

@@ -46,6 +46,11 @@ class Weight:
     transposed: bool = False
     token: str = field(default="", repr=False)
 
+    def __post_init__(self) -> None:
+        if not self.token:  # made by hand: named by what it holds
+            data = self.source.data if isinstance(self.source, GGUFTensor) else self.source
+            object.__setattr__(self, "token", f"weight-{tokenize(self.format, self.shape, data)}")
+
     @property
     def T(self) -> Weight:  # noqa: N802 (numpy's name)
         return replace(self, transposed=not self.transposed,

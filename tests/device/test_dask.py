@@ -314,6 +314,7 @@ def test_killed_worker_has_its_tasks_rerun(client):
     os.kill(pid, signal.SIGKILL)
     got = future.result(timeout=90)
     close_to(got, a.astype(np.float64) @ w.astype(np.float64), 32)
+    assert victim not in client.scheduler_info()["workers"]  # it did die mid-compute
     client.wait_for_workers(2, timeout=START_TIMEOUT_S)  # the nanny restarts it
 
 
