@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coopmat import NoCooperativeMatrixDeviceError
 from coopmat import device as device_layer
-from coopmat.common.errors import NoCooperativeMatrixDeviceError
 
 ENV_VAR = "COOPMAT_DEVICE"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from coopmat.common.errors import CoopmatError
+from coopmat import CoopmatError
 
 logger = logging.getLogger("coopmat.dask")
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import types
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,6 +35,30 @@ class GGUFTensor:
             data=self.data))
 
 
+def _gguf() -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("reading a GGUF file needs the gguf package: pip install "
+                          "'coopmat[gguf]'") from None
+    return gguf
+
+
+@dataclass(frozen=True, eq=False)
+class GGUFFile:
+    """A tensor of a GGUF file that every worker reads itself (the file at the same path
+    on every host): nothing but the path and name travel."""
+
+    path: str
+    name: str
+
+    def on_device(self) -> Any:
+        for t in _gguf().GGUFReader(self.path).tensors:
+            if t.name == self.name:
+                return coopmat.from_gguf(t)
+        raise ValueError(f"{self.path} holds no tensor {self.name!r} on this worker")
+
+
 @dataclass(frozen=True, eq=False)
 class Weight:
     """A weight made on each worker's device once: `quantized(w, "q4_0")` (a float
@@ -42,13 +67,15 @@ class Weight:
 
     format: str  # "q8_0", "q4_0"; for a GGUF tensor its type ("q4_0", "f16", ...)
     shape: tuple[int, int]
-    source: np.ndarray | GGUFTensor = field(repr=False)
+    source: np.ndarray | GGUFTensor | GGUFFile = field(repr=False)
     transposed: bool = False
     token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.token:  # made by hand: named by what it holds
-            data = self.source.data if isinstance(self.source, GGUFTensor) else self.source
+            data = self.source.data if isinstance(self.source, GGUFTensor) else \
+                (self.source.path, self.source.name) if isinstance(self.source, GGUFFile) \
+                else self.source
             object.__setattr__(self, "token", f"weight-{tokenize(self.format, self.shape, data)}")
 
     @property
@@ -62,7 +89,7 @@ class Weight:
 
     def on_device(self) -> Any:
         """The (N, K) weight on this process's device (not transposed)."""
-        if isinstance(self.source, GGUFTensor):
+        if isinstance(self.source, (GGUFTensor, GGUFFile)):
             return self.source.on_device()
         return coopmat.quantize(self.source, self.format)
 
@@ -86,20 +113,45 @@ def quantized(w: Any, format: str) -> Weight:
                   token=f"quantized-{tokenize(host, fmt)}")
 
 
-def from_gguf(tensor: Any) -> Weight:
-    """A tensor of a gguf.GGUFReader (q8_0 or q4_0 blocks, or a float16/float32/bfloat16
-    tensor), sent to each worker as stored and put on its device as coopmat.from_gguf
-    does; shape (N, K) as gguf.quants.dequantize gives it."""
+def from_gguf(tensor: Any, name: str | None = None) -> Weight:
+    """A GGUF weight (q8_0 or q4_0 blocks, or a float16/float32/bfloat16 tensor) put on
+    each worker's device as coopmat.from_gguf does; shape (N, K) as
+    gguf.quants.dequantize gives it.
+
+    - from_gguf(tensor): a tensor of a gguf.GGUFReader, its data sent to each worker as
+      stored (one graph key);
+    - from_gguf(path, name): the tensor `name` of the GGUF file at `path`, which each
+      worker reads itself: for several hosts with the model file at the same path on
+      each (read here too, for its type and shape)."""
+    if isinstance(tensor, (str, os.PathLike)):
+        if name is None:
+            raise TypeError("from_gguf(path, name): name the tensor to read")
+        path = os.path.abspath(os.fspath(tensor))
+        found = [t for t in _gguf().GGUFReader(path).tensors if t.name == name]
+        if not found:
+            raise ValueError(f"{path} holds no tensor {name!r}")
+        t = found[0]
+        stat = os.stat(path)
+        token = tokenize(path, name, int(t.tensor_type), tuple(int(x) for x in t.shape),
+                         stat.st_size, stat.st_mtime_ns)
+        return _gguf_weight(t, GGUFFile(path, name), f"gguf-file-{token}")
+    if name is not None:
+        raise TypeError("from_gguf(tensor) takes no name; from_gguf(path, name) does")
     data = np.array(tensor.data)  # a copy: the reader's memory map stays here
     record = GGUFTensor(str(getattr(tensor, "name", "")), int(tensor.tensor_type),
                         tuple(int(x) for x in tensor.shape), data)
-    shape = tuple(reversed(record.shape))
+    token = tokenize(record.name, record.tensor_type, record.shape, data)
+    return _gguf_weight(tensor, record, f"gguf-{token}")
+
+
+def _gguf_weight(tensor: Any, source: GGUFTensor | GGUFFile, token: str) -> Weight:
+    shape = tuple(int(x) for x in reversed(list(tensor.shape)))
     if len(shape) != 2:
-        raise ValueError(f"from_gguf: tensor {record.name!r} has shape {shape}; a weight "
-                         f"is 2-D")
-    fmt = getattr(getattr(tensor, "tensor_type", None), "name", str(record.tensor_type))
-    return Weight(str(fmt).lower(), (int(shape[0]), int(shape[1])), record,
-                  token=f"gguf-{tokenize(record.name, record.tensor_type, record.shape, data)}")
+        raise ValueError(f"from_gguf: tensor {getattr(tensor, 'name', '')!r} has shape "
+                         f"{shape}; a weight is 2-D")
+    qtype = getattr(tensor, "tensor_type", None)
+    fmt = getattr(qtype, "name", str(qtype))
+    return Weight(str(fmt).lower(), (shape[0], shape[1]), source, token=token)
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,7 +14,7 @@ import sys
 import time
 from types import FrameType
 
-from coopmat.common.errors import CoopmatError
+from coopmat import CoopmatError
 from coopmat.dask.devices import ENV_VAR, describe, placements
 
 PROG = "coopmat-dask-worker"

@@ -171,8 +171,14 @@ def test_gguf_tensor_weight(client, tmp_path):
     assert weight.format == "q8_0" and weight.shape == (8, 64)
     a = RNG.standard_normal((20, 64)).astype(np.float16)
     deq = quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64)
-    got = cd.linear(da.from_array(a, chunks=(7, 64)), weight).compute()
-    close_to(got, a.astype(np.float64) @ deq.T, 64)
+    x = da.from_array(a, chunks=(7, 64))
+    close_to(cd.linear(x, weight).compute(), a.astype(np.float64) @ deq.T, 64)
+    on_disk = cd.from_gguf(path, "w")  # each worker reads the file itself
+    assert on_disk.format == "q8_0" and on_disk.shape == (8, 64)
+    assert pickle.dumps(on_disk).__len__() < blocks.nbytes
+    close_to(cd.matmul(x, on_disk.T).compute(), a.astype(np.float64) @ deq.T, 64)
+    with pytest.raises(ValueError, match="no tensor 'v'"):
+        cd.from_gguf(path, "v")
 
 
 def test_weight_is_one_graph_key_uploaded_once_per_worker(client):
