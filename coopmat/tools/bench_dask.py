@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                          "PCI bus id; one listed twice gets two workers); default every "
                          "cooperative-matrix device")
     ap.add_argument("--repeat", type=int, default=3, help="timed computes per count (median)")
+    ap.add_argument("--linear", choices=["q4_0", "q8_0", "float16"], default=None,
+                    help="also time linear(X, W, bias, 'gelu_tanh') with W quantized to this "
+                         "GGUF format on each worker (or float16 as it is); float16 X only")
     ap.add_argument("--from-client", action="store_true",
                     help="also time X sent from the client")
     ap.add_argument("--no-peers", action="store_true", help="skip dask + CuPy")
@@ -211,8 +214,11 @@ def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, A
             row["bare_product"] = _split(client, x, w, subset)
             row["host_copy_gbps"] = _host_copy(client, x, subset)
             row["devices"] = [held[a] for a in subset]
-            row["max_error"] = _check(cd.matmul(x, w), x, w)
+            row["max_error"] = _check(cd.matmul(x, w), x, lambda a, w=w: a @ np.asarray(
+                w.compute(), np.float64))
             rows.append(row)
+            if args.linear:
+                rows.append(_linear_row(client, args, x, w, subset, y_bytes, nchunks))
             del x
             if args.from_client:
                 import dask.array as da
@@ -227,16 +233,48 @@ def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, A
     return rows
 
 
-def _check(y: Any, x: Any, w: Any) -> float:
-    """The first rows of the result against numpy in float64: the largest error relative to
-    the result's scale (the bench times nothing that gives a wrong answer)."""
+def _check(y: Any, x: Any, reference: Any) -> float:
+    """The first rows of the result against `reference` (numpy, float64) of the same rows
+    of x: the largest error relative to the result's scale (the bench times nothing that
+    gives a wrong answer)."""
     rows = slice(0, CHECK_ROWS)  # numpy's float64 product of a whole chunk takes minutes
     got = y.blocks[0][rows].compute().astype(np.float64)
-    want = x.blocks[0][rows].compute().astype(np.float64) @ np.asarray(w.compute(), np.float64)
+    want = reference(x.blocks[0][rows].compute().astype(np.float64))
     error = float(np.abs(got - want).max() / max(1.0, float(np.abs(want).max())))
     if error > 2e-2:
-        raise SystemExit(f"coopmat.dask's X @ W is off by {error:.3g} of its scale")
+        raise SystemExit(f"coopmat.dask's product is off by {error:.3g} of its scale")
     return error
+
+
+def _gelu_tanh(v: np.ndarray) -> np.ndarray:
+    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+
+
+def _linear_row(client: Any, args: argparse.Namespace, x: Any, w: Any, workers: list[str],
+                y_bytes: int, nchunks: int) -> dict[str, Any]:
+    """linear(X, W.T as (N, K), bias, "gelu_tanh") with W quantized to --linear's format
+    on each worker (or float16 as it is): timed and checked as the plain product."""
+    import coopmat.dask as cd
+    weight_nk = np.ascontiguousarray(np.asarray(w.compute()).T)
+    bias = _random(np.random.default_rng(2), (args.n,), np.dtype(np.float16))
+    if args.linear == "float16":
+        weight: Any = weight_nk
+        dense = weight_nk.astype(np.float64)
+    else:
+        from gguf import GGMLQuantizationType, quants
+        qtype = GGMLQuantizationType[args.linear.upper()]
+        weight = cd.quantized(weight_nk, args.linear)
+        dense = quants.dequantize(quants.quantize(weight_nk.astype(np.float32), qtype),
+                                  qtype).astype(np.float64)
+    seconds, stream = _timed(client, lambda: cd.linear(x, weight, bias, "gelu_tanh"),
+                             workers, args.repeat)
+    row = _row(f"coopmat linear {args.linear} + bias + gelu_tanh", len(workers), seconds, args,
+               x.nbytes, y_bytes, nchunks)
+    compute = _compute_seconds(stream, "coopmat-linear")
+    row["task_compute_ms"] = 1e3 * statistics.median(compute) if compute else float("nan")
+    row["max_error"] = _check(cd.linear(x, weight, bias, "gelu_tanh"), x,
+                              lambda a: _gelu_tanh(a @ dense.T + bias))
+    return row
 
 
 def _resident(client: Any, w: np.ndarray) -> Any:
@@ -318,7 +356,7 @@ def run_cupy(args: argparse.Namespace, counts: list[int]) -> list[dict[str, Any]
 
 def _report(rows: list[dict[str, Any]]) -> None:
     base = {r["engine"]: r["seconds"] for r in rows if r["workers"] == 1}
-    write(f"{'engine':<28} {'workers':>7} {'seconds':>9} {'TFLOP/s':>8} {'GB/s moved':>10} "
+    write(f"{'engine':<40} {'workers':>7} {'seconds':>9} {'TFLOP/s':>8} {'GB/s moved':>10} "
           f"{'ms/chunk':>9} {'speedup':>7}  split per task (ms)")
     for r in rows:
         speed = base.get(r["engine"], float("nan")) / r["seconds"]
@@ -329,7 +367,7 @@ def _report(rows: list[dict[str, Any]]) -> None:
             split = (f"upload {b['upload_ms']:.1f}, kernel {b['kernel_ms']:.1f}, download "
                      f"{b['download_ms']:.1f}; task {r['task_compute_ms']:.1f}, overhead "
                      f"{r['overhead_ms_per_task']:.1f}; host copy {r['host_copy_gbps']:.1f} GB/s")
-        write(f"{r['engine']:<28} {r['workers']:>7} {r['seconds']:>9.3f} {r['tflops']:>8.2f} "
+        write(f"{r['engine']:<40} {r['workers']:>7} {r['seconds']:>9.3f} {r['tflops']:>8.2f} "
               f"{r['gbps_moved']:>10.2f} {r['ms_per_chunk_per_worker']:>9.1f} {speed:>7.2f}  "
               f"{split}")
 
@@ -338,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if min(args.rows, args.k, args.n, args.chunk, args.repeat) < 1:
         _parser().error("--rows, --k, --n, --chunk and --repeat must be >= 1")
+    if args.linear and args.dtype != "float16":
+        _parser().error("--linear takes float16 X (--dtype float16)")
+    if args.linear in ("q4_0", "q8_0") and args.k % 32:
+        _parser().error(f"--linear {args.linear}: --k must be a multiple of 32")
     if args.json is not None and not args.json.parent.is_dir():
         _parser().error(f"--json {args.json}: directory {str(args.json.parent)!r} does not exist")
     from coopmat.dask.devices import placements
@@ -349,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     _report(rows)
     if args.json is not None:
         doc = {"config": {"rows": args.rows, "k": args.k, "n": args.n, "chunk": args.chunk,
-                          "dtype": args.dtype, "repeat": args.repeat,
+                          "dtype": args.dtype, "repeat": args.repeat, "linear": args.linear,
                           "cupy": cupy_module() is not None and not args.no_peers},
                "results": rows}
         args.json.write_text(json.dumps(doc, indent=1, default=float) + "\n")
