@@ -178,9 +178,12 @@ def weight_key(w: Any) -> WeightKey:
         one = w.rechunk(w.shape)
         return WeightKey(one.to_delayed().ravel()[0], one.name,
                          (int(w.shape[0]), int(w.shape[1])), np.dtype(w.dtype))
-    if isinstance(w, coopmat.Array):
-        raise TypeError("coopmat.dask takes the weight as a numpy or dask array (a "
-                        "coopmat.Array lives on one process's device and cannot travel)")
+    # By module, not isinstance: building a graph (a client without a GPU, say) need not
+    # load coopmat's GEMM layer.
+    if type(w).__module__.startswith("coopmat.api."):
+        raise TypeError(f"coopmat.dask takes the weight as a numpy or dask array, or a "
+                        f"coopmat.dask.Weight (a coopmat.{type(w).__name__} lives on one "
+                        f"process's device and cannot travel)")
     host = np.asarray(w)
     if host.ndim != 2:
         raise ValueError(f"the weight must be 2-D, not of shape {host.shape}")

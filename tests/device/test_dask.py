@@ -296,6 +296,8 @@ def test_bad_arguments_fail_at_graph_time():
         cd.matmul(x, np.ones((32, 8), np.float16), device=0)
     with pytest.raises(ValueError, match="result's is"):
         cd.linear(x, np.ones((8, 32), np.float16), residual=np.ones((8, 9), np.float16))
+    with pytest.raises(TypeError, match="cannot travel"):
+        cd.matmul(x, coopmat.asarray(np.ones((32, 8), np.float16)))
     with pytest.raises(ValueError, match="multiple of 32"):
         cd.quantized(np.ones((8, 40), np.float32), "q8_0")
     with pytest.raises(coopmat.DeviceNotFoundError):
