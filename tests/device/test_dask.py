@@ -434,3 +434,20 @@ def test_import_coopmat_leaves_dask_alone():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def test_bench_cupy_peer_graph_with_numpy_standing_in(monkeypatch):
+    """The CuPy peer's cluster (a worker per CUDA device) and graph, run with numpy's
+    asarray standing in for cupy's, so that a GPU run does not find its first bug."""
+    from types import SimpleNamespace
+
+    from coopmat.tools import bench_dask
+    fake = SimpleNamespace(asarray=np.asarray, asnumpy=np.asarray, cuda=SimpleNamespace(
+        runtime=SimpleNamespace(getDeviceCount=lambda: 2)))
+    monkeypatch.setattr(bench_dask, "cupy_module", lambda: fake)
+    args = bench_dask._parser().parse_args(["--rows", "64", "--k", "32", "--n", "16",
+                                            "--chunk", "16", "--repeat", "1"])
+    rows = bench_dask.run_cupy(args, [1, 2, 4])  # 4: more than the devices, left out
+    assert [(r["engine"], r["workers"]) for r in rows] == [("dask + cupy", 1),
+                                                           ("dask + cupy", 2)]
+    assert all(r["seconds"] > 0 for r in rows)
