@@ -189,7 +189,7 @@ def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, A
     w = _random(np.random.default_rng(1), (args.k, args.n), dtype)
     rows: list[dict[str, Any]] = []
     # memory_limit=0: no spilling to disk; one worker of several may hold all of X and Y.
-    with cd.LocalCluster(devices=devices, host=LOOPBACK, dashboard_address=None,
+    with cd.LocalCluster(devices=devices, host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0",
                          silence_logs=logging.ERROR, memory_limit=0) as cluster, \
             distributed.Client(cluster) as client:
         names = {addr: info["name"] for addr, info in client.scheduler_info()["workers"].items()}
@@ -304,7 +304,7 @@ class _CudaCluster:
                 return {i: spec}
 
         cluster = Cluster(n_workers=0, threads_per_worker=1, host=LOOPBACK,
-                          dashboard_address=None, silence_logs=logging.ERROR,
+                          dashboard_address=f"{LOOPBACK}:0", silence_logs=logging.ERROR,
                           memory_limit=0)
         cluster.scale(count)
         cluster.sync(cluster._correct_state)

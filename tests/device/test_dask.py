@@ -38,7 +38,7 @@ def device(live_device_info):
 @pytest.fixture(scope="module")
 def client(device):
     cluster = cd.LocalCluster(devices=[device.index, device.index], host=LOOPBACK,
-                              dashboard_address=None, silence_logs=logging.ERROR)
+                              dashboard_address=f"{LOOPBACK}:0", silence_logs=logging.ERROR)
     c = distributed.Client(cluster)
     try:
         yield c
