@@ -646,16 +646,22 @@ def main(argv: list[str] | None = None) -> int:
     if "--data-path" in args_in:  # transfers, numpy -> numpy end to end, resident arrays
         from coopmat.tools import bench_data
         return bench_data.main([a for a in args_in if a != "--data-path"])
+    if "--dask" in args_in:  # X @ W over 1, 2, ... Dask workers, one per device, vs CuPy
+        from coopmat.tools import bench_dask
+        return bench_dask.main([a for a in args_in if a != "--dask"])
     ap = _Parser(prog=prog("coopmat.bench"), description=__doc__.split("\n")[0])
     modes = ap.add_argument_group(
-        "other modes", "each runs instead of the kernel sweep; `--data-path --help` and "
-        "`--inference --help` list their options")
+        "other modes", "each runs instead of the kernel sweep; `--data-path --help`, "
+        "`--inference --help` and `--dask --help` list their options")
     modes.add_argument("--data-path", action="store_true",
                        help="the time around the kernel: transfers, numpy -> numpy GEMM, "
                             "a resident decode step, a chain of device-array products")
     modes.add_argument("--inference", action="store_true",
                        help="decode shapes, GGUF q8_0/q4_0 weights and fused epilogues, "
                             "beside torch")
+    modes.add_argument("--dask", action="store_true",
+                       help="X @ W over 1, 2, ... Dask workers (one per device), beside "
+                            "dask + CuPy")
     ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
                     help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")
     ap.add_argument("--dtypes", type=parse_dtypes, metavar="LIST",

@@ -1,5 +1,5 @@
 """The package's import graph, read with `ast`: every import runs down the layers
-(common -> device -> codegen -> policy -> dispatch -> api -> tools), and no modules import
+(common -> device -> codegen -> policy -> dispatch -> api -> dask -> tools), and no modules import
 each other in a circle, so the layout cannot quietly decay."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "coopmat"
 
 # Lowest first; a module may import its own layer and those below it.
-LAYERS = ("common", "device", "codegen", "policy", "dispatch", "api", "tools")
+LAYERS = ("common", "device", "codegen", "policy", "dispatch", "api", "dask", "tools")
 # The package's own __init__ (the public names) sits with the API; `python -m coopmat.info`
 # and `python -m coopmat.bench` are entry points beside the tools.
 ROOT_MODULES = {"coopmat": "api", "coopmat.info": "tools", "coopmat.bench": "tools"}
