@@ -34,8 +34,11 @@ class MissingFeatureError(CoopmatError):
     """The device lacks a feature, extension or limit that the kernels need."""
 
 
-class OutOfDeviceMemoryError(CoopmatError, MemoryError):
-    """The problem does not fit the device's memory (or an allocation failed)."""
+class OutOfDeviceMemoryError(MemoryError, CoopmatError):
+    """The problem does not fit the device's memory (or an allocation failed).
+
+    MemoryError comes first so the class pickles through tblib (as distributed sends a
+    task's error): tblib rebuilds an exception with its first base's __new__."""
 
 
 class VulkanError(CoopmatError):

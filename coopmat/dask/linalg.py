@@ -51,15 +51,6 @@ def result_dtype(x_dtype: np.dtype, dtype: Any) -> np.dtype:
     return np.dtype(name)
 
 
-class TaskOutOfDeviceMemoryError(_coopmat.OutOfDeviceMemoryError):
-    """coopmat.OutOfDeviceMemoryError as a task raises it (the same error, a subclass):
-    distributed sends errors pickled through tblib, which cannot rebuild the MemoryError
-    base of coopmat's class; this one says how to rebuild it."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), self.args)
-
-
 def _round_trips(error: BaseException) -> bool:
     try:  # as distributed sends it: tblib's pickling where distributed brought it in
         import tblib.pickling_support
@@ -74,12 +65,10 @@ def _round_trips(error: BaseException) -> bool:
 
 
 def _transportable(error: BaseException) -> BaseException:
-    """The error itself where it survives pickling (it must reach the client), else the
-    same error in a form that does, else a CoopmatError naming it."""
+    """The error itself where it survives pickling (it must reach the client), else a
+    CoopmatError naming it."""
     if "distributed" not in sys.modules or _round_trips(error):
         return error  # (the threaded scheduler pickles nothing)
-    if type(error) is _coopmat.OutOfDeviceMemoryError:
-        return TaskOutOfDeviceMemoryError(*error.args)
     return coopmat.CoopmatError(f"{type(error).__name__}: {error}")
 
 
