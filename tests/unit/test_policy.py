@@ -523,3 +523,34 @@ def test_few_rows_take_one_row_block() -> None:
         assert t.tile.tile_m == M
     cpu = [khr(choose(LAVAPIPE, col_major_b(M, 256, 256, F16_OUT))).tile for M in (1, 64)]
     assert cpu[0] == cpu[1]  # a CPU driver: not widened
+
+
+@pytest.mark.parametrize("info", [H200, LAVAPIPE, RDNA3], ids=["h200", "lavapipe", "rdna3"])
+def test_tuner_candidates(info) -> None:
+    """The tuner's (family, tile) list: the default khr tile first, every khr candidate
+    that fits the device, the nv2 tiles where the device runs nv2 (general classes only),
+    and the rows sweep for few rows on a GPU only."""
+    from coopmat.codegen.tiles import tile_fits
+    from coopmat.codegen.variants import khr_subgroup_size
+    from coopmat.device.record import nv2_usable
+    from coopmat.policy import config_for
+    from coopmat.policy.tiles import khr_tile
+    from coopmat.policy.tuning import candidates
+
+    pair = TypePair(CT.FLOAT16, CT.FLOAT32)
+    cfg = config_for(info, pair)
+    assert cfg is not None
+    cpu = info.device_type == "CPU"
+    lim = info.limits
+    for small_m in (False, True):
+        found = candidates(info, pair, cfg, small_m)
+        families = [f for f, _ in found]
+        assert found[0] == ("khr", khr_tile(cfg, lim, small_m, cpu=cpu))
+        assert families == sorted(families, key=["khr", "nv2", "rows"].index)  # grouped
+        khr = [t for f, t in found if f == "khr"]
+        assert len(set(khr)) == len(khr) and all(
+            tile_fits(t, cfg.a_type, cfg.result_type, cfg.M, cfg.N, cfg.K,
+                      khr_subgroup_size(lim), lim.max_compute_shared_memory_size,
+                      lim.max_compute_work_group_invocations) for t in khr)
+        assert ("nv2" in families) == (not small_m and nv2_usable(info))
+        assert ("rows" in families) == (small_m and not cpu)
