@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 from coopmat.codegen import GemmParams, RowsTraits, build_gemm, rows_tile
 from tests.device.test_matmul import float_tolerance, reference, require, small_ints
 
@@ -28,7 +28,7 @@ def pairs(live_device_info):
 
 def rows_matmul(a, b, **kw):
     d = coopmat.matmul(a, b, family="rows", **kw)
-    t = coopmat.api.linalg.last_kernel_traits()
+    t = coopmat.api.matmul.last_kernel_traits()
     assert isinstance(t, RowsTraits), t
     return d, t
 
