@@ -49,15 +49,9 @@ from coopmat.codegen.gemv_tiles import GEMV_MAX_M, gemv_sweep
 from coopmat.codegen.rows_tiles import rows_sweep
 from coopmat.codegen.tiles import SMALL_M
 from coopmat.codegen.traits import GemmTraits, GemvTraits, Layout, RowsTraits, Tile
-from coopmat.dispatch.gemm import (
-    DeviceOperand,
-    PreparedGemm,
-    Staged,
-    _plan_dispatches,
-    device_plan,
-    plan_temps,
-)
+from coopmat.dispatch.gemm import PreparedGemm, device_plan, plan_dispatches, plan_temps
 from coopmat.dispatch.runtime import Runtime, runtime
+from coopmat.dispatch.staging import DeviceOperand, Staged
 from coopmat.policy import Options, resolve
 from coopmat.policy.kernel import quant_tile
 from coopmat.tools.bench_infer import hot, warm_up
@@ -231,7 +225,7 @@ def quant_sweep(rt: Runtime, shapes: list[tuple[int, int]], ms: list[int],
                         if split is not None and plan.choice.split_k != split:
                             continue  # the product does not split so
                         temps = plan_temps(rt, plan)
-                        dispatch = _plan_dispatches(rt, plan, a, b, None, d_op, None, None, temps)
+                        dispatch = plan_dispatches(rt, plan, a, b, None, d_op, None, None, temps)
                     except Exception as exc:  # a tile the device refuses
                         print(f"  skip {label} {traits}: {exc}", file=sys.stderr)
                         continue

@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 
 import coopmat
-from coopmat.dispatch import pipeline
+from coopmat.dispatch import pipeline, staging
+from coopmat.dispatch.host import run_gemm
 from coopmat.dispatch.runtime import runtime
+from coopmat.policy import Options, resolve
 from coopmat.tools.bench_infer import warm_up
 
 WATCHDOG_S = 500
@@ -95,33 +97,35 @@ def main() -> None:
         b = rng.standard_normal((n, n), dtype=np.float32).astype(np.float16)
         d = np.empty((n, n), np.float16)
         want = a[:32].astype(np.float64) @ b.astype(np.float64)
-        saved = pipeline.PIPELINE_MIN_BYTES, pipeline.BLOCK_BYTES
-        pipeline.PIPELINE_MIN_BYTES = 1 << 62
+        saved = staging.PIPELINE_MIN_BYTES, pipeline.BLOCK_BYTES
+        staging.PIPELINE_MIN_BYTES = 1 << 62
         try:
             whole = coopmat.matmul(a, b)
         finally:
-            pipeline.PIPELINE_MIN_BYTES = saved[0]
+            staging.PIPELINE_MIN_BYTES = saved[0]
         for rnd in range(args.rounds):
             for mib in [0] + [int(s) for s in args.blocks.split(",")]:
                 if mib:
                     pipeline.BLOCK_BYTES = mib << 20
                 else:
-                    pipeline.PIPELINE_MIN_BYTES = 1 << 62
+                    staging.PIPELINE_MIN_BYTES = 1 << 62
                 try:
                     row = measure(a, b, d, want, whole, args.repeat)
                 finally:
-                    pipeline.PIPELINE_MIN_BYTES, pipeline.BLOCK_BYTES = saved
+                    staging.PIPELINE_MIN_BYTES, pipeline.BLOCK_BYTES = saved
                 key = f"{n}^3 {f'{mib} MiB blocks' if mib else 'unpipelined'} round {rnd}"
                 rows[key] = row
                 print(key + ": " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()),
                       flush=True)
         if args.trace:
-            pipeline.TRACE = []
-            coopmat.matmul(a.copy(), b.copy())
-            t0 = pipeline.TRACE[0][0] if pipeline.TRACE else 0.0
+            events: list[tuple[float, str]] = []
+            traced = Options(
+                trace=lambda e, add=events.append: add((time.perf_counter(), e)))
+            run_gemm(rt, resolve(rt.device.info, a.dtype, b.dtype), a.copy()[None],
+                     b.copy()[None], None, None, 1, 0, traced)
+            t0 = events[0][0] if events else 0.0
             print("   trace (ms): " + "; ".join(f"{(t - t0) * 1e3:.2f} {e}"
-                                             for t, e in pipeline.TRACE))
-            pipeline.TRACE = None
+                                             for t, e in events))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(
             {"device": rt.device.info.name, "set": args.set, "ms": rows}, indent=1))

@@ -193,7 +193,8 @@ class _KeptDevice(_Recipe):
             _enqueue(rt, self.plan, operands[0], operands[1], None, d, uploads, result,
                      self.host_copy)
         finally:
-            release_used(rt, used)
+            if used:
+                release_used(rt, used)
         _last.result = self.result
         return result
 
