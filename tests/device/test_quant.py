@@ -552,7 +552,8 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
     """Explicit gemv traits on a quantized weight (as benchmarks/decode_sweep.py times
     them), through the device-array dispatch path."""
     from coopmat.codegen import Layout
-    from coopmat.dispatch.gemm import DeviceOperand, Staged, enqueue_gemm
+    from coopmat.dispatch.gemm import enqueue_gemm
+    from coopmat.dispatch.staging import DeviceOperand, Staged
     from coopmat.policy import Options
 
     M, K = x.shape
