@@ -27,7 +27,7 @@ from coopmat.common.errors import (
 
 __version__ = "0.1.0"
 
-_LINALG = ("configs", "devices", "last_kernel_time", "linear", "matmul", "supported_dtypes")
+_MATMUL = ("configs", "devices", "last_kernel_time", "linear", "matmul", "supported_dtypes")
 _ARRAY = ("Array", "asarray", "empty", "synchronize", "zeros")
 _QUANT = ("QuantizedArray", "from_gguf", "quantize")
 
@@ -36,8 +36,8 @@ def __getattr__(name: str) -> object:
     # The GEMM API pulls in codegen and dispatch; the device layer and `coopmat.info`
     # should not pay for that, so it is imported on first use, then kept as a module
     # attribute (later lookups skip this function: `coopmat.matmul` in a decode loop).
-    if name in _LINALG:
-        from coopmat.api import linalg as module
+    if name in _MATMUL:
+        from coopmat.api import matmul as module
     elif name in _ARRAY:
         from coopmat.api import array as module  # type: ignore[no-redef]
     elif name in _QUANT:

@@ -115,7 +115,7 @@ def build(args: argparse.Namespace) -> None:
     import numpy as np
 
     import coopmat
-    from coopmat.api.linalg import last_kernel_traits
+    from coopmat.api.matmul import last_kernel_traits
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((args.n, args.k), dtype=np.float32) / 64).astype(np.float16)
     x = rng.standard_normal((args.m, args.k), dtype=np.float32).astype(np.float16)

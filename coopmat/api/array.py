@@ -26,13 +26,8 @@ from coopmat.common.errors import DeviceMismatchError, OutOfDeviceMemoryError
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime, runtimes
+from coopmat.dispatch.staging import MARGIN_PER_LINE, MARGIN_SHARE
 from coopmat.dispatch.transfer import NewDownload
-
-# Bytes kept free after an array's data, up to this share of its size, so the exact
-# (unchecked) GEMM variants may read past the end of an operand (abi.overread_elems:
-# two K steps of 128 bytes per line of the leading dimension).
-MARGIN_PER_LINE = 256
-MARGIN_SHARE = 4
 
 
 class _Storage:
@@ -89,7 +84,7 @@ def allocation(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype) -> tuple[in
     limit = rt.device.info.limits.max_storage_buffer_range
     if nbytes > limit:
         raise OutOfDeviceMemoryError(
-            f"an array of {nbytes} bytes passes the device's maxStorageBufferRange ({limit})")
+            f"an array of {nbytes} bytes exceeds the device's maxStorageBufferRange ({limit})")
     if nbytes > rt.pool.device_heap_bytes:
         raise OutOfDeviceMemoryError(
             f"an array of {nbytes} bytes does not fit the device's memory heap "
@@ -425,11 +420,11 @@ class Array:
 
     # -- arithmetic ------------------------------------------------------------------
     def __matmul__(self, other: Any) -> Any:
-        from coopmat.api.linalg import matmul
+        from coopmat.api.matmul import matmul
         return matmul(self, other)
 
     def __rmatmul__(self, other: Any) -> Any:
-        from coopmat.api.linalg import matmul
+        from coopmat.api.matmul import matmul
         return matmul(other, self)
 
     def __repr__(self) -> str:
@@ -486,7 +481,7 @@ def _numpy_matmul(a: Any, b: Any, *, out: Any = None, dtype: Any = None,
     """numpy.matmul(a, b, ...) where an operand or out is an Array: coopmat.matmul on its
     device, result an Array; a numpy `out` receives the result, cast by `casting`. The
     gufunc keywords (axes, axis, signature) only as numpy's defaults."""
-    from coopmat.api.linalg import matmul
+    from coopmat.api.matmul import matmul
     if gufunc.get("axes") is not None and [tuple(ax) for ax in gufunc["axes"]] == \
             [(-2, -1)] * 3:  # numpy's own default, which `x @= y` passes
         del gufunc["axes"]

@@ -1,6 +1,6 @@
-"""The fused epilogue's arguments (bias, activation, residual): checked and prepared for
-matmul's numpy and device-array paths, and computed on the host where no kernel runs
-(K == 0).
+"""The fused epilogue's arguments (bias, activation, residual): named, prepared for
+matmul's numpy path (their checks: coopmat.api.rules), and computed on the host where no
+kernel runs (K == 0).
 
     result = act(alpha * a @ b + beta * c + bias) + residual
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from coopmat.api.rules import check_bias_shape, check_into_result, check_residual_shape
 from coopmat.codegen.traits import Activation, EpilogueOps
 
 ACTIVATIONS = tuple(a.value for a in Activation)
@@ -39,35 +40,11 @@ def ops_of(bias: Any, activation: Any, residual: Any) -> EpilogueOps | None:
     return ops if ops.fused else None
 
 
-def check_ops(ops: EpilogueOps | None, result_is_float: bool, result_name: str) -> None:
-    if ops is not None and ops.activation is not None and not result_is_float:
-        raise TypeError(f"matmul: the {ops.activation.value!r} activation needs a float "
-                        f"result, not {result_name}")
-
-
-def check_dtype(what: str, dtype: np.dtype, result_dtype: np.dtype) -> None:
-    if dtype != result_dtype and not np.can_cast(dtype, result_dtype, casting="same_kind"):
-        raise TypeError(f"matmul: {what} has dtype {dtype}, which cannot be cast to the "
-                        f"result dtype {result_dtype}")
-
-
-def check_bias_shape(shape: tuple[int, ...], N: int) -> None:
-    if tuple(shape) != (N,):
-        raise ValueError(f"matmul: bias must have shape ({N},), one element per column of "
-                         f"the result, not {tuple(shape)}")
-
-
-def check_residual_shape(shape: tuple[int, ...], result_shape: tuple[int, ...]) -> None:
-    if tuple(shape) != tuple(result_shape):
-        raise ValueError(f"matmul: residual must have the result's shape {result_shape}, "
-                         f"not {tuple(shape)}")
-
-
 def host_bias(bias: Any, N: int, result_dtype: np.dtype) -> np.ndarray:
     """bias checked and as a contiguous (N,) array of the result dtype."""
     b = np.asarray(bias)
     check_bias_shape(b.shape, N)
-    check_dtype("bias", b.dtype, result_dtype)
+    check_into_result("bias", b.dtype, result_dtype)
     return np.ascontiguousarray(b, dtype=result_dtype)
 
 
@@ -75,7 +52,7 @@ def host_residual(residual: Any, shape: tuple[int, ...], result_dtype: np.dtype)
     """residual checked and as a C-contiguous array of the result's shape and dtype."""
     r = np.asarray(residual)
     check_residual_shape(r.shape, shape)
-    check_dtype("residual", r.dtype, result_dtype)
+    check_into_result("residual", r.dtype, result_dtype)
     return np.ascontiguousarray(r, dtype=result_dtype)
 
 

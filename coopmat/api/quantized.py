@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from coopmat.api.array import Array, _allocate, _runtime_for, _Storage, asarray
+from coopmat.api.operands import USE_WEIGHT, QuantizedWeight
 from coopmat.codegen.quant import QUANT_PAD_BYTES
 from coopmat.common.quant_formats import FORMATS, QuantFormat, by_ggml_type, quant_format
 from coopmat.dispatch.runtime import DeviceArg, Runtime
@@ -26,7 +27,7 @@ from coopmat.dispatch.runtime import DeviceArg, Runtime
 # look-ahead past the last row (abi.overread_bytes_b: at most 2 K steps of 256 weights).
 PAD_BYTES = 2 * 8 * 34 + QUANT_PAD_BYTES
 
-_USE = "use the weight as matmul's B through its transpose: coopmat.matmul(x, w.T) or x @ w.T"
+_USE = USE_WEIGHT
 
 
 def gguf_module() -> Any:
@@ -49,8 +50,10 @@ def _check_shape(shape: tuple[int, ...], fmt: QuantFormat) -> tuple[int, int]:
     return n, k
 
 
-class QuantizedArray:
-    """An N x K weight's GGUF blocks in device memory (row n: K / 32 blocks)."""
+class QuantizedArray(QuantizedWeight):
+    """An N x K weight's GGUF blocks in device memory (row n: K / 32 blocks). As matmul's
+    operand (its transpose w.T) it counts as device memory, like a coopmat.Array: the
+    product runs on the weight's device and returns an Array."""
 
     __array_ufunc__ = None  # numpy defers x @ w to w.__rmatmul__ (which explains .T)
 
@@ -112,7 +115,7 @@ class QuantizedArray:
         raise TypeError(f"a quantized weight cannot be matmul's A; {_USE}")
 
     def __rmatmul__(self, other: Any) -> Any:
-        from coopmat.api.linalg import matmul
+        from coopmat.api.matmul import matmul
         return matmul(other, self)
 
     def __repr__(self) -> str:
@@ -121,10 +124,11 @@ class QuantizedArray:
                 f"nbytes={self.nbytes}, device={dev.index} ({dev.name}))")
 
 
-class QuantizedTranspose:
+class QuantizedTranspose(QuantizedWeight):
     """`w.T`: the K x N view of a quantized weight, matmul's B (column n is row n of w)."""
 
     __array_ufunc__ = None
+    transposed = True
 
     def __init__(self, base: QuantizedArray):
         self.base = base
@@ -139,6 +143,10 @@ class QuantizedTranspose:
     def T(self) -> QuantizedArray:
         return self.base
 
+    @property
+    def weight(self) -> QuantizedArray:
+        return self.base
+
     def dequantize(self) -> np.ndarray:
         return self.base.dequantize().T
 
@@ -149,7 +157,7 @@ class QuantizedTranspose:
         raise TypeError(f"a quantized weight cannot be matmul's A; {_USE}")
 
     def __rmatmul__(self, other: Any) -> Any:
-        from coopmat.api.linalg import matmul
+        from coopmat.api.matmul import matmul
         return matmul(other, self)
 
     def __repr__(self) -> str:
@@ -188,8 +196,10 @@ def quantize(w: Any, format: str, device: DeviceArg = None) -> QuantizedArray:
 
 def from_gguf(tensor: Any, device: DeviceArg = None) -> QuantizedArray | Array:
     """A tensor of a gguf.GGUFReader on the device, as stored: q8_0 and q4_0 weights as a
-    QuantizedArray, float16/float32/bfloat16 ones as an Array; shape as
-    gguf.quants.dequantize gives it (N x K for a linear layer)."""
+    QuantizedArray, float16/bfloat16 ones as an Array (a weight w that matmul takes as
+    x @ w.T), float32 vectors (norms, biases) as a float32 Array; shape as
+    gguf.quants.dequantize gives it (N x K for a linear layer). A float32 matrix is
+    refused: matmul takes no float32 operands, so it would be refused there."""
     gguf = gguf_module()
     qtype = gguf.GGMLQuantizationType(int(tensor.tensor_type))
     data = np.asarray(tensor.data)
@@ -198,6 +208,11 @@ def from_gguf(tensor: Any, device: DeviceArg = None) -> QuantizedArray | Array:
     fmt = by_ggml_type(int(qtype))
     if fmt is not None:
         return from_blocks(data, fmt, shape, device)  # type: ignore[arg-type]
+    if qtype.name == "F32" and len(shape) > 1:
+        raise TypeError(f"tensor {getattr(tensor, 'name', '')!r} is an F32 matrix of shape "
+                        f"{shape}; matmul takes no float32 operands, so coopmat does not "
+                        f"keep it as a weight: quantize it (coopmat.quantize(w, 'q8_0')) or "
+                        f"convert it (coopmat.asarray(np.asarray(tensor.data, np.float16)))")
     if qtype.name in ("F16", "F32", "BF16"):
         if qtype.name == "BF16":
             import ml_dtypes

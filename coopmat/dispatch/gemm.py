@@ -16,7 +16,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -29,10 +29,18 @@ from coopmat.common.dtypes import numpy_dtype
 from coopmat.common.enums import ComponentType
 from coopmat.common.errors import OutOfDeviceMemoryError
 from coopmat.common.lru import Lru
+from coopmat.dispatch import staging
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
+from coopmat.dispatch.staging import (
+    DeviceOperand,
+    Staged,
+    staged_of,
+    staged_target,
+    staged_view,
+)
 from coopmat.dispatch.stream import Stream
 from coopmat.policy import (
     KernelChoice,
@@ -45,44 +53,6 @@ from coopmat.policy import (
     choose,
     tuning,
 )
-
-
-@dataclass(frozen=True)
-class Staged:
-    layout: Layout
-    ld: int
-    batch_stride: int
-    nbytes: int
-    quant: str | None = None  # B as GGUF blocks of this format (policy.Problem.b_quant)
-
-
-def choose_layout(x: np.ndarray) -> Layout:
-    """Column-major where the matrix's columns are contiguous (a transposed view)."""
-    item = x.itemsize
-    if x.shape[-2] > 1 and x.strides[-2] == item and x.strides[-1] != item:
-        return Layout.COLUMN_MAJOR
-    return Layout.ROW_MAJOR
-
-
-def _plan(x: np.ndarray) -> Staged:
-    batch, rows, cols = x.shape
-    layout = choose_layout(x)
-    ld = cols if layout is Layout.ROW_MAJOR else rows
-    stride = rows * cols if batch > 1 else 0
-    return Staged(layout, ld, stride, batch * rows * cols * x.itemsize)
-
-
-def _staged_view(x: np.ndarray, s: Staged) -> np.ndarray:
-    """x as the staged layout reads it, element by element in C order."""
-    return x if s.layout is Layout.ROW_MAJOR else x.transpose(0, 2, 1)
-
-
-def _target(x: np.ndarray, s: Staged, dst: np.ndarray) -> np.ndarray:
-    """dst (mapped memory) shaped as x's staged layout holds it, element by element in C
-    order: what _staged_view(x, s) is copied into."""
-    batch, rows, cols = x.shape
-    return dst.reshape((batch, rows, cols) if s.layout is Layout.ROW_MAJOR else
-                       (batch, cols, rows))
 
 
 @dataclass(frozen=True)
@@ -108,7 +78,8 @@ class PreparedGemm:
         both of the result dtype, given where `ops` asks for them."""
         self.rt = rt
         options = options or Options()
-        plan = plan_of(rt, pair, _plan(a), _plan(b), _plan(c) if c is not None else None,
+        plan = plan_of(rt, pair, staged_of(a), staged_of(b),
+                       staged_of(c) if c is not None else None,
                        (batch, a.shape[1], b.shape[2], a.shape[2]), alpha, beta, traits,
                        options, ops=ops)
         self.plan = plan
@@ -125,17 +96,17 @@ class PreparedGemm:
         # Large problems on a discrete GPU: operands go straight into device buffers (over
         # the parallel transfer lanes, or written through the mapping of device memory
         # the host maps), and D comes back over the lanes in read().
-        self.bulk = operand_kind is not upload_kind and plan.io_bytes >= BULK_MIN_BYTES
+        self.bulk = operand_kind is not upload_kind and plan.io_bytes >= staging.BULK_MIN_BYTES
         if self.bulk:
             upload_kind, download_kind = operand_kind, operand_kind
             operand_kind = direct or operand_kind
-        elif operand_kind is not upload_kind and plan.io_bytes <= DIRECT_MAX_BYTES:
+        elif operand_kind is not upload_kind and plan.io_bytes <= staging.DIRECT_MAX_BYTES:
             # Small problem on a discrete GPU: the host writes A/B (and C) where the kernel
             # reads them (device memory it maps, else the upload buffers, read over PCIe)
             # and the kernel writes D into the download buffer over PCIe, sparing three
             # copy commands and their barriers, most of a tiny matmul's device time.
             operand_kind, d_kind = direct or upload_kind, download_kind
-        elif operand_kind is not upload_kind and plan.io_bytes <= MAPPED_MAX_BYTES:
+        elif operand_kind is not upload_kind and plan.io_bytes <= staging.MAPPED_MAX_BYTES:
             # Medium: inputs written into device memory the host maps, where there is any
             # (no copy commands in); D comes back by a copy.
             operand_kind = direct or operand_kind
@@ -149,7 +120,7 @@ class PreparedGemm:
             extra = [(abi.BINDING_BIAS, bias.reshape(1, 1, -1)) if bias is not None else None,
                      (abi.BINDING_RESIDUAL, residual) if residual is not None else None]
             extra_bindings = [e[0] for e in extra if e is not None]
-            inputs += [(x, _plan(x)) for e in extra if e is not None for x in (e[1],)]
+            inputs += [(x, staged_of(x)) for e in extra if e is not None for x in (e[1],)]
             packed_operands = {step.operand for step in plan.packs}
             device_bufs: list[Buffer] = []
             self.uploads: list[Copy] = []
@@ -159,13 +130,13 @@ class PreparedGemm:
                 margin = plan.margins[i] if i < 2 and i not in packed_operands else 0
                 dev_buf = self._take(operand_kind, s.nbytes + margin)
                 if self.bulk:
-                    bulk_jobs.append((_staged_view(x, s), dev_buf))
+                    bulk_jobs.append((staged_view(x, s), dev_buf))
                     device_bufs.append(dev_buf)
                     continue
                 host = dev_buf if dev_buf.mapped is not None else \
                     self._take(upload_kind, s.nbytes)
-                target = _target(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
-                np.copyto(target, _staged_view(x, s))
+                target = staged_target(x, s, host.view(x.dtype, s.nbytes // x.itemsize))
+                np.copyto(target, staged_view(x, s))
                 self._written.append((target, s))
                 if host is not dev_buf:
                     self.uploads.append(Copy(host, dev_buf, s.nbytes))
@@ -179,31 +150,24 @@ class PreparedGemm:
                 download_kind, self.d_bytes)
             self.downloads = [Copy(d_buf, self.d_host, self.d_bytes)] \
                 if self.d_host is not d_buf else []
-            operand_bufs = device_bufs[:2]
-            self.dispatches: list[Dispatch] = []
-            for step in plan.packs:  # repack 8-bit operands K-contiguous on the device first
-                packed = self._take(device_kind, step.nbytes + plan.margins[step.operand])
-                self.dispatches.append(Dispatch(step.pipeline,
-                                                {0: operand_bufs[step.operand], 1: packed},
-                                                step.push_constants, step.groups))
-                operand_bufs[step.operand] = packed
-            # A split-K writes its float32 partials to a workspace in device memory.
-            workspace = self._take(device_kind, plan.workspace_bytes) \
-                if plan.workspace_bytes else None
+            # The plan's own device buffers (repacked copies, a split-K's workspace),
+            # taken here so that release() gives them back with the rest.
+            temps = [self._take(device_kind, step.nbytes + plan.margins[step.operand])
+                     for step in plan.packs]
+            if plan.workspace_bytes:
+                temps.append(self._take(device_kind, plan.workspace_bytes))
         except BaseException:
             self.release()
             raise
-        bindings = {0: operand_bufs[0], 1: operand_bufs[1], 2: d_buf}
-        if c is not None:
-            bindings[3] = device_bufs[2]
-        for binding, buf in zip(extra_bindings, device_bufs[len(device_bufs)
-                                                             - len(extra_bindings):],
-                                strict=True):
-            bindings[binding] = buf
-        if workspace is not None:
-            bindings.update(split_bindings(rt, workspace))
-        self.dispatches.append(Dispatch(plan.pipeline, bindings, plan.push_constants,
-                                        plan.groups))
+        # Each input where the kernel reads it, in inputs' order: A, B, C, bias, residual.
+        bound = [DeviceOperand(buf, 0, s) for buf, (_, s) in zip(device_bufs, inputs,
+                                                                 strict=True)]
+        extras = dict(zip(extra_bindings, bound[len(bound) - len(extra_bindings):],
+                          strict=True))
+        self.dispatches: list[Dispatch] = plan_dispatches(
+            rt, plan, bound[0], bound[1], bound[2] if c is not None else None,
+            DeviceOperand(d_buf, 0, Staged(Layout.ROW_MAJOR, self.shape[2], 0, self.d_bytes)),
+            extras.get(abi.BINDING_BIAS), extras.get(abi.BINDING_RESIDUAL), temps)
         # Names its recordings (Executor.run), with each dispatch's kernel, constants and
         # grid: the plan and the buffers, in the order they were taken, fix the rest. A
         # later GEMM of the same plan that gets the same pooled buffers reuses the
@@ -220,7 +184,7 @@ class PreparedGemm:
         if self.bulk:
             raise ValueError("load() is for problems staged through mapped memory")
         for x, (target, s) in zip((a, b), self._written, strict=False):
-            np.copyto(target, _staged_view(x, s))
+            np.copyto(target, staged_view(x, s))
 
     def _take(self, kind: Kind, nbytes: int) -> Buffer:
         buf = self.rt.pool.acquire(kind, nbytes)
@@ -420,17 +384,6 @@ class Plan:
 
 
 PLAN_CACHE = 256
-# Problems moving at most this many bytes between host and device skip the device-local
-# copies on discrete GPUs (PreparedGemm). On the lent H100, float16 end to end: 64^3 (24
-# KiB) 100 -> 80 us, 128^3 (96 KiB) 112 -> 104 us, but 256^3 (384 KiB) 135 -> 177 us, as
-# each workgroup's reads cross PCIe.
-DIRECT_MAX_BYTES = 128 * 1024
-# Problems moving at most this many bytes (and more than DIRECT_MAX_BYTES) write their
-# inputs into device memory the host maps (memory.Kind.MAPPED), where the device has it.
-MAPPED_MAX_BYTES = 8 << 20
-# Problems moving at least this many bytes use the parallel transfer lanes (transfer.py)
-# on discrete GPUs: below it one thread's copy into staging is as fast.
-BULK_MIN_BYTES = 8 << 20
 _plans: Lru[Plan] = Lru(PLAN_CACHE)
 _plan_serials: Iterator[int] = itertools.count(1)
 
@@ -511,37 +464,6 @@ def _make_plan(rt: Runtime, pair: TypePair, sa: Staged, sb: Staged, sc: Staged |
                 kernel.workgroups(M, N, gemm_batch), steps, workspace)
 
 
-def run_gemm(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
-             out: np.ndarray | None, alpha: float | int, beta: float | int,
-             options: Options | None = None, bias: np.ndarray | None = None,
-             residual: np.ndarray | None = None,
-             ops: EpilogueOps | None = None) -> tuple[GemmResult, np.ndarray]:
-    """out[i] = act(alpha * a[i] @ b[i] (+ beta * c[i]) + bias) + residual[i]; 3-D arrays,
-    batch 1 broadcasts (residual: the whole (batch, M, N), C-contiguous). Returns the
-    result and out, or with out None a new (batch, M, N) array (PreparedGemm.read_new)."""
-    from coopmat.dispatch import pipeline
-
-    batch = max(a.shape[0], b.shape[0])
-    shape = (batch, a.shape[1], b.shape[2])
-    d_bytes = out.nbytes if out is not None else \
-        math.prod(shape) * numpy_dtype(pair.stored).itemsize
-    if ops is None and pipeline.applies(rt, a, b, c, shape, a.nbytes + b.nbytes + d_bytes) \
-            and (out is None or out.flags.c_contiguous):
-        done = pipeline.run_pipelined(rt, pair, a, b, out, alpha, options)
-        if done is not None:
-            return done
-    g = PreparedGemm(rt, pair, a, b, c, batch, alpha, beta, options=options,
-                     bias=bias, residual=residual, ops=ops)
-    try:
-        if out is None:
-            seconds, out = g.execute_new()
-        else:
-            seconds = g.execute_into(out)
-    finally:
-        g.release()
-    return GemmResult(seconds, g.traits, g.choice.split_k), out
-
-
 def check_fits(rt: Runtime, sizes: list[int]) -> None:
     limits = rt.device.info.limits
     largest = max(sizes)
@@ -554,20 +476,6 @@ def check_fits(rt: Runtime, sizes: list[int]) -> None:
         raise OutOfDeviceMemoryError(
             f"the problem needs {total} bytes of device memory; the device's memory heap "
             f"holds {rt.pool.device_heap_bytes}")
-
-
-class DeviceOperand(NamedTuple):
-    """A matrix operand in device memory: `staged` says how it lies from `offset` (bytes);
-    `room` is how many bytes the buffer holds from there (data plus any margin). A tuple:
-    a repeated product builds three per call."""
-
-    buffer: Buffer
-    offset: int
-    staged: Staged
-
-    @property
-    def room(self) -> int:
-        return self.buffer.size - self.offset
 
 
 def device_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
@@ -646,7 +554,7 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
                *_operand_key(residual), *(t.addr for t in temps), *_copies_key(uploads),
                None, *_copies_key(downloads))
         ticket = rt.executor.submit_keyed(
-            key, lambda: (uploads, _plan_dispatches(rt, plan, a, b, c, d, bias, residual, temps),
+            key, lambda: (uploads, plan_dispatches(rt, plan, a, b, c, d, bias, residual, temps),
                           downloads), waits)
     finally:
         for buf in temps:
@@ -663,14 +571,14 @@ def plan_serial_seconds(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOper
     temps = plan_temps(rt, plan)
     try:
         return rt.executor.serial_seconds(
-            _plan_dispatches(rt, plan, a, b, None, d, None, None, temps), count, submits)
+            plan_dispatches(rt, plan, a, b, None, d, None, None, temps), count, submits)
     finally:
         for buf in temps:
             rt.pool.recycle(buf)
 
 
 def plan_temps(rt: Runtime, plan: Plan) -> list[Buffer]:
-    """Device buffers one run of the plan writes, in _plan_dispatches' order: each repack's
+    """Device buffers one run of the plan writes, in plan_dispatches' order: each repack's
     or dequantization's copy (with the GEMM's margin), then a split-K's workspace. The
     caller gives them back (pool.recycle) once the run is queued."""
     kind = rt.pool.kinds()[0]
@@ -690,11 +598,12 @@ def _copies_key(copies: Sequence[Copy]) -> tuple[int, ...]:
                                                  cp.src_offset, cp.dst_offset))
 
 
-def _plan_dispatches(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
+def plan_dispatches(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
                      c: DeviceOperand | None, d: DeviceOperand, bias: DeviceOperand | None,
                      residual: DeviceOperand | None, temps: list[Buffer]) -> list[Dispatch]:
-    """The plan's dispatches: repacks of 8-bit operands (into temps, in order), then the
-    GEMM (a split-K's workspace: the last of temps)."""
+    """The plan's dispatches, the one builder of them for every product (prepared,
+    queued, pipelined, timed): repacks of 8-bit operands or a quantized B's dequantization
+    (into temps, in order), then the GEMM (a split-K's workspace: the last of temps)."""
     dispatches: list[Dispatch] = []
     operands = [(a.buffer, a.offset), (b.buffer, b.offset)]
     for step, packed in zip(plan.packs, temps, strict=False):  # K-contiguous first

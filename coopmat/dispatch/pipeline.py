@@ -33,32 +33,21 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
 
 from coopmat.codegen import Layout
 from coopmat.common.dtypes import numpy_dtype
+from coopmat.dispatch import staging
 from coopmat.dispatch.executor import Copy
-from coopmat.dispatch.gemm import (
-    DeviceOperand,
-    GemmResult,
-    Plan,
-    Staged,
-    _plan,
-    _staged_view,
-    enqueue_gemm,
-    enqueue_plan,
-    plan_of,
-)
+from coopmat.dispatch.gemm import GemmResult, Plan, enqueue_gemm, enqueue_plan, plan_of
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import Runtime
+from coopmat.dispatch.staging import DeviceOperand, Staged, staged_of, staged_view
 from coopmat.dispatch.transfer import NewDownload
 from coopmat.policy import Options, TypePair
 
-# Problems moving at least this many bytes between host and device are pipelined.
-PIPELINE_MIN_BYTES = 24 << 20
 # About this many bytes of A and D a block; blocks are whole multiples of BLOCK_ROWS.
 BLOCK_BYTES = 32 << 20
 BLOCK_ROWS = 256
@@ -70,17 +59,13 @@ MAX_BLOCKS = 16
 WRITE_CHUNK_BYTES = 2 << 20
 WRITE_THREADS = 4
 # Without device memory the host maps, the pipeline runs where the device has copy queues
-# (COOPMAT_COPY_QUEUES=1); tests set FORCE to run those steps in order on the compute
-# queue of a device without them.
-FORCE = False
-# A list to receive (perf_counter seconds, event) of each call's steps, for profiling
-# (benchmarks/profile_numpy_path.py); None: not recorded.
-TRACE: list[tuple[float, str]] | None = None
+# (COOPMAT_COPY_QUEUES=1), or where Options.pipeline forces it ('copy-queues': its steps
+# in order on the compute queue of a device without them, for tests).
 
 
-def _trace(event: str) -> None:
-    if TRACE is not None:
-        TRACE.append((time.perf_counter(), event))
+def _tracer(options: Options) -> Callable[[str], None]:
+    """Options.trace, or a no-op."""
+    return options.trace or (lambda event: None)
 
 
 def row_blocks(M: int, row_bytes: int) -> list[tuple[int, int]]:
@@ -97,7 +82,7 @@ def mapped(rt: Runtime) -> bool:
     return rt.pool.direct_kind() is Kind.MAPPED
 
 
-def way(mapped: bool, copy_engines: bool, a_kept: bool) -> str | None:
+def way(mapped: bool, copy_engines: bool, a_kept: bool, force: bool = False) -> str | None:
     """Which pipeline a large product takes: 'mapped' (the host writes A's blocks
     through the mapping), 'copy-queues', or None (the unpipelined path). An A kept
     imported goes up in one device copy at 55 GB/s, faster than the pipeline's writes
@@ -106,18 +91,21 @@ def way(mapped: bool, copy_engines: bool, a_kept: bool) -> str | None:
     the pipeline, with D copied at the end; docs/arrays.md)."""
     if mapped:
         return None if a_kept else "mapped"
-    return "copy-queues" if copy_engines or FORCE else None
+    return "copy-queues" if copy_engines or force else None
 
 
 def applies(rt: Runtime, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
-            out_shape: tuple[int, ...], io_bytes: int) -> bool:
+            out_shape: tuple[int, ...], io_bytes: int, options: Options | None = None) -> bool:
     """Whether a call takes the pipeline: a discrete GPU, one product (no batch, no C),
-    A row-major (row blocks are contiguous), a large enough problem, and a way (way())."""
+    A row-major (row blocks are contiguous), a large enough problem, and a way (way());
+    never with Options.pipeline 'off'."""
+    mode = options.pipeline if options is not None else "auto"
     device_kind, upload_kind, _ = rt.pool.kinds()
-    return (device_kind is not upload_kind and c is None and a.shape[0] == 1
-            and b.shape[0] == 1 and out_shape[0] == 1 and io_bytes >= PIPELINE_MIN_BYTES
-            and _plan(a).layout is Layout.ROW_MAJOR and a.shape[1] >= 2 * BLOCK_ROWS
-            and way(mapped(rt), rt.copy_engines, rt.transfers.kept(a[0])) is not None)
+    return (mode != "off" and device_kind is not upload_kind and c is None and a.shape[0] == 1
+            and b.shape[0] == 1 and out_shape[0] == 1 and io_bytes >= staging.PIPELINE_MIN_BYTES
+            and staged_of(a).layout is Layout.ROW_MAJOR and a.shape[1] >= 2 * BLOCK_ROWS
+            and way(mapped(rt), rt.copy_engines, rt.transfers.kept(a[0]),
+                    mode == "copy-queues") is not None)
 
 
 def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
@@ -129,7 +117,7 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
     options = options or Options()
     _, M, K = a.shape
     N = b.shape[2]
-    sa, sb = _plan(a), _plan(b)
+    sa, sb = staged_of(a), staged_of(b)
     item = a.itemsize
     result_dtype = numpy_dtype(pair.stored)
     blocks = row_blocks(M, (K * item + N * result_dtype.itemsize))
@@ -137,7 +125,7 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
     for r0, r1 in blocks:
         rows = r1 - r0
         if rows not in plans:
-            plans[rows] = plan_of(rt, pair, _rows(sa, rows, item), sb, None,
+            plans[rows] = plan_of(rt, pair, staging.rows_of(sa, rows, item), sb, None,
                                   (1, rows, N, K), alpha, 0, None, options)
     if any(p.packs for p in plans.values()):
         return None
@@ -148,7 +136,7 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
                max(p.margins[1] for p in plans.values()))
     if mapped(rt):
         return result, _run_mapped(rt, a, b, out, blocks, plans, sa, sb, margins,
-                                   result_dtype)
+                                   result_dtype, _tracer(options))
     if out is None:  # the copy queues' lanes download into the caller's array
         out = np.empty((1, M, N), result_dtype)
     pool = rt.pool
@@ -170,7 +158,8 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
 
 def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
                 blocks: list[tuple[int, int]], plans: dict[int, Plan], sa: Staged,
-                sb: Staged, margins: tuple[int, int], result_dtype: np.dtype) -> np.ndarray:
+                sb: Staged, margins: tuple[int, int], result_dtype: np.dtype,
+                _trace: Callable[[str], None]) -> np.ndarray:
     """The pipeline on device memory the host maps (the module's first way)."""
     _, M, K = a.shape
     N = b.shape[2]
@@ -202,7 +191,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
             _trace(f"start: {len(blocks)} blocks")
             # B: a kept import's one device copy (the kernels run after it: the stream
             # orders them), else written through the mapping before the blocks of A.
-            b_src = _staged_view(b, sb)[0]
+            b_src = staged_view(b, sb)[0]
             b_ticket = transfers.kept_upload(b_src, b_buf)
             b_copied = b_ticket is not None
             if b_ticket is not None:
@@ -220,7 +209,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
             def submit(i: int) -> None:
                 r0, r1 = blocks[i]
                 rows = r1 - r0
-                a_i = DeviceOperand(a_buf, r0 * sa.ld * item, _rows(sa, rows, item))
+                a_i = DeviceOperand(a_buf, r0 * sa.ld * item, staging.rows_of(sa, rows, item))
                 d_i = DeviceOperand(d_buf, r0 * row_d,
                                     Staged(Layout.ROW_MAJOR, N, 0, rows * row_d))
                 # D_i goes back as soon as it is done, while the host writes later
@@ -282,15 +271,11 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
             pool.release_later(buf)
 
 
-def _rows(s: Staged, rows: int, item: int) -> Staged:
-    """The staging description of `rows` rows of a row-major operand."""
-    return Staged(Layout.ROW_MAJOR, s.ld, 0, rows * s.ld * item)
-
-
 def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndarray,
          alpha: float | int, options: Options, blocks: list[tuple[int, int]], sa: Staged,
          sb: Staged, a_buf: Buffer, b_buf: Buffer, d_buf: Buffer) -> None:
     """The pipeline on copy queues (the module's second way)."""
+    _trace = _tracer(options)
     K = a.shape[2]
     N = b.shape[2]
     item, out_item = a.itemsize, out.itemsize
@@ -305,7 +290,7 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
         ready[job].set()
         _trace(f"up {'B' if job == 0 else f'A{job - 1}'} submitted")
 
-    jobs = [(_staged_view(b, sb)[0], b_buf)] + [(a[0, r0:r1], a_buf) for r0, r1 in blocks]
+    jobs = [(staged_view(b, sb)[0], b_buf)] + [(a[0, r0:r1], a_buf) for r0, r1 in blocks]
     offsets = [0] + [r0 * sa.ld * item for r0, _ in blocks]
     # The copies may not overwrite buffers that earlier kernels still read.
     start = [(compute, compute.submitted)]
@@ -347,7 +332,7 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
                     if errors or not uploader.is_alive() and not ready[job].is_set():
                         raise errors[0] if errors else RuntimeError("upload stopped")
             rows = r1 - r0
-            a_i = DeviceOperand(a_buf, r0 * sa.ld * item, _rows(sa, rows, item))
+            a_i = DeviceOperand(a_buf, r0 * sa.ld * item, staging.rows_of(sa, rows, item))
             d_i = DeviceOperand(d_buf, r0 * N * out_item,
                                 Staged(Layout.ROW_MAJOR, N, 0, rows * N * out_item))
             ticket, _ = enqueue_gemm(

@@ -767,6 +767,15 @@ class Transfers:
                 imp.free()
         self._in_background(run)
 
+    def wait_imports(self) -> None:
+        """Wait for the imports of host memory started so far (kept pinned blocks and
+        arrays imported in the background); raise what failed. For measurements that
+        want the next transfer to find its memory imported."""
+        with self._lock:
+            pending = list(self._importing)
+        for f in pending:
+            f.result()
+
     def _in_background(self, run: Callable[[], None]) -> None:
         """Run an import on the import thread; destroy() waits for it."""
         with self._lock:
@@ -987,8 +996,7 @@ class Transfers:
 
     def destroy(self) -> None:
         self.stream.wait()
-        for f in self._importing:  # no import may start on a destroyed device
-            f.result()
+        self.wait_imports()  # no import may start on a destroyed device
         with self._lock:
             for block in list(self._blocks):
                 self._drop(block)

@@ -1,25 +1,27 @@
-"""The options that steer kernel choice, read from the environment once.
+"""The options that steer kernel choice and how a product runs, read from the environment.
 
 `Options.from_env()` is the one place the COOPMAT_* variables that affect kernel choice
-are read; everything below it takes an Options value. A bad value is a ValueError that
-names the variable.
+(and the numpy -> numpy pipeline's switch, COOPMAT_PIPELINE) are read; everything below it
+takes an Options value. A bad value is a ValueError that names the variable.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 FAMILY_ENV = "COOPMAT_FAMILY"
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
 NO_TUNING_ENV = "COOPMAT_NO_TUNING"
 SPLIT_K_ENV = "COOPMAT_SPLIT_K"
 DEQUANT_ENV = "COOPMAT_DEQUANT"
+PIPELINE_ENV = "COOPMAT_PIPELINE"
 
 FAMILIES = ("khr", "nv2", "rows", "gemv")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
 DEQUANT_MODES = ("auto", "first", "fused")
+PIPELINE_MODES = ("auto", "copy-queues", "off")
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,21 @@ class Options:
     policy's rule (policy.kernel.split_k_for, while SPLIT_K_DEFAULT is on).
     dequant: for a quantized B, 'first' (a pass into a float B, then the float kernel),
     'fused' (the kernel dequantizes as it reads B) or 'auto' (the policy's rule,
-    policy.kernel.dequantizes_first)."""
+    policy.kernel.dequantizes_first).
+    pipeline: how a large numpy -> numpy product is pipelined (dispatch/pipeline.py):
+    'auto' (the way the device offers, if any), 'copy-queues' (the copy queues' way even
+    on a device without copy queues, its steps in order on the compute queue: for tests)
+    or 'off' (never: one product, for measurements).
+    trace: called with the name of each step of a pipelined product as it happens (for
+    profiling, with time.perf_counter beside it); not part of equality."""
 
     family: str | None = None
     specialize: str = "auto"
     tuning: bool = True
     split_k: int | None = None
     dequant: str = "auto"
+    pipeline: str = "auto"
+    trace: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.split_k is not None and (isinstance(self.split_k, bool) or
@@ -48,6 +58,9 @@ class Options:
                              f">= 1 (1: never split), or None for the policy's choice")
         if self.dequant not in DEQUANT_MODES:
             raise ValueError(f"dequant={self.dequant!r}: use 'first', 'fused' or 'auto'")
+        if self.pipeline not in PIPELINE_MODES:
+            raise ValueError(f"pipeline={self.pipeline!r}: use 'auto', 'copy-queues' or "
+                             f"'off'")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
@@ -89,10 +102,15 @@ class Options:
             raise ValueError(f"{DEQUANT_ENV}={dequant!r}: use 'first' (a float copy of a "
                              f"quantized weight first), 'fused', 'auto' or leave it unset "
                              f"(the policy's choice)")
+        pipeline = env.get(PIPELINE_ENV, "").strip() or "auto"
+        if pipeline not in PIPELINE_MODES:
+            raise ValueError(f"{PIPELINE_ENV}={pipeline!r}: use 'copy-queues' (its steps in "
+                             f"order where the device has no copy queues), 'off', 'auto' or "
+                             f"leave it unset")
         return cls(family=None if family == "auto" else family,
                    specialize=_SPECIALIZE[spec],
                    tuning=env.get(NO_TUNING_ENV, "").strip() != "1", split_k=split_k,
-                   dequant=dequant)
+                   dequant=dequant, pipeline=pipeline)
 
     def with_family(self, family: str | None) -> Options:
         """These options with a per-call family (None or 'auto' keeps the current one)."""
@@ -104,7 +122,7 @@ class Options:
         return replace(self, family=family)
 
 
-_NAMES = (FAMILY_ENV, SPECIALIZE_ENV, NO_TUNING_ENV, SPLIT_K_ENV, DEQUANT_ENV)
+_NAMES = (FAMILY_ENV, SPECIALIZE_ENV, NO_TUNING_ENV, SPLIT_K_ENV, DEQUANT_ENV, PIPELINE_ENV)
 _parsed: dict[tuple[object, ...], Options] = {}
 # CPython's os.environ keeps its variables in a dict of encoded names and values (POSIX:
 # bytes); where it does not, from_env reads through os.environ.

@@ -34,7 +34,7 @@ import numpy as np
 
 import coopmat
 from coopmat import codegen, policy
-from coopmat.api.linalg import matmul, supported_dtypes
+from coopmat.api.matmul import matmul, supported_dtypes
 from coopmat.codegen import GemmParams, GemmTraits, Layout
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.common.dtypes import by_name, element

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from coopmat.api.array import asarray, empty, synchronize
-from coopmat.api.linalg import last_kernel_time, matmul
+from coopmat.api.matmul import last_kernel_time, matmul
 from coopmat.dispatch.runtime import runtime
 from coopmat.dispatch.transfer import MODES
 from coopmat.tools.cli import prog
@@ -118,8 +118,7 @@ def transfers(repeat: int, nbytes: int, out: list[dict[str, Any]]) -> float | No
     t0 = time.perf_counter()
     arr.numpy()
     t_first = time.perf_counter() - t0
-    for f in rt.transfers._importing:  # the first result's block, imported for next time
-        f.result()
+    rt.transfers.wait_imports()  # the first result's block, imported for next time
     t_as = _median(lambda: asarray(x), repeat, synchronize)
     t_new = _median_new(x.copy, asarray, repeat, synchronize)
     t_np = _median(arr.numpy, repeat)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from coopmat.api.linalg import last_kernel_time, last_kernel_traits, matmul
+from coopmat.api.matmul import last_kernel_time, last_kernel_traits, matmul
 from coopmat.codegen.variants import is_cpu
 from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.dispatch.gemm import PreparedGemm
@@ -171,13 +171,11 @@ def _weight_kernel_ms(x: Any, w: Any, d: Any) -> tuple[float, str]:
     """(GPU milliseconds, the kernel's name) per x @ w.T (x an M x K Array, w an N x K
     Array or QuantizedArray, d an M x N float16 Array), the policy's plan run REPEAT times
     back to back."""
-    from coopmat.api.array_matmul import _operand
-    from coopmat.api.quant_matmul import is_quantized, weight_operand
+    from coopmat.api.matmul import device_operand
     from coopmat.dispatch.gemm import device_plan, plan_serial_seconds
     rt = runtime()
     (M, K), N = x.shape, w.shape[0]
-    a, out = _operand(x, (), 0), _operand(d, (), 2)
-    b = weight_operand(w) if is_quantized(w) else _operand(w.T, (), 1)
+    a, out, b = device_operand(x, 0), device_operand(d, 2), device_operand(w.T, 1)
     plan = device_plan(rt, resolve(rt.device.info, x.dtype, x.dtype), a, b, None,
                        (1, M, N, K), 1, 0, Options())
     plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag

@@ -322,10 +322,10 @@ def test_numpy_products_of_kept_arrays_wait_once(rt, monkeypatch):
     is free, is copied into it within the kernel's submission (Transfers.new_download),
     as is its copy into a kept `out=` array: the call waits once. Sizes are scaled down
     with the thresholds."""
-    from coopmat.dispatch import gemm, transfer
+    from coopmat.dispatch import staging, transfer
 
     monkeypatch.setattr(transfer, "PINNED_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(staging, "BULK_MIN_BYTES", 1 << 20)
     rng = np.random.default_rng(12)
     a = rng.integers(-3, 4, (512, 1024)).astype(np.float16)  # 1 MiB each, as is D
     b = rng.integers(-3, 4, (1024, 512)).astype(np.float16)
@@ -472,7 +472,7 @@ def test_small_results_of_numpy_operands_come_back_with_the_product(rt):
     """A small result of a product that took a numpy operand is copied to host-visible
     memory in the product's own submission; .numpy() reads that copy, and any later
     write into the array (out=, on either path) drops it."""
-    from coopmat.api.array_matmul import HOST_COPY_MAX_BYTES
+    from coopmat.dispatch.staging import HOST_COPY_MAX_BYTES
     x, x2 = _random((16, 96), np.float16, 40), _random((16, 96), np.float16, 41)
     w = (_random((96, 80), np.float16, 42) / 8).astype(np.float16)
     with discrete(rt):
@@ -663,8 +663,8 @@ def test_numpy_to_numpy_bulk_path(rt, monkeypatch, mapped):
     """Large numpy -> numpy products (bulk path) upload over the lanes, or write their
     inputs through the mapping of device memory the host maps where the device has it,
     strided views included; D comes back over the lanes."""
-    from coopmat.dispatch import gemm, transfer
-    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
+    from coopmat.dispatch import staging, transfer
+    monkeypatch.setattr(staging, "BULK_MIN_BYTES", 64 << 10)
     monkeypatch.setattr(transfer, "CHUNK_BYTES", 16 << 10)
     monkeypatch.setattr(transfer, "PARALLEL_MIN_BYTES", 32 << 10)
     a, b = _random((130, 200), np.float16, 14), _random((200, 150), np.float16, 15)
@@ -699,7 +699,7 @@ def test_numpy_to_numpy_pipelined(rt, monkeypatch, dtype):
     product."""
     from coopmat.dispatch import pipeline
     _small_pipeline(monkeypatch)
-    monkeypatch.setattr(pipeline, "FORCE", True)
+    monkeypatch.setenv("COOPMAT_PIPELINE", "copy-queues")
     calls = []
     real = pipeline.run_pipelined
     monkeypatch.setattr(pipeline, "run_pipelined",
@@ -800,9 +800,9 @@ def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
 
 
 def _small_pipeline(monkeypatch) -> None:
-    from coopmat.dispatch import gemm, pipeline, transfer
-    monkeypatch.setattr(gemm, "BULK_MIN_BYTES", 64 << 10)
-    monkeypatch.setattr(pipeline, "PIPELINE_MIN_BYTES", 64 << 10)
+    from coopmat.dispatch import pipeline, staging, transfer
+    monkeypatch.setattr(staging, "BULK_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(staging, "PIPELINE_MIN_BYTES", 64 << 10)
     monkeypatch.setattr(pipeline, "BLOCK_BYTES", 24 << 10)
     monkeypatch.setattr(pipeline, "BLOCK_ROWS", 16)
     monkeypatch.setattr(pipeline, "WRITE_CHUNK_BYTES", 4 << 10)

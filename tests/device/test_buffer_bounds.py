@@ -131,7 +131,8 @@ CHILD = textwrap.dedent('''
     # cover that block end 2 bytes past it) ends exactly at the buffer's end.
     def quant_check(fmt, M, N, K):
         import coopmat
-        from coopmat.dispatch.gemm import DeviceOperand, Staged, enqueue_gemm
+        from coopmat.dispatch.gemm import enqueue_gemm
+        from coopmat.dispatch.staging import DeviceOperand, Staged
         from coopmat.policy import Options
         from coopmat.common.quant_formats import quant_format
 

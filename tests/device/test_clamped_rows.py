@@ -17,7 +17,7 @@ from epilogue_oracle import oracle as epilogue_oracle
 from sampling import pairwise
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 from coopmat.codegen import KhrTraits
 from coopmat.policy.options import SPLIT_K_ENV
 
@@ -34,7 +34,7 @@ def small_ints(*shape: int) -> np.ndarray:
 
 
 def last_traits() -> KhrTraits:
-    traits = coopmat.api.linalg._last.result.traits
+    traits = coopmat.api.matmul._last.result.traits
     assert isinstance(traits, KhrTraits)
     return traits
 
@@ -60,7 +60,7 @@ def test_results(live_device_info, khr, M: int, n: int, b_col: bool, out: type,
     t = last_traits()
     assert t.exact and t.clamp_rows == (M % t.tile.tile_m != 0), t.describe()
     assert t.clamp_cols == (n % t.tile.tile_n != 0), t.describe()
-    assert coopmat.api.linalg._last.result.split_k in (1, S)
+    assert coopmat.api.matmul._last.result.split_k in (1, S)
 
 
 @pytest.mark.parametrize(("M", "n"), [(8, N), (20, N), (32, N_EDGE), (20, N_EDGE)])

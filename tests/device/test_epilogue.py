@@ -20,7 +20,7 @@ from sampling import pairwise
 from spirv_checks import assert_valid
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 from coopmat.api.fused import ops_of
 from coopmat.codegen import abi
 from coopmat.codegen.epilogue import ElementOps
@@ -145,7 +145,7 @@ def test_combinations_edge_shape(live_device_info, act, bias, residual) -> None:
     d = coopmat.matmul(a, b, bias=bv, activation=act, residual=rv)
     ref, tol, _ = oracle(a, b, bv, act, rv)
     check(d, ref, tol, np.float16)
-    assert coopmat.api.linalg.last_kernel_traits().ops == ops_of(bv, act, rv)
+    assert coopmat.api.matmul.last_kernel_traits().ops == ops_of(bv, act, rv)
 
 
 NV2_FEATURES = ("cooperativeMatrixWorkgroupScope", "cooperativeMatrixFlexibleDimensions",
@@ -169,7 +169,7 @@ def test_nv2_per_element_epilogue(live_device_info, act, dtype, accumulator) -> 
             rv = f16(M, N) if residual else None
             d = coopmat.matmul(a, b, bias=bv, activation=act, residual=rv, dtype=dtype,
                                accumulator=accumulator, family="nv2")
-            t = coopmat.api.linalg.last_kernel_traits()
+            t = coopmat.api.matmul.last_kernel_traits()
             assert isinstance(t, Nv2Traits) and t.ops == ops_of(bv, act, rv)
             ref, tol, _ = oracle(a, b, bv, act, rv)
             if accumulator == "float16":  # K products summed in float16
@@ -194,7 +194,7 @@ def test_exact_variant_with_ops(live_device_info, act) -> None:
     bias and residual."""
     a, b, bv, rv = f16(512, 128), f16(128, 512), f16(512), f16(512, 512)
     d = coopmat.matmul(a, b, bias=bv, activation=act, residual=rv)
-    t = coopmat.api.linalg.last_kernel_traits()
+    t = coopmat.api.matmul.last_kernel_traits()
     assert isinstance(t, KhrTraits) and t.exact and t.ops is not None
     ref, tol, _ = oracle(a, b, bv, act, rv)
     check(d, ref, tol, np.float16)

@@ -20,7 +20,7 @@ from matmul_oracle import BFLOAT16, float_tolerance, reference, require, small_i
 from sampling import pairwise
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 from coopmat.api.quantized import PAD_BYTES
 from coopmat.codegen import GemmParams, GemvTraits, Layout, abi, build_gemm
 from coopmat.codegen.quant import QUANT_PAD_BYTES
@@ -310,7 +310,7 @@ def pairs(live_device_info):
 
 def gemv_matmul(a, b, **kw):
     d = coopmat.matmul(a, b, family="gemv", **kw)
-    t = coopmat.api.linalg.last_kernel_traits()
+    t = coopmat.api.matmul.last_kernel_traits()
     assert isinstance(t, GemvTraits), t
     return d, t
 
@@ -425,7 +425,7 @@ def test_linear(pairs):
         RNG.standard_normal((36, 48)).astype(np.float16), \
         RNG.standard_normal(36).astype(np.float16)
     y = coopmat.linear(x, w, bv, "gelu_tanh", family="gemv")
-    assert isinstance(coopmat.api.linalg.last_kernel_traits(), GemvTraits)
+    assert isinstance(coopmat.api.matmul.last_kernel_traits(), GemvTraits)
     ref, tol, _ = oracle(x, w.T, bv, "gelu_tanh")
     check(y, ref, tol, np.float16)
 

@@ -18,7 +18,7 @@ from matmul_oracle import BFLOAT16, RNG, float_tolerance, reference, require, sm
 from sampling import pairwise
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 from coopmat.codegen import KhrTraits
 from coopmat.common.enums import ComponentType
 
@@ -101,7 +101,7 @@ def test_float16_accuracy_as_numpy_and_the_half_precision_opt_in(pairs):
     ref = reference(a, b, np.float64)
     d = coopmat.matmul(a, b)
     assert d.dtype == np.float16
-    assert coopmat.api.linalg.last_kernel_traits().result_type == ComponentType.FLOAT32
+    assert coopmat.api.matmul.last_kernel_traits().result_type == ComponentType.FLOAT32
     err = np.abs(d.astype(np.float64) - ref)
     numpy_err = np.abs(np.matmul(a, b).astype(np.float64) - ref)
     assert err.max() <= numpy_err.max() + 2.0 ** -11 * np.abs(ref).max()
@@ -109,7 +109,7 @@ def test_float16_accuracy_as_numpy_and_the_half_precision_opt_in(pairs):
     if "float16->float16" not in [p.split(" ")[0] for p in pairs]:
         return
     half = coopmat.matmul(a, b, accumulator=np.float16)
-    assert coopmat.api.linalg.last_kernel_traits().result_type == ComponentType.FLOAT16
+    assert coopmat.api.matmul.last_kernel_traits().result_type == ComponentType.FLOAT16
     half_err = np.abs(half.astype(np.float64) - ref)
     assert np.all(half_err <= float_tolerance(a, b, np.float16, np.float16))
     assert half_err.max() > err.max()  # it is the other kernel: less accurate
@@ -205,7 +205,7 @@ def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, 
     """8-bit operands that are not K-contiguous (a row-major B; a column-major A, here a
     transposed view) are repacked K-contiguous on the device for more than SMALL_M rows,
     since tensor cores take 8-bit fragments that way; the result is exact either way."""
-    from coopmat.api.linalg import last_kernel_traits
+    from coopmat.api.matmul import last_kernel_traits
     from coopmat.codegen import Layout
     from coopmat.policy import SMALL_M
 
@@ -231,7 +231,7 @@ def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, 
 def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result):
     """COOPMAT_SPECIALIZE=1 compiles sizes and strides into the kernel (large problems get
     that by default): same results, including batches, broadcasts, C and views."""
-    from coopmat.api.linalg import last_kernel_traits
+    from coopmat.api.matmul import last_kernel_traits
 
     require(pairs, dtype, result)
     monkeypatch.setenv("COOPMAT_SPECIALIZE", "1")
@@ -260,7 +260,7 @@ def test_specialized_kernels_are_bounded(pairs, monkeypatch):
     """By default, large problems get shape-specialized kernels, but only up to
     MAX_SPECIALIZED shapes per process (each is a pipeline kept for the process's life);
     shapes already specialized keep theirs."""
-    from coopmat.api.linalg import last_kernel_traits
+    from coopmat.api.matmul import last_kernel_traits
     from coopmat.dispatch import gemm
     from coopmat.policy import kernel as policy_kernel
 
@@ -388,6 +388,11 @@ def test_out_written_in_place(pairs):
     with pytest.raises(TypeError, match="cannot cast the result from dtype float16 to "
                                         "out's int32 with casting rule 'same_kind'"):
         coopmat.matmul(f, g, out=np.zeros((13, 14), dtype=np.int32))
+    frozen = np.zeros((13, 14), dtype=np.int32)
+    frozen.flags.writeable = False  # numpy's own message would not say who wrote
+    with pytest.raises(ValueError, match="matmul: out is read-only"):
+        coopmat.matmul(a, b, out=frozen)
+    assert not frozen.any()
 
 
 def test_non_contiguous_inputs_copied_once(pairs):
@@ -490,9 +495,9 @@ def test_discrete_gpu_paths(pairs, monkeypatch, direct):
     buffer; a CPU driver needs none of it, so force those paths here to test them
     everywhere."""
     require(pairs, "int8", np.int32)
-    from coopmat.dispatch import gemm
+    from coopmat.dispatch import staging
     from coopmat.dispatch.runtime import runtime
-    monkeypatch.setattr(gemm, "DIRECT_MAX_BYTES", 0 if direct == "staged" else 1 << 30)
+    monkeypatch.setattr(staging, "DIRECT_MAX_BYTES", 0 if direct == "staged" else 1 << 30)
     rt = runtime()
     monkeypatch.setattr(rt.pool, "unified", False)
     monkeypatch.setattr(rt.pool, "device_mapped", direct == "mapped")
@@ -631,6 +636,31 @@ def test_kernel_time_reported(pairs):
     assert t is not None and 0 < t < 10
 
 
+def test_kernel_time_is_the_kernels_on_a_first_run(pairs):
+    """A CPU driver compiles a kernel at its first dispatch, inside the timed span: the
+    first call of a pipeline reports the kernel's time all the same (Executor.run runs
+    it once untimed first), within reach of a repeat's, not the compile's seconds."""
+    from coopmat.dispatch.runtime import runtime
+    require(pairs, "int8", np.int32)
+    rt = runtime()
+    a, b = operands("int8", 48, 40, 56)
+    rt.executor._warm.clear()  # every pipeline counts as new: a first run again
+    submitted = []
+    submit = rt.stream.submit
+    rt.stream.submit = lambda *args, **kw: submitted.append(1) or submit(*args, **kw)
+    try:
+        coopmat.matmul(a, b, dtype=np.int32, out=np.empty((48, 40), np.int32))
+        first = coopmat.last_kernel_time()
+    finally:
+        del rt.stream.submit
+    coopmat.matmul(a, b, dtype=np.int32, out=np.empty((48, 40), np.int32))
+    again = coopmat.last_kernel_time()
+    assert first is not None and again is not None
+    if rt.device.info.device_type == "CPU":
+        assert len(submitted) == 2  # the untimed run, then the timed one
+    assert first < 20 * again + 0.05, (first, again)
+
+
 def test_configs_and_devices_match_info(live_device_info):
     from coopmat import device
     assert coopmat.devices() == device.enumerate_devices()
@@ -640,7 +670,7 @@ def test_configs_and_devices_match_info(live_device_info):
 def test_pipeline_statistics(pairs, monkeypatch):
     """COOPMAT_PIPELINE_STATS=1 captures the driver's compiler statistics where the device
     offers VK_KHR_pipeline_executable_properties (on the H200: register count, ...)."""
-    from coopmat.api.linalg import last_kernel_traits
+    from coopmat.api.matmul import last_kernel_traits
     from coopmat.codegen import build_gemm
     from coopmat.dispatch.pipelines import PipelineCache
     from coopmat.dispatch.runtime import runtime

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from gguf import quants  # noqa: E402
 from quant_oracle import QTYPE, RNG, exact_weight, oracle  # noqa: E402
 from sampling import pairwise  # noqa: E402
 
-from coopmat.api.linalg import last_kernel_traits  # noqa: E402
+from coopmat.api.matmul import last_kernel_traits  # noqa: E402
 from coopmat.common.quant_formats import FORMATS  # noqa: E402
 
 U16 = 2.0 ** -11
@@ -40,6 +41,12 @@ def rt():
         return runtime()
     except coopmat.CoopmatError as exc:
         pytest.skip(f"no cooperative-matrix device: {exc}")
+
+
+def host(y: Any) -> np.ndarray:
+    """A product's values on the host: a quantized weight's product is a device Array (its
+    weight lives there), whatever x is."""
+    return y.numpy() if isinstance(y, coopmat.Array) else y
 
 
 def small_x(shape: tuple[int, ...]) -> np.ndarray:
@@ -59,9 +66,9 @@ def test_exact_float32(rt, fmt, M, K, N):
     assert np.array_equal(deq, w), "precondition: the blocks have d = 1"
     q = coopmat.quantize(w, fmt)
     x = small_x((M, K))
-    y = coopmat.matmul(x, q.T, dtype=np.float32)
-    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (M, N)
-    np.testing.assert_array_equal(y, x.astype(np.float64) @ deq.T)
+    y = coopmat.matmul(x, q.T, dtype=np.float32)  # the weight lives on the device
+    assert isinstance(y, coopmat.Array) and y.dtype == np.float32 and y.shape == (M, N)
+    np.testing.assert_array_equal(y.numpy(), x.astype(np.float64) @ deq.T)
     assert traits_used().b_quant == fmt
 
 
@@ -81,7 +88,7 @@ def test_split_k_exact(rt, monkeypatch, fmt, S, array_x):
     ref = x.astype(np.float64) @ oracle(fmt, w).T
     y = coopmat.matmul(coopmat.asarray(x) if array_x else x, q.T, dtype=np.float32)
     if not array_x:
-        assert coopmat.api.linalg._last.result.split_k == S
+        assert coopmat.api.matmul._last.result.split_k == S
     np.testing.assert_array_equal(np.asarray(y), ref)
 
 
@@ -103,7 +110,7 @@ def test_dequantize_first_exact(rt, monkeypatch, fmt, M, K, N, S, array_x):
     np.testing.assert_array_equal(np.asarray(y), x.astype(np.float64) @ oracle(fmt, w).T)
     assert traits_used().b_quant is None  # the float kernel ran
     if not array_x:
-        assert coopmat.api.linalg._last.result.split_k == S
+        assert coopmat.api.matmul._last.result.split_k == S
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
@@ -115,7 +122,7 @@ def test_dequantize_first_random_within_bound(rt, monkeypatch, fmt, out):
     M, K, N = 37, 256, 40
     w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
     x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
-    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, out_dtype=out)
+    y = host(coopmat.matmul(x, coopmat.quantize(w, fmt).T, out_dtype=out))
     deq = oracle(fmt, w)
     ref = x.astype(np.float64) @ deq.T
     mag = np.abs(x.astype(np.float64)) @ np.abs(deq).T
@@ -132,8 +139,8 @@ def test_dequantize_first_with_epilogue(rt, monkeypatch):
     x = small_x((M, K))
     bias = RNG.uniform(-4, 4, N).astype(np.float16)
     residual = RNG.uniform(-4, 4, (M, N)).astype(np.float16)
-    y = coopmat.linear(x, coopmat.quantize(w, "q4_0"), bias, "relu", residual=residual,
-                       dtype=np.float32)
+    y = host(coopmat.linear(x, coopmat.quantize(w, "q4_0"), bias, "relu", residual=residual,
+                       dtype=np.float32))
     z = x.astype(np.float64) @ oracle("q4_0", w).T + bias.astype(np.float64)
     want = np.maximum(z, 0) + residual.astype(np.float64)
     assert traits_used().b_quant is None and traits_used().ops is not None
@@ -153,10 +160,10 @@ def test_subnormal_scales_exact(rt, monkeypatch, fmt, family):
     x = small_x((M, K))
     if family == "first":  # the dequantizing pass (COOPMAT_DEQUANT), then the float kernel
         monkeypatch.setenv("COOPMAT_DEQUANT", "first")
-        y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32)
+        y = host(coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32))
         assert traits_used().b_quant is None
     else:
-        y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family=family)
+        y = host(coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family=family))
         assert traits_used().b_quant == fmt and traits_used().family == family
     np.testing.assert_array_equal(y, x.astype(np.float64) @ deq.T)
 
@@ -174,7 +181,7 @@ def test_bfloat16_x_on_khr(rt, monkeypatch, fmt, dequant):
     M, K, N = 37, 256, 40
     w = exact_weight(fmt, N, K)
     x = small_x((M, K)).astype(ml_dtypes.bfloat16)
-    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family="khr")
+    y = host(coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32, family="khr"))
     np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
     assert traits_used().b_quant == (fmt if dequant == "fused" else None)
     assert traits_used().family == "khr"
@@ -199,7 +206,7 @@ def test_random_weights_within_bound(rt, fmt, out):
     w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
     x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
     q = coopmat.quantize(w, fmt)
-    y = coopmat.matmul(x, q.T, out_dtype=out)
+    y = host(coopmat.matmul(x, q.T, out_dtype=out))
     assert y.dtype == np.dtype(out)
     deq = oracle(fmt, w)
     ref = x.astype(np.float64) @ deq.T
@@ -213,12 +220,13 @@ def test_one_dimensional_and_batched_x(rt):
     deq = oracle("q4_0", w)
     q = coopmat.quantize(w, "q4_0")
     x1 = small_x((64,))
-    y1 = coopmat.matmul(x1, q.T, dtype=np.float32)
+    y1 = host(coopmat.matmul(x1, q.T, dtype=np.float32))
     assert y1.shape == (24,)
     np.testing.assert_array_equal(y1, x1.astype(np.float64) @ deq.T)
     xb = small_x((2, 3, 5, 64))
-    yb = xb @ q.T  # numpy @ defers to the quantized view
-    assert isinstance(yb, np.ndarray) and yb.shape == (2, 3, 5, 24) and yb.dtype == np.float16
+    yb = xb @ q.T  # numpy @ defers to the quantized view, device memory as an Array is
+    assert isinstance(yb, coopmat.Array) and yb.shape == (2, 3, 5, 24) and yb.dtype == np.float16
+    yb = yb.numpy()
     np.testing.assert_array_equal(yb, (xb.astype(np.float64) @ deq.T).astype(np.float16))
     ya = coopmat.asarray(xb) @ q.T
     assert isinstance(ya, coopmat.Array) and ya.shape == (2, 3, 5, 24)
@@ -250,6 +258,9 @@ def test_from_gguf_file(rt, tmp_path):
         writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=QTYPE[fmt])
     f16 = RNG.standard_normal((8, 32)).astype(np.float16)
     writer.add_tensor("f16", f16)
+    norm = RNG.standard_normal(32).astype(np.float32)
+    writer.add_tensor("norm", norm)
+    writer.add_tensor("f32", RNG.standard_normal((8, 32)).astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -265,11 +276,19 @@ def test_from_gguf_file(rt, tmp_path):
         assert q.shape == deq.shape == w.shape
         np.testing.assert_array_equal(q.blocks(), np.asarray(t.data))
         x = small_x((5, w.shape[1]))
-        np.testing.assert_array_equal(coopmat.matmul(x, q.T, dtype=np.float32),
+        np.testing.assert_array_equal(host(coopmat.matmul(x, q.T, dtype=np.float32)),
                                       x.astype(np.float64) @ deq.T)
     plain = coopmat.from_gguf(tensors["f16"])
     assert isinstance(plain, coopmat.Array)
     np.testing.assert_array_equal(plain.numpy(), f16)
+    x = small_x((3, 32))  # a float16 weight as matmul takes it
+    np.testing.assert_array_equal((x @ plain.T).numpy(),
+                                  (x.astype(np.float64) @ f16.T).astype(np.float16))
+    vector = coopmat.from_gguf(tensors["norm"])  # float32 vectors: norms, biases
+    assert isinstance(vector, coopmat.Array) and vector.dtype == np.float32
+    np.testing.assert_array_equal(vector.numpy(), norm)
+    with pytest.raises(TypeError, match="F32 matrix.*no float32 operands"):
+        coopmat.from_gguf(tensors["f32"])  # refused where it is made, not by matmul
 
 
 # -- every kernel variant, through the kernel itself --------------------------------------
@@ -399,7 +418,7 @@ def test_linear_with_fused_epilogue(rt, fmt, activation, array_x):
     residual = RNG.uniform(-4, 4, (M, N)).astype(np.float16)
     y = coopmat.linear(coopmat.asarray(x) if array_x else x, q, bias, activation,
                        residual=residual, dtype=np.float32)
-    y = y.numpy() if array_x else y
+    y = host(y)
     z = x.astype(np.float64) @ oracle(fmt, w).T + bias.astype(np.float64)
     act = {None: lambda v: v, "relu": lambda v: np.maximum(v, 0),
            "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi)
@@ -436,11 +455,11 @@ def test_gemv_exact(rt, fmt, M, K):
     q = coopmat.quantize(w, fmt)
     x = small_x((M, K))
     ref = x.astype(np.float64) @ deq.T
-    y = coopmat.matmul(x, q.T, dtype=np.float32, family="gemv")
+    y = host(coopmat.matmul(x, q.T, dtype=np.float32, family="gemv"))
     gemv_traits_used(fmt, M)
     assert y.dtype == np.float32 and y.shape == (M, N)
     np.testing.assert_array_equal(y, ref)
-    y16 = coopmat.matmul(x, q.T, family="gemv")  # float16, rounded once
+    y16 = host(coopmat.matmul(x, q.T, family="gemv"))  # float16, rounded once
     gemv_traits_used(fmt, M)
     np.testing.assert_array_equal(y16, ref.astype(np.float16))
 
@@ -454,7 +473,7 @@ def test_gemv_random_weights_within_bound(rt, fmt, out):
     w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
     x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
     q = coopmat.quantize(w, fmt)
-    y = coopmat.matmul(x, q.T, dtype=out, family="gemv")
+    y = host(coopmat.matmul(x, q.T, dtype=out, family="gemv"))
     gemv_traits_used(fmt, M)
     deq = oracle(fmt, w)
     ref = x.astype(np.float64) @ deq.T
@@ -479,11 +498,11 @@ def test_gemv_fused_epilogue(rt, fmt, out, fused):
     deq = oracle(fmt, w)
     if fused == "residual":
         r = RNG.standard_normal((M, N)).astype(out)
-        y = coopmat.matmul(x, q.T, dtype=out, residual=r, family="gemv")
+        y = host(coopmat.matmul(x, q.T, dtype=out, residual=r, family="gemv"))
         ref, tol, _ = epilogue_oracle(x, deq.T, residual=r)
     else:
         bias = RNG.standard_normal(N).astype(out)
-        y = coopmat.linear(x, q, bias, "gelu_tanh", dtype=out, family="gemv")
+        y = host(coopmat.linear(x, q, bias, "gelu_tanh", dtype=out, family="gemv"))
         ref, tol, _ = epilogue_oracle(x, deq.T, bias, "gelu_tanh")
     assert gemv_traits_used(fmt, M).ops is not None
     check(y, ref, tol, np.dtype(out))
@@ -502,7 +521,7 @@ def test_gemv_array_x_and_environment(rt, monkeypatch):
     np.testing.assert_array_equal(y.numpy(), (x.astype(np.float64) @ deq.T).astype(np.float16))
     gemv_traits_used("q4_0", 6)
     x1 = small_x((160,))
-    np.testing.assert_array_equal(coopmat.matmul(x1, q.T, dtype=np.float32),
+    np.testing.assert_array_equal(host(coopmat.matmul(x1, q.T, dtype=np.float32)),
                                   x1.astype(np.float64) @ deq.T)
     gemv_traits_used("q4_0", 1)
 
@@ -511,7 +530,8 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
     """Explicit gemv traits on a quantized weight (as benchmarks/decode_sweep.py times
     them), through the device-array dispatch path."""
     from coopmat.codegen import Layout
-    from coopmat.dispatch.gemm import DeviceOperand, Staged, enqueue_gemm
+    from coopmat.dispatch.gemm import enqueue_gemm
+    from coopmat.dispatch.staging import DeviceOperand, Staged
     from coopmat.policy import Options
 
     M, K = x.shape
@@ -580,13 +600,13 @@ def test_gemv_bfloat16(rt, fmt):
     y = run_gemv(rt, traits, TypePair(CT.BFLOAT16, CT.FLOAT32), x, q, np.float32)
     np.testing.assert_array_equal(y, ref)
     if "bfloat16->float32" in coopmat.supported_dtypes():
-        np.testing.assert_array_equal(coopmat.matmul(x, q.T, family="gemv"), ref)
+        np.testing.assert_array_equal(host(coopmat.matmul(x, q.T, family="gemv")), ref)
         gemv_traits_used(fmt, M)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 def test_repeated_array_calls_use_their_own_operands(rt, fmt):
-    """Device-array x @ w.T keeps a recipe per signature (coopmat/quant_matmul.py): every
+    """Device-array x @ w.T keeps a recipe per signature (coopmat/api/matmul.py): every
     repeat must still multiply its own x, and a new weight of the same shape (which may
     reuse the old one's id) its own blocks."""
     M, K, N = 3, 96, 40

@@ -16,7 +16,7 @@ from matmul_oracle import float_tolerance, reference, require, small_ints
 from sampling import pairwise
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 from coopmat.codegen import GemmParams, RowsTraits, build_gemm, rows_tile
 
 RNG = np.random.default_rng(4321)
@@ -29,7 +29,7 @@ def pairs(live_device_info):
 
 def rows_matmul(a, b, **kw):
     d = coopmat.matmul(a, b, family="rows", **kw)
-    t = coopmat.api.linalg.last_kernel_traits()
+    t = coopmat.api.matmul.last_kernel_traits()
     assert isinstance(t, RowsTraits), t
     return d, t
 

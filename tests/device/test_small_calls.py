@@ -1,4 +1,5 @@
-"""Repeated small numpy -> numpy products (coopmat/dispatch/small.py): after the first call
+"""Repeated small numpy -> numpy products (the front's kept recipes, coopmat/api/matmul.py,
+and dispatch.host.KeptGemm): after the first call
 of a signature, later calls reuse its prepared GEMM and staging buffers. Each call must
 still compute its own operands' product (exact: small integers in float16), for views,
 from several threads, and past the number of kept signatures."""
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 import coopmat
-from coopmat.dispatch import gemm, small
-from coopmat.dispatch.runtime import runtime
+import coopmat.api.matmul as front
+from coopmat.dispatch import gemm
 
 RNG = np.random.default_rng(77)
 
@@ -36,21 +37,21 @@ def prepared(monkeypatch: pytest.MonkeyPatch, live_device_info) -> list[int]:
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(gemm.PreparedGemm, "__init__", counting)
-    small.small_calls(runtime()).clear()
+    front.forget_recipes()
     return made
 
 
 def test_repeats_reuse_the_prepared_gemm(prepared: list[int]) -> None:
     a, b = ints((24, 40)), ints((40, 56))
     np.testing.assert_array_equal(coopmat.matmul(a, b), exact(a, b))
-    first = prepared[0]  # the call's own and the kept one
+    first = prepared[0]  # the call's own, kept
     for _ in range(4):
         a, b = ints((24, 40)), ints((40, 56))
         d = coopmat.matmul(a, b)
         assert d.shape == (24, 56) and d.dtype == np.float16 and d.flags.c_contiguous
         np.testing.assert_array_equal(d, exact(a, b))
     assert prepared[0] == first
-    assert coopmat.api.linalg.last_kernel_traits() is not None
+    assert front.last_kernel_traits() is not None
 
 
 def test_views_are_their_own_signature(prepared: list[int]) -> None:
@@ -87,12 +88,11 @@ def test_threads(prepared: list[int]) -> None:
 
 
 def test_past_the_kept_number(prepared: list[int]) -> None:
-    calls = small.small_calls(runtime())
-    shapes = [(8, 8 * (i + 1), 16) for i in range(small.KEPT + 3)]
+    shapes = [(8, 8 * (i + 1), 16) for i in range(front.KEPT_HOST + 3)]
     for M, K, N in shapes * 2:
         a, b = ints((M, K)), ints((K, N))
         np.testing.assert_array_equal(coopmat.matmul(a, b), exact(a, b))
-    assert len(calls._kept) == small.KEPT
+    assert len(front._kept_host) == front.KEPT_HOST
 
 
 def test_other_arguments_go_the_long_way(prepared: list[int]) -> None:

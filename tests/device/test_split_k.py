@@ -29,7 +29,7 @@ from sampling import pairwise
 from spirv_checks import assert_valid
 
 import coopmat
-import coopmat.api.linalg
+import coopmat.api.matmul
 import coopmat.policy.kernel as policy_kernel
 from coopmat.codegen import KhrTraits, Layout
 from coopmat.codegen.tools import find_tool
@@ -439,7 +439,7 @@ def forced(monkeypatch, S: int) -> None:
 
 
 def ran_split() -> int:
-    return coopmat.api.linalg._last.result.split_k
+    return coopmat.api.matmul._last.result.split_k
 
 
 def oracle(a, b, *, c=None, alpha=1.0, beta=0.0, bias=None, gelu=False, residual=None):
@@ -537,7 +537,7 @@ def test_specialized_splits(live_device_info, monkeypatch, S) -> None:
     bias, res = normal(N), normal(M, N)
     d = coopmat.matmul(a, w.T, c=c, alpha=0.5, beta=-2.0, dtype=F32)
     assert ran_split() == S
-    assert coopmat.api.linalg._last.result.traits.specialized
+    assert coopmat.api.matmul._last.result.traits.specialized
     ref, tol = oracle(a, w.T, c=c, alpha=0.5, beta=-2.0)
     check(d, ref, tol, F32)
     y = coopmat.matmul(a, w.T, c=c, beta=0.25, bias=bias, activation="gelu_tanh",
@@ -583,7 +583,7 @@ def test_exact_variant_and_column_major_a(live_device_info, monkeypatch) -> None
     a, b = small_ints(M, K), small_ints(K, N)
     d = coopmat.matmul(a, b, dtype=F32)
     assert ran_split() == 2
-    traits = coopmat.api.linalg._last.result.traits
+    traits = coopmat.api.matmul._last.result.traits
     np.testing.assert_array_equal(d, a.astype(np.float64) @ b.astype(np.float64))
     assert isinstance(traits, KhrTraits)
     t = traits.tile

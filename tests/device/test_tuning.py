@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import coopmat
-from coopmat.api.linalg import last_kernel_traits
+from coopmat.api.matmul import last_kernel_traits
 from coopmat.codegen import Tile
 from coopmat.device.record import nv2_usable
 from coopmat.dispatch import gemm

@@ -375,7 +375,8 @@ def _operand(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 def _run_live(rt: Any, a_t: CT, r_t: CT, M: int, N: int, K: int, ta: bool, tb: bool,
               with_c: bool, batch: int = 1, broadcast_b: bool = False) -> None:
     from coopmat.common.dtypes import numpy_dtype
-    from coopmat.dispatch.gemm import PreparedGemm, choose_layout
+    from coopmat.dispatch.gemm import PreparedGemm
+    from coopmat.dispatch.staging import choose_layout
     from coopmat.policy import TypePair
 
     pair = TypePair(a_t, r_t)
