@@ -177,23 +177,6 @@ def run_case(runner: KernelRunner, tr: KhrTraits, case: Case, seed: int = 0) -> 
 LAYOUTS = list(itertools.product(Layout, Layout))
 
 
-@pytest.mark.parametrize("aligned", [False, True], ids=["general", "aligned"])
-@pytest.mark.parametrize("has_c", [False, True], ids=["noc", "c"])
-@pytest.mark.parametrize("layouts", LAYOUTS, ids=param_id)
-@pytest.mark.parametrize("config", CONFIGS, ids=param_id)
-def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tuple[Layout, Layout],
-                       has_c: bool, aligned: bool) -> None:
-    """Every lavapipe config x layouts x C x edge handling, with edges in M, N and K."""
-    ab, res = config
-    tr = traits(ab, res, *layouts, has_c, aligned)
-    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
-    if aligned:  # inner dims and strides multiples of 16 elements; M, N, K off the tile
-        case = Case(48, 80, 48, pad=16, alpha=alpha, beta=beta)
-    else:  # primes, odd strides
-        case = Case(37, 29, 53, pad=3, alpha=alpha, beta=beta)
-    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
-
-
 def case_id(config: tuple[CT, CT], layouts: tuple[Layout, Layout], has_c: bool,
             *rest: object) -> str:
     names = {False: "general", True: "aligned"}
@@ -203,12 +186,28 @@ def case_id(config: tuple[CT, CT], layouts: tuple[Layout, Layout], has_c: bool,
 
 
 # The sweeps below are covering samples (tests/support/sampling.py): every config, layout
-# pair, C, edge handling and buffering, and every pair of them, at least once;
-# test_every_variant above runs the full product at the default tile.
+# pair, C, edge handling and buffering, and every pair of them, at least once. Every
+# variant of lavapipe's list runs in the interpreter (tests/interpreter).
+VARIANT_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [False, True])
 BUFFERING_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [False, True], [3, 4, 5])
 EXACT_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [1, 2, 3, 4, 5])
 CLAMPS = [(1, 40, 96), (2, 8, 96), (3, 40, 88), (4, 8, 88), (5, 64, 88)]  # buffering, M, N
 CLAMPED_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], CLAMPS)
+
+
+@pytest.mark.parametrize("config,layouts,has_c,aligned", VARIANT_CASES,
+                         ids=[case_id(*c) for c in VARIANT_CASES])
+def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tuple[Layout, Layout],
+                       has_c: bool, aligned: bool) -> None:
+    """lavapipe's configs x layouts x C x edge handling, with edges in M, N and K."""
+    ab, res = config
+    tr = traits(ab, res, *layouts, has_c, aligned)
+    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
+    if aligned:  # inner dims and strides multiples of 16 elements; M, N, K off the tile
+        case = Case(48, 80, 48, pad=16, alpha=alpha, beta=beta)
+    else:  # primes, odd strides
+        case = Case(37, 29, 53, pad=3, alpha=alpha, beta=beta)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
 
 
 @pytest.mark.parametrize("config,layouts,has_c,aligned,buffering", BUFFERING_CASES,
@@ -307,7 +306,7 @@ OTHER_TILES = [Tile(8, 8, 8, 1, 1, 1), Tile(16, 32, 8, 1, 2, 1),
 
 
 # Each tile once, general and aligned by turns: both edge handlings meet every buffering
-# (every variant at the default tile runs in test_every_variant).
+# (the default tile's variants: test_every_variant above, and every one in the interpreter).
 @pytest.mark.parametrize("tile,aligned", [(t, i % 2 == 1) for i, t in enumerate(OTHER_TILES)],
                          ids=[t.describe().replace(" ", "-") + ("-aligned" if i % 2 else
                                                                 "-general")
