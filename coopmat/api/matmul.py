@@ -466,13 +466,20 @@ def _finish(result: np.ndarray, out: np.ndarray | None) -> Any:
 # -- an operand on the device: queued, an Array result ----------------------------------
 class _Call:
     """The device buffers one queued call binds: numpy operands copied over for it
-    (small ones by copies in its own submission: `uploads`), given back once queued."""
+    (small ones by copies in its own submission: `uploads`), given back once queued.
+
+    Every buffer the call binds is held here until `done()`, after the submission: a
+    buffer given back sooner (an Array dying) waits only for the work submitted so far
+    (Stream.defer), not for this call's, so another call could take it and write it
+    before this call's kernel reads it."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.uploads: list[Copy] = []
         self.used: list[Buffer] = []  # staging of small numpy operands
-        self.held: list[Array] = []  # Arrays of large numpy operands
+        # The Arrays it binds: device operands (a reshape's copy included) and large
+        # numpy operands' copies.
+        self.held: list[Array] = []
 
     def stage_bytes(self, host: np.ndarray) -> int | None:
         """For a numpy operand small enough to go over in the call's own submission, the
@@ -491,6 +498,7 @@ class _Call:
                     f"operands live on different devices: {arr.device.info.index} "
                     f"({arr.device.info.name}) and {self.rt.device.info.index} "
                     f"({self.rt.device.info.name})")
+            self.held.append(arr)
             return arr.buffer, arr.offset_bytes, arr.element_strides
         host = np.ascontiguousarray(x.value, dtype=dtype)
         nbytes = self.stage_bytes(host)
@@ -520,7 +528,11 @@ class _Call:
                                                  math.prod(x.shape) * dtype.itemsize))
 
     def done(self) -> None:
-        release_used(self.rt, self.used)
+        """Give back what the call staged and let go of what it held, once it is queued
+        (or failed to be)."""
+        used, self.used = self.used, []
+        release_used(self.rt, used)
+        self.held.clear()
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
