@@ -40,6 +40,7 @@ from coopmat.dispatch.staging import (
     DIRECT_MAX_BYTES,
     DeviceOperand,
     Staged,
+    bindable_offset,
     host_copy_wanted,
     matrix_operand,
 )
@@ -170,8 +171,9 @@ class _KeptDevice(_Recipe):
         operands: list[DeviceOperand] = []
         for x, bind in ((a, self.a), (b, self.b)):
             if bind.kind is Kind.DEVICE:
-                if x._storage.rt is not rt:
-                    return None  # same shapes on another device: the long way names it
+                if x._storage.rt is not rt or not bindable_offset(x.offset_bytes) or \
+                        min(x.element_strides, default=0) < 0:
+                    return None  # another device, or a view bound through a copy: the long way
                 operands.append(DeviceOperand(x._storage.buffer, x._offset * x.dtype.itemsize,
                                               bind.staged))
             elif bind.kind is Kind.WEIGHT:
@@ -498,6 +500,8 @@ class _Call:
                     f"operands live on different devices: {arr.device.info.index} "
                     f"({arr.device.info.name}) and {self.rt.device.info.index} "
                     f"({self.rt.device.info.name})")
+            if not bindable_offset(arr.offset_bytes) or min(arr.element_strides, default=0) < 0:
+                arr = arr.copy()  # a view no kernel binds as it is: from where, or reversed
             self.held.append(arr)
             return arr.buffer, arr.offset_bytes, arr.element_strides
         host = np.ascontiguousarray(x.value, dtype=dtype)

@@ -403,7 +403,8 @@ class Executor:
         with self.lock:
             for rec in recs:
                 v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
-                v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
+                if rec.sets:  # a recording of copies alone has none (and a count of 0 is invalid)
+                    v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
 
     def _barrier(self, cmd: Any, src_stage: int, dst_stage: int, src: int, dst: int) -> None:
         v = vk()

@@ -18,6 +18,17 @@ import numpy as np
 from coopmat.codegen import Layout
 from coopmat.dispatch.memory import Buffer
 
+# A buffer binds from a byte offset that is a multiple of the device's
+# minStorageBufferOffsetAlignment, which the spec caps at 256: an operand starting
+# anywhere else (a view of a device array) is bound through a copy.
+OFFSET_ALIGNMENT = 256
+
+
+def bindable_offset(offset: int) -> bool:
+    """Whether a buffer may be bound from byte `offset` on any device."""
+    return offset % OFFSET_ALIGNMENT == 0
+
+
 # Problems moving at most this many bytes between host and device skip the device-local
 # copies on discrete GPUs (PreparedGemm): each workgroup's reads then cross PCIe, which
 # pays only for small problems (docs/arrays.md). Numpy operands of a device product up to
