@@ -30,7 +30,8 @@ def test_console_scripts_are_declared_and_resolve():
     scripts = project["scripts"]
     assert scripts == {"coopmat-info": "coopmat.tools.info:main",
                        "coopmat-bench": "coopmat.tools.bench:main",
-                       "coopmat-codegen": "coopmat.tools.codegen:main"}
+                       "coopmat-codegen": "coopmat.tools.codegen:main",
+                       "coopmat-dask-worker": "coopmat.dask.worker:main"}
     for target in scripts.values():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func))
