@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from device_paths import discrete
 
 pytestmark = pytest.mark.live
 
@@ -24,22 +25,6 @@ def rt():
         return runtime()
     except coopmat.CoopmatError as exc:
         pytest.skip(f"no cooperative-matrix device: {exc}")
-
-
-@contextmanager
-def discrete(rt, mapped: bool = False) -> Iterator[None]:
-    """Make a unified-memory device (lavapipe) take the discrete GPU's paths: device
-    buffers that the host cannot map, reached through staging lanes; with `mapped`, small
-    operands written into device memory the host maps (a resizable BAR, as on the H200),
-    else staged and copied."""
-    saved = rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped
-    rt.pool.unified = rt.transfers.unified = False
-    rt.pool.device_mapped = mapped
-    try:
-        yield
-    finally:
-        coopmat.synchronize()
-        rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped = saved
 
 
 def _dtypes() -> list[np.dtype]:

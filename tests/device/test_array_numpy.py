@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import device_paths
 import numpy as np
 import pytest
 
@@ -278,23 +279,10 @@ def test_views_as_matmul_operands(rt):
 
 
 # -- copy and astype -----------------------------------------------------------------------
-@contextmanager
-def _discrete(rt) -> Iterator[None]:
-    """A unified-memory device (lavapipe) taking a discrete GPU's paths (test_array.py)."""
-    saved = rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped
-    rt.pool.unified = rt.transfers.unified = False
-    rt.pool.device_mapped = False
-    try:
-        yield
-    finally:
-        coopmat.synchronize()
-        rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped = saved
-
-
 @pytest.mark.parametrize("discrete", [False, True], ids=["native", "lanes"])
 def test_copy(rt, discrete):
     x = _random((30, 20), np.float16, 14)
-    with _discrete(rt) if discrete else nullcontext():
+    with device_paths.discrete(rt) if discrete else nullcontext():
         A = coopmat.asarray(x)
         for view, want in ((A, x), (A[7:19], x[7:19]), (A[3], x[3]), (A[:, ::3], x[:, ::3]),
                            (A.T, x.T), (A[5:5], x[5:5])):

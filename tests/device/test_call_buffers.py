@@ -17,11 +17,11 @@ memory the host maps (as on the H200; test_array.discrete).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 import pytest
+from device_paths import discrete
 
 import coopmat
 
@@ -40,21 +40,10 @@ def rt():
         pytest.skip(f"no cooperative-matrix device: {exc}")
 
 
-@contextmanager
-def memory_path(rt, path: str) -> Iterator[None]:
+def memory_path(rt, path: str) -> AbstractContextManager[None]:
     """native: the device's own way; mapped: a unified-memory device (lavapipe) taking the
     discrete GPU's paths, small operands written into device memory the host maps."""
-    if path == "native":
-        yield
-        return
-    saved = rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped
-    rt.pool.unified = rt.transfers.unified = False
-    rt.pool.device_mapped = True
-    try:
-        yield
-    finally:
-        coopmat.synchronize()
-        rt.pool.unified, rt.transfers.unified, rt.pool.device_mapped = saved
+    return nullcontext() if path == "native" else discrete(rt, mapped=True)
 
 
 def ints(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
