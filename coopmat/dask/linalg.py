@@ -32,9 +32,9 @@ _REFUSED = {
               "worker; without a cluster, set COOPMAT_DEVICE)",
 }
 _PASSED = ("dtype", "out_dtype", "accumulator", "family", "alpha")
-# One GEMM at a time per process: coopmat's device-array products with a bias or residual
-# from several threads at once give wrong results (threaded scheduler, or a worker with
-# threads_per_worker > 1); one thread per device is also how the workers are laid out.
+# One GEMM at a time per process: tasks of one process that miss the weight cache together
+# would each upload the weight, and products on one device gain nothing from overlapping;
+# one thread per device is also how the workers are laid out.
 _device_lock = threading.Lock()
 
 
