@@ -46,6 +46,19 @@ def live_device_info():
         pytest.skip(f"no cooperative-matrix Vulkan device: {exc} (run through scripts/test)")
 
 
+@pytest.fixture(scope="module")
+def rt():
+    """The selected device's coopmat runtime; skips where there is no cooperative-matrix
+    device."""
+    from coopmat.common.errors import CoopmatError
+    from coopmat.dispatch.runtime import runtime
+
+    try:
+        return runtime()
+    except CoopmatError as exc:
+        pytest.skip(f"no cooperative-matrix device: {exc}")
+
+
 @pytest.fixture
 def private_spirv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """SPIR-V built into this test's own cache directory (its spirv/), from an empty

@@ -98,7 +98,8 @@ def _allocate(rt: Runtime, shape: tuple[int, ...], dtype: np.dtype,
     return _Storage(rt, rt.pool.acquire(kind or rt.pool.kinds()[0], size), nbytes)
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous array of `shape`."""
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)
@@ -152,7 +153,7 @@ class Array:
         self._storage = storage
         self.shape = tuple(int(n) for n in shape)
         self.dtype = dtype
-        self._strides = _c_strides(self.shape) if strides is None else tuple(strides)
+        self._strides = c_strides(self.shape) if strides is None else tuple(strides)
         self._offset = offset
         self._keep: Any = None  # what must live as long as this array (staging memory)
 
@@ -187,7 +188,7 @@ class Array:
     def is_c_contiguous(self) -> bool:
         """As numpy's flag: axes of length 1 may have any stride."""
         return self.size <= 1 or all(
-            s == c for n, s, c in zip(self.shape, self._strides, _c_strides(self.shape),
+            s == c for n, s, c in zip(self.shape, self._strides, c_strides(self.shape),
                                       strict=True) if n > 1)
 
     def __len__(self) -> int:
@@ -587,20 +588,6 @@ def asarray(x: Any, device: DeviceArg = None, dtype: Any = None) -> Array:
     arr = Array(_allocate(rt, host.shape, dt, kind), host.shape, dt)
     rt.transfers.upload(host, arr.buffer, fresh=True)
     return arr
-
-
-def staged(x: np.ndarray, rt: Runtime, kind: Kind | None = None, size: int = 0) -> Array:
-    """x written through a mapping, for a small operand used once: into host-visible
-    staging (`kind` None), which the device reads over PCIe on a discrete GPU, or into
-    `kind` memory (pool.direct_kind) of at least `size` bytes. Never read it back on the
-    host: MAPPED memory is device memory."""
-    dt = _check_dtype(x.dtype)
-    buf = rt.pool.acquire(kind or rt.pool.kinds()[1], max(x.nbytes, size, 1))
-    storage = _Storage(rt, buf, x.nbytes)
-    mapped = storage.buffer.mapped
-    assert mapped is not None
-    np.copyto(mapped[:x.nbytes].view(dt).reshape(x.shape), x)
-    return Array(storage, x.shape, dt)
 
 
 def synchronize(device: DeviceArg = None) -> None:

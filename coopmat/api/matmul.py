@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 
 from coopmat.api import rules
-from coopmat.api.array import Array, allocation, asarray, empty, fresh, same_runtime
+from coopmat.api.array import (
+    Array,
+    allocation,
+    asarray,
+    c_strides,
+    empty,
+    fresh,
+    same_runtime,
+)
 from coopmat.api.fused import host_bias, host_epilogue, host_residual, ops_of
 from coopmat.api.operands import USE_WEIGHT, Kind, Operand, QuantizedWeight
 from coopmat.codegen import Layout
@@ -506,7 +514,7 @@ class _Call:
             return arr.buffer, arr.offset_bytes, arr.element_strides
         host = np.ascontiguousarray(x.value, dtype=dtype)
         nbytes = self.stage_bytes(host)
-        strides = _c_strides(host.shape)
+        strides = c_strides(host.shape)
         if nbytes is not None:
             return stage_small(self.rt, host, nbytes, self.uploads, self.used), 0, strides
         self.held.append(asarray(host, device=self.rt.device))
@@ -520,7 +528,7 @@ class _Call:
             x = Operand(Kind.DEVICE, arr, arr.shape, arr.dtype)
         buf, offset, strides = self.on_device(x)
         if x.kind is Kind.HOST and x.shape != shape:  # the C-contiguous copy, reshaped
-            strides = _c_strides(shape)
+            strides = c_strides(shape)
         return matrix_operand(buf, offset, shape, strides, x.dtype.itemsize, batch_shape,
                               which)
 
@@ -537,15 +545,6 @@ class _Call:
         used, self.used = self.used, []
         release_used(self.rt, used)
         self.held.clear()
-
-
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of a C-contiguous array of `shape`."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _device_product(A: Operand, B: Operand, C: Operand | None, out: Operand | None,

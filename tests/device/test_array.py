@@ -18,15 +18,6 @@ pytestmark = pytest.mark.live
 coopmat = pytest.importorskip("coopmat")
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from coopmat.dispatch.runtime import runtime
-    try:
-        return runtime()
-    except coopmat.CoopmatError as exc:
-        pytest.skip(f"no cooperative-matrix device: {exc}")
-
-
 def _dtypes() -> list[np.dtype]:
     out = [np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.uint8,
                                  np.int32, np.uint32, np.int64, np.bool_)]

@@ -22,15 +22,6 @@ pytestmark = pytest.mark.live
 coopmat = pytest.importorskip("coopmat")
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from coopmat.dispatch.runtime import runtime
-    try:
-        return runtime()
-    except coopmat.CoopmatError as exc:
-        pytest.skip(f"no cooperative-matrix device: {exc}")
-
-
 def _random(shape, dtype, seed=0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if np.issubdtype(dtype, np.integer):

@@ -31,15 +31,6 @@ THREADS = 8
 CALLS = 20
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from coopmat.dispatch.runtime import runtime
-    try:
-        return runtime()
-    except coopmat.CoopmatError as exc:
-        pytest.skip(f"no cooperative-matrix device: {exc}")
-
-
 def memory_path(rt, path: str) -> AbstractContextManager[None]:
     """native: the device's own way; mapped: a unified-memory device (lavapipe) taking the
     discrete GPU's paths, small operands written into device memory the host maps."""

@@ -34,15 +34,6 @@ U16 = 2.0 ** -11
 U = {np.dtype(np.float16): U16, np.dtype(np.float32): 2.0 ** -24}
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from coopmat.dispatch.runtime import runtime
-    try:
-        return runtime()
-    except coopmat.CoopmatError as exc:
-        pytest.skip(f"no cooperative-matrix device: {exc}")
-
-
 def host(y: Any) -> np.ndarray:
     """A product's values on the host: a quantized weight's product is a device Array (its
     weight lives there), whatever x is."""
