@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 _MATMUL = ("configs", "devices", "last_kernel_time", "linear", "matmul", "supported_dtypes")
 _ARRAY = ("Array", "asarray", "empty", "synchronize", "zeros")
 _QUANT = ("QuantizedArray", "from_gguf", "quantize")
+_OPTIONS = ("get_options", "options", "reload_environment", "set_options")
 
 
 def __getattr__(name: str) -> object:
@@ -42,6 +43,8 @@ def __getattr__(name: str) -> object:
         from coopmat.api import array as module  # type: ignore[no-redef]
     elif name in _QUANT:
         from coopmat.api import quantized as module  # type: ignore[no-redef]
+    elif name in _OPTIONS:
+        from coopmat.policy import options as module  # type: ignore[no-redef]
     else:
         raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
     value = getattr(module, name)
@@ -53,6 +56,6 @@ __all__ = [
     "MissingFeatureError", "QuantizedArray",
     "NoCooperativeMatrixDeviceError", "NoDeviceError", "OutOfDeviceMemoryError", "VulkanError",
     "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "from_gguf",
-    "last_kernel_time", "linear", "matmul", "quantize", "supported_dtypes", "synchronize",
-    "zeros",
+    "get_options", "last_kernel_time", "linear", "matmul", "options", "quantize",
+    "reload_environment", "set_options", "supported_dtypes", "synchronize", "zeros",
 ]

@@ -78,6 +78,16 @@ def is_lavapipe(info) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def process_options() -> Iterator[None]:
+    """What a test changes with coopmat.set_options ends with the test."""
+    from coopmat.policy import options
+
+    before = options._process
+    yield
+    options._process = before
+
+
+@pytest.fixture(autouse=True)
 def no_validation_errors():
     """With COOPMAT_VALIDATION=1 every test also fails on a Khronos validation error."""
     from coopmat.device import instance

@@ -38,6 +38,7 @@ from coopmat.common.dtypes import dtype_name, numpy_dtype
 from coopmat.common.enums import ComponentType
 from coopmat.common.errors import DeviceMismatchError
 from coopmat.common.lru import Lru
+from coopmat.dispatch import pipeline
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import GemmResult, Plan, check_fits, device_plan, plan_fits
 from coopmat.dispatch.host import KeptGemm, kept_gemm, run_gemm
@@ -52,7 +53,7 @@ from coopmat.dispatch.staging import (
     host_copy_wanted,
     matrix_operand,
 )
-from coopmat.policy import Options, TypePair, resolve, result_pairs
+from coopmat.policy import TypePair, current_options, resolve, result_pairs
 
 # Kernel families that take a quantized B.
 WEIGHT_FAMILIES = (None, "khr", "gemv")
@@ -240,7 +241,7 @@ def _key(a: Any, b: Any, alpha: Any, beta: Any, dtype: Any, accumulator: Any,
             type(beta) not in (int, float):
         return None
     try:
-        return (sa, sb, alpha, beta, dtype, accumulator, family, Options.from_env())
+        return (sa, sb, alpha, beta, dtype, accumulator, family, current_options())
     except TypeError:  # an unhashable dtype argument
         return None
 
@@ -347,6 +348,70 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
                          family, bias, residual, ops, key)
 
 
+def matmul_to_host(a: Any, b: Any, **kwargs: Any) -> np.ndarray:
+    """matmul(a, b, **kwargs) as a numpy array, whatever the operands: what a task that
+    takes a numpy chunk and a weight kept on the device and hands back a numpy chunk
+    wants (coopmat.dask). A large row-major numpy `a` against an Array `b` (no c, out or
+    residual) is pipelined: a's row blocks are written to the device while earlier blocks
+    compute and come back into a kept pinned block (dispatch/pipeline.py); anything else
+    is matmul(...) then .numpy()."""
+    done = _pipelined_to_host(a, b, kwargs)
+    if done is not None:
+        return done
+    y = matmul(a, b, **kwargs)
+    return y.numpy() if isinstance(y, Array) else np.asarray(y)
+
+
+_TO_HOST_KWARGS = frozenset({"dtype", "out_dtype", "accumulator", "family", "alpha", "bias",
+                             "activation"})
+
+
+def _pipelined_to_host(a: Any, b: Any, kwargs: dict[str, Any]) -> np.ndarray | None:
+    if type(a) is not np.ndarray or a.ndim != 2 or not isinstance(b, Array) or \
+            b.ndim != 2 or not kwargs.keys() <= _TO_HOST_KWARGS or a.shape[1] != b.shape[0]:
+        return None
+    rt = b.runtime
+    M, K = a.shape
+    N = b.shape[1]
+    options = current_options().with_family(kwargs.get("family"))
+    dtype = rules.result_dtype_arg(kwargs.get("dtype"), kwargs.get("out_dtype"))
+    pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, kwargs.get("accumulator"))
+    result_dtype = numpy_dtype(pair.stored)
+    alpha, _ = rules.scalars(pair.result.is_float, kwargs.get("alpha", 1), 0)
+    ops = ops_of(kwargs.get("bias"), kwargs.get("activation"), None)
+    rules.check_activation(ops, pair.result.is_float, dtype_name(result_dtype))
+    bias = kwargs.get("bias")
+    if M * N * K == 0 or not a.flags.c_contiguous or \
+            bias is not None and type(bias) is not np.ndarray:
+        return None
+    if options.pipeline == "auto" and pipeline.mapped(rt):
+        # The mapped way's writes of x measured slower than one upload on the lent H100
+        # hosts (docs/design.md, "Dask"): only the copy queues' way, or when asked.
+        return None
+    a3 = a.reshape(1, M, K)
+    call = _Call(rt)
+    try:
+        b_op = call.matrix(describe(b), b.shape, (), 1)
+        if not pipeline.applies(rt, a3, b_op, None, (1, M, N),
+                                a.nbytes + M * N * result_dtype.itemsize, options):
+            return None
+        epilogue = None
+        if ops is not None:
+            bias_op = None if bias is None else call.vector(
+                describe(host_bias(bias, N, result_dtype)), result_dtype, N)
+            epilogue = pipeline.Epilogue(ops, bias_op)
+            if call.uploads:  # a staged bias: copied over before the blocks' kernels
+                rt.executor.submit(call.uploads, [])
+        done = pipeline.run_pipelined(rt, pair, a3, b_op, None, alpha, options, n=N,
+                                      epilogue=epilogue)
+    finally:
+        call.done()
+    if done is None:
+        return None
+    _last.result = done[0]
+    return done[1].reshape(M, N)
+
+
 def linear(x: Any, w: Any, bias: Any = None, activation: Any = None, residual: Any = None, *,
            out: Any = None, **kwargs: Any) -> Any:
     """act(x @ w.T + bias) + residual, as torch.nn.functional.linear followed by an
@@ -377,7 +442,7 @@ def _host_product(a: np.ndarray, b: np.ndarray, c: Any, alpha: Any, beta: Any, o
                   key: tuple[Any, ...] | None) -> Any:
     # Shape errors come before any device is opened.
     M, N, K, batch_shape, full_shape, shape = rules.shapes(a.shape, b.shape)
-    options = Options.from_env().with_family(family)
+    options = current_options().with_family(family)
     rt = runtime(device)
     pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
@@ -574,7 +639,7 @@ def _device_product(A: Operand, B: Operand, C: Operand | None, out: Operand | No
                             f"{dtype_name(A.dtype)}; cast x first")
     else:
         M, N, K, batch_shape, full_shape, shape = rules.shapes(A.shape, B.shape)
-    options = Options.from_env().with_family(family)
+    options = current_options().with_family(family)
     pair = resolve(rt.device.info, A.dtype, A.dtype if weight else B.dtype, dtype, accumulator)
     result_dtype = numpy_dtype(pair.stored)
     alpha, beta = rules.scalars(pair.result.is_float, alpha, beta)

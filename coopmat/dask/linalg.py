@@ -13,6 +13,7 @@ import numpy as np
 from dask.delayed import delayed
 
 import coopmat as _coopmat
+from coopmat.api.matmul import matmul_to_host
 from coopmat.dask.cache import weight_cache
 from coopmat.dask.weights import Weight, WeightKey, weight_key
 
@@ -92,11 +93,13 @@ def gemm_block(x: np.ndarray, weight: Any, bias: Any, residual: Any, *, mode: st
             w = weight_cache().get(weight_token, lambda: _on_device(weight))
             if transposed:
                 w = w.T
-            if mode == "linear":
-                y = coopmat.linear(x, w, bias, residual=residual, **opts)
-            else:
-                y = coopmat.matmul(x, w, bias=bias, residual=residual, **opts)
-            return y.numpy() if isinstance(y, coopmat.Array) else np.asarray(y)
+            if mode == "linear":  # linear(x, w) is matmul(x, w.T)
+                w = w.T
+            if bias is not None:
+                opts["bias"] = bias
+            if residual is not None:
+                opts["residual"] = residual
+            return matmul_to_host(x, w, **opts)
     except coopmat.CoopmatError as e:
         error = _transportable(e)
         if error is e:

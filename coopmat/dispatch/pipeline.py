@@ -34,14 +34,16 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from coopmat.codegen import Layout
+from coopmat.codegen.traits import EpilogueOps
 from coopmat.common.dtypes import numpy_dtype
 from coopmat.dispatch import staging
 from coopmat.dispatch.executor import Copy
-from coopmat.dispatch.gemm import GemmResult, Plan, enqueue_gemm, enqueue_plan, plan_of
+from coopmat.dispatch.gemm import GemmResult, Plan, enqueue_plan, plan_of
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.staging import DeviceOperand, Staged, staged_of, staged_view
@@ -94,30 +96,47 @@ def way(mapped: bool, copy_engines: bool, a_kept: bool, force: bool = False) -> 
     return "copy-queues" if copy_engines or force else None
 
 
-def applies(rt: Runtime, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
+def applies(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, c: np.ndarray | None,
             out_shape: tuple[int, ...], io_bytes: int, options: Options | None = None) -> bool:
     """Whether a call takes the pipeline: a discrete GPU, one product (no batch, no C),
     A row-major (row blocks are contiguous), a large enough problem, and a way (way());
-    never with Options.pipeline 'off'."""
+    never with Options.pipeline 'off'. b: a numpy array, or B resident on the device."""
     mode = options.pipeline if options is not None else "auto"
     device_kind, upload_kind, _ = rt.pool.kinds()
+    one_b = isinstance(b, DeviceOperand) and b.staged.batch_stride == 0 or \
+        isinstance(b, np.ndarray) and b.shape[0] == 1
+    a_kept = rt.transfers.kept(a[0])
     return (mode != "off" and device_kind is not upload_kind and c is None and a.shape[0] == 1
-            and b.shape[0] == 1 and out_shape[0] == 1 and io_bytes >= staging.PIPELINE_MIN_BYTES
+            and one_b and out_shape[0] == 1 and io_bytes >= staging.PIPELINE_MIN_BYTES
             and staged_of(a).layout is Layout.ROW_MAJOR and a.shape[1] >= 2 * BLOCK_ROWS
-            and way(mapped(rt), rt.copy_engines, rt.transfers.kept(a[0]),
-                    mode == "copy-queues") is not None)
+            and way(mapped(rt), rt.copy_engines, a_kept, mode == "copy-queues") is not None)
 
 
-def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
+@dataclass(frozen=True)
+class Epilogue:
+    """A pipelined product's fused operations: bias (N,) already on the device (the
+    residual, an M x N operand, is not pipelined)."""
+
+    ops: EpilogueOps
+    bias: DeviceOperand | None = None
+
+
+def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray | DeviceOperand,
                   out: np.ndarray | None, alpha: float | int,
-                  options: Options | None = None) -> tuple[GemmResult, np.ndarray] | None:
+                  options: Options | None = None, *, n: int = 0,
+                  epilogue: Epilogue | None = None) -> tuple[GemmResult, np.ndarray] | None:
     """alpha * a[0] @ b[0] through the pipeline, into `out` (C-contiguous, of the result
-    dtype) or a new array; returns the result and that array. None (nothing done) where
-    a block's kernel needs a repack first (8-bit operands): the caller runs it whole."""
+    dtype) or a new array; returns the result and that array. b: a numpy array, or B
+    resident on the device (its n columns), which then never crosses PCIe. None (nothing
+    done) where a block's kernel needs a repack first (8-bit operands, a quantized B): the
+    caller runs it whole."""
     options = options or Options()
     _, M, K = a.shape
-    N = b.shape[2]
-    sa, sb = staged_of(a), staged_of(b)
+    resident = isinstance(b, DeviceOperand)
+    N = n if isinstance(b, DeviceOperand) else b.shape[2]
+    sa = staged_of(a)
+    sb = b.staged if isinstance(b, DeviceOperand) else staged_of(b)
+    ops = epilogue.ops if epilogue is not None else None
     item = a.itemsize
     result_dtype = numpy_dtype(pair.stored)
     blocks = row_blocks(M, (K * item + N * result_dtype.itemsize))
@@ -125,8 +144,15 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
     for r0, r1 in blocks:
         rows = r1 - r0
         if rows not in plans:
-            plans[rows] = plan_of(rt, pair, staging.rows_of(sa, rows, item), sb, None,
-                                  (1, rows, N, K), alpha, 0, None, options)
+            sa_i = staging.rows_of(sa, rows, item)
+            plan = plan_of(rt, pair, sa_i, sb, None, (1, rows, N, K), alpha, 0, None,
+                           options, ops=ops)
+            if isinstance(b, DeviceOperand) and \
+                    b.buffer.size - b.offset < sb.nbytes + plan.operand_margins[1]:
+                # A resident B has no room past its data: no variant that reads past it.
+                plan = plan_of(rt, pair, sa_i, sb, None, (1, rows, N, K), alpha, 0, None,
+                               options, margins_ok=False, ops=ops)
+            plans[rows] = plan
     if any(p.packs for p in plans.values()):
         return None
     first = plans[blocks[0][1] - blocks[0][0]]
@@ -135,8 +161,8 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
     margins = (max(p.margins[0] for p in plans.values()),
                max(p.margins[1] for p in plans.values()))
     if mapped(rt):
-        return result, _run_mapped(rt, a, b, out, blocks, plans, sa, sb, margins,
-                                   result_dtype, _tracer(options))
+        return result, _run_mapped(rt, a, b, N, out, blocks, plans, sa, sb, margins,
+                                   result_dtype, epilogue, _tracer(options))
     if out is None:  # the copy queues' lanes download into the caller's array
         out = np.empty((1, M, N), result_dtype)
     pool = rt.pool
@@ -147,22 +173,25 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray,
         return taken[-1]
 
     try:
-        a_buf, b_buf = take(sa.nbytes + margins[0]), take(sb.nbytes + margins[1])
+        a_buf = take(sa.nbytes + margins[0])
+        b_op = b if isinstance(b, DeviceOperand) else \
+            DeviceOperand(take(sb.nbytes + margins[1]), 0, sb)
         d_buf = take(M * N * out.itemsize)
-        _run(rt, pair, a, b, out, alpha, options, blocks, sa, sb, a_buf, b_buf, d_buf)
+        _run(rt, plans, a, b if not resident else None, N, out, options, blocks, sa,
+             a_buf, b_op, d_buf, epilogue)
         return result, out
     finally:
         for buf in taken:  # every queue's work on them has completed (_run waited)
             pool.release(buf)
 
 
-def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
-                blocks: list[tuple[int, int]], plans: dict[int, Plan], sa: Staged,
-                sb: Staged, margins: tuple[int, int], result_dtype: np.dtype,
-                _trace: Callable[[str], None]) -> np.ndarray:
+def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: int,
+                out: np.ndarray | None, blocks: list[tuple[int, int]], plans: dict[int, Plan],
+                sa: Staged, sb: Staged, margins: tuple[int, int], result_dtype: np.dtype,
+                epilogue: Epilogue | None, _trace: Callable[[str], None]) -> np.ndarray:
     """The pipeline on device memory the host maps (the module's first way)."""
     _, M, K = a.shape
-    N = b.shape[2]
+    bias = epilogue.bias if epilogue is not None else None
     pool, transfers, compute = rt.pool, rt.transfers, rt.stream
     item, row_d = a.itemsize, N * result_dtype.itemsize
     d_bytes = M * row_d
@@ -174,11 +203,15 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
     # on the H200, within the noise with both new (docs/arrays.md).
     down = rt.down if rt.copy_engines else None
     try:
-        for kind, nbytes in ((Kind.MAPPED, sa.nbytes + margins[0]),
-                             (Kind.MAPPED, sb.nbytes + margins[1]), (Kind.DEVICE, d_bytes)):
-            taken.append(pool.acquire(kind, nbytes))
-        a_buf, b_buf, d_buf = taken
-        b_op = DeviceOperand(b_buf, 0, sb)
+        a_buf = pool.acquire(Kind.MAPPED, sa.nbytes + margins[0])
+        taken.append(a_buf)
+        d_buf = pool.acquire(Kind.DEVICE, d_bytes)
+        taken.append(d_buf)
+        if isinstance(b, DeviceOperand):
+            b_op = b
+        else:
+            taken.append(pool.acquire(Kind.MAPPED, sb.nbytes + margins[1]))
+            b_op = DeviceOperand(taken[-1], 0, sb)
         with contextlib.ExitStack() as hold:
             # Where D_i goes as its kernel completes: the caller's kept array or a kept
             # pinned block for a new result; else D comes back whole at the end.
@@ -189,11 +222,12 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
                 target = transfers.new_download(d_bytes)
                 dest = (target.dst, target.offset) if target is not None else None
             _trace(f"start: {len(blocks)} blocks")
-            # B: a kept import's one device copy (the kernels run after it: the stream
-            # orders them), else written through the mapping before the blocks of A.
-            b_src = staged_view(b, sb)[0]
-            b_ticket = transfers.kept_upload(b_src, b_buf)
-            b_copied = b_ticket is not None
+            # B: resident already; or a kept import's one device copy (the kernels run
+            # after it: the stream orders them), else written through the mapping before
+            # the blocks of A.
+            b_src = None if isinstance(b, DeviceOperand) else staged_view(b, sb)[0]
+            b_ticket = None if b_src is None else transfers.kept_upload(b_src, b_op.buffer)
+            b_copied = b_src is None or b_ticket is not None
             if b_ticket is not None:
                 # Waited for before A's writes, which would share PCIe with it: the
                 # kernels then start with A's first block (8192^3 with a new A on the
@@ -202,7 +236,8 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
                 _trace("B copied")
             jobs = [(a[0, r0:r1], a_buf, r0 * sa.ld * item) for r0, r1 in blocks]
             if not b_copied:
-                jobs.insert(0, (b_src, b_buf, 0))
+                assert b_src is not None
+                jobs.insert(0, (b_src, b_op.buffer, 0))
             lock = threading.Lock()
             written: list[int] = []  # blocks of A written before B was
 
@@ -218,7 +253,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
                 # 13.1-13.5 ms against 11.8-11.9 (docs/arrays.md).
                 copy = [Copy(d_buf, dest[0], rows * row_d, r0 * row_d, dest[1] + r0 * row_d)
                         ] if dest is not None else []
-                ticket = enqueue_plan(rt, plans[rows], a_i, b_op, None, d_i,
+                ticket = enqueue_plan(rt, plans[rows], a_i, b_op, None, d_i, bias=bias,
                                       downloads=copy if down is None else ())
                 _trace(f"gemm {i} submitted")
                 if down is not None:
@@ -245,7 +280,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
             # Note A and B (or import them, at their second time) like any upload: A
             # kept, the next product of the same arrays skips the pipeline (way()).
             transfers.kept_later(a[0])
-            if len(jobs) > len(blocks):
+            if b_src is not None and len(jobs) > len(blocks):
                 transfers.kept_later(b_src)
             compute.wait()
             if down is not None:
@@ -271,13 +306,13 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray, out: np.ndarray | Non
             pool.release_later(buf)
 
 
-def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndarray,
-         alpha: float | int, options: Options, blocks: list[tuple[int, int]], sa: Staged,
-         sb: Staged, a_buf: Buffer, b_buf: Buffer, d_buf: Buffer) -> None:
-    """The pipeline on copy queues (the module's second way)."""
+def _run(rt: Runtime, plans: dict[int, Plan], a: np.ndarray, b: np.ndarray | None, N: int,
+         out: np.ndarray, options: Options, blocks: list[tuple[int, int]], sa: Staged,
+         a_buf: Buffer, b_op: DeviceOperand, d_buf: Buffer,
+         epilogue: Epilogue | None) -> None:
+    """The pipeline on copy queues (the module's second way); b None: B is resident in
+    b_op already."""
     _trace = _tracer(options)
-    K = a.shape[2]
-    N = b.shape[2]
     item, out_item = a.itemsize, out.itemsize
     compute, up, down = rt.stream, rt.up, rt.down
     n = len(blocks)
@@ -286,12 +321,19 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
     errors: list[BaseException] = []
 
     def on_job(job: int, ticket: int) -> None:
+        job += 1 - first_job  # in ready's numbering
         uploaded[job] = ticket
         ready[job].set()
         _trace(f"up {'B' if job == 0 else f'A{job - 1}'} submitted")
 
-    jobs = [(staged_view(b, sb)[0], b_buf)] + [(a[0, r0:r1], a_buf) for r0, r1 in blocks]
-    offsets = [0] + [r0 * sa.ld * item for r0, _ in blocks]
+    jobs = [(a[0, r0:r1], a_buf) for r0, r1 in blocks]
+    offsets = [r0 * sa.ld * item for r0, _ in blocks]
+    if b is None:
+        ready[0].set()  # B is there: the kernels wait for their A only
+    else:
+        jobs.insert(0, (staged_view(b, b_op.staged)[0], b_op.buffer))
+        offsets.insert(0, 0)
+    first_job = 0 if b is None else 1  # job j is A_{j - first_job}
     # The copies may not overwrite buffers that earlier kernels still read.
     start = [(compute, compute.submitted)]
     _trace(f"start: {n} blocks")
@@ -335,9 +377,9 @@ def _run(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray, out: np.ndar
             a_i = DeviceOperand(a_buf, r0 * sa.ld * item, staging.rows_of(sa, rows, item))
             d_i = DeviceOperand(d_buf, r0 * N * out_item,
                                 Staged(Layout.ROW_MAJOR, N, 0, rows * N * out_item))
-            ticket, _ = enqueue_gemm(
-                rt, pair, a_i, DeviceOperand(b_buf, 0, sb), None, d_i, (1, rows, N, K),
-                alpha, 0, options, waits=[(up, max(uploaded[0], uploaded[i + 1]))])
+            ticket = enqueue_plan(rt, plans[rows], a_i, b_op, None, d_i,
+                                  waits=[(up, max(uploaded[0], uploaded[i + 1]))],
+                                  bias=epilogue.bias if epilogue is not None else None)
             _trace(f"gemm {i} submitted")
             downloads.put((i, ticket))
     finally:

@@ -79,8 +79,21 @@ MODE_ENV = "COOPMAT_TRANSFER"
 # Downloads of at least this many bytes into a new array (Array.numpy()) land in host
 # memory coopmat owns and keeps imported (_PinnedBlock): one DMA, no host copy.
 PINNED_MIN_BYTES = 8 << 20
-# Free pinned blocks kept for reuse per device, in bytes.
-PINNED_KEEP_BYTES = 1 << 30
+
+
+def _pinned_keep_bytes() -> int:
+    """Free pinned blocks kept for reuse per device, in bytes: a sixteenth of the host's
+    memory, at least 1 GiB and at most 16 GiB. Results held by their owner (a Dask
+    worker's persisted chunks) come back together once let go, and a later product then
+    lands in pages already faulted and imported rather than in fresh ones."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        physical = 0
+    return min(16 << 30, max(1 << 30, physical // 16))
+
+
+PINNED_KEEP_BYTES = _pinned_keep_bytes()
 # Small results that come back with their product (Transfers.small_download): kept
 # pinned blocks per size class, at most this many (more lent at once: the pool's
 # host-visible buffers and a host copy serve the rest).

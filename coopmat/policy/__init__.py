@@ -4,7 +4,7 @@ choice is run: buffers, pipelines, submission) lives in coopmat.dispatch.
 
     from coopmat.policy import Options, Problem, OperandLayout, choose, resolve
     pair = resolve(info, np.float16, np.float16)          # float16 -> float16, f32 acc.
-    choice = choose(info, Problem(pair, M, N, K, a, b), Options.from_env())
+    choice = choose(info, Problem(pair, M, N, K, a, b), current_options())
     choice.traits, choice.params, choice.packs, choice.margins
 """
 
@@ -30,6 +30,7 @@ from coopmat.policy.kernel import (
     split_k_violation,
 )
 from coopmat.policy.options import Options
+from coopmat.policy.options import get_options as current_options
 from coopmat.policy.tiles import SMALL_M
 from coopmat.policy.types import (
     TypePair,
@@ -43,8 +44,8 @@ from coopmat.policy.types import (
 __all__ = [
     "MEDIUM_MN", "PACK_MIN_M", "SMALL_M", "SPECIALIZE_MIN_OPS", "KernelChoice", "OperandLayout",
     "Options", "PackChoice", "Problem", "Tuned", "TypePair", "bounds_checked", "choose",
-    "choose_family", "config_for", "config_pairs", "fastest_variant", "fills_small",
-    "repacks", "resolve", "result_pairs",
+    "choose_family", "config_for", "config_pairs", "current_options", "fastest_variant",
+    "fills_small", "repacks", "resolve", "result_pairs",
     "shape_class", "slice_problem", "specializes", "split_k_for", "split_k_violation",
     "usable_configs",
 ]

@@ -1,15 +1,23 @@
-"""The options that steer kernel choice and how a product runs, read from the environment.
+"""The options that steer kernel choice and how a product runs.
 
 `Options.from_env()` is the one place the COOPMAT_* variables that affect kernel choice
-(and the numpy -> numpy pipeline's switch, COOPMAT_PIPELINE) are read; everything below it
+(and the numpy -> numpy pipeline's switch, COOPMAT_PIPELINE) are parsed; everything below it
 takes an Options value. A bad value is a ValueError that names the variable.
+
+The process reads those variables once, at its first product (`get_options()`), as numpy and
+CuPy read theirs at start-up; later changes go through `set_options()` (the process's
+defaults), the `options()` context manager (this thread or task only) or
+`reload_environment()` (after os.environ was changed on purpose).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 FAMILY_ENV = "COOPMAT_FAMILY"
 SPECIALIZE_ENV = "COOPMAT_SPECIALIZE"
@@ -21,7 +29,7 @@ PIPELINE_ENV = "COOPMAT_PIPELINE"
 FAMILIES = ("khr", "nv2", "rows", "gemv")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
 DEQUANT_MODES = ("auto", "first", "fused")
-PIPELINE_MODES = ("auto", "copy-queues", "off")
+PIPELINE_MODES = ("auto", "always", "copy-queues", "off")
 
 
 @dataclass(frozen=True)
@@ -36,9 +44,11 @@ class Options:
     'fused' (the kernel dequantizes as it reads B) or 'auto' (the policy's rule,
     policy.kernel.dequantizes_first).
     pipeline: how a large numpy -> numpy product is pipelined (dispatch/pipeline.py):
-    'auto' (the way the device offers, if any), 'copy-queues' (the copy queues' way even
-    on a device without copy queues, its steps in order on the compute queue: for tests)
-    or 'off' (never: one product, for measurements).
+    'auto' (the way the device offers, if any), 'always' (also a numpy x against a
+    resident weight on memory the host maps, which 'auto' leaves unpipelined),
+    'copy-queues' (the copy queues' way even on a device without copy queues, its steps
+    in order on the compute queue: for tests) or 'off' (never: one product, for
+    measurements).
     trace: called with the name of each step of a pipelined product as it happens (for
     profiling, with time.perf_counter beside it); not part of equality."""
 
@@ -51,6 +61,12 @@ class Options:
     trace: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.family not in (None, *FAMILIES):
+            raise ValueError(f"unknown kernel family {self.family!r}: use 'khr', 'nv2', "
+                             f"'rows', 'gemv' or None (the policy's choice)")
+        if self.specialize not in ("auto", "always", "never"):
+            raise ValueError(f"specialize={self.specialize!r}: use 'auto', 'always' or "
+                             f"'never'")
         if self.split_k is not None and (isinstance(self.split_k, bool) or
                                          not isinstance(self.split_k, int) or
                                          self.split_k < 1):
@@ -59,24 +75,13 @@ class Options:
         if self.dequant not in DEQUANT_MODES:
             raise ValueError(f"dequant={self.dequant!r}: use 'first', 'fused' or 'auto'")
         if self.pipeline not in PIPELINE_MODES:
-            raise ValueError(f"pipeline={self.pipeline!r}: use 'auto', 'copy-queues' or "
-                             f"'off'")
+            raise ValueError(f"pipeline={self.pipeline!r}: use 'auto', 'always', "
+                             f"'copy-queues' or 'off'")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
-        # Read on every call, so a changed variable takes effect; parsed once per value.
-        if env is None and _ENVIRON_DATA is not None:
-            # os.environ's own dict: five lookups in 0.2 us where os.environ.get (which
-            # encodes and decodes each name) takes 2.4; this runs on every matmul call.
-            raw: tuple[object, ...] = tuple(map(_ENVIRON_DATA.get, _ENCODED_NAMES))
-            env = os.environ
-        else:
-            env = os.environ if env is None else env
-            raw = tuple(env.get(name) for name in _NAMES)
-        known = _parsed.get(raw)
-        if known is None:
-            known = _parsed[raw] = cls._parse(env)
-        return known
+        """The options the COOPMAT_* variables of `env` (default: os.environ, now) ask for."""
+        return cls._parse(os.environ if env is None else env)
 
     @classmethod
     def _parse(cls, env: Mapping[str, str]) -> Options:
@@ -104,9 +109,9 @@ class Options:
                              f"(the policy's choice)")
         pipeline = env.get(PIPELINE_ENV, "").strip() or "auto"
         if pipeline not in PIPELINE_MODES:
-            raise ValueError(f"{PIPELINE_ENV}={pipeline!r}: use 'copy-queues' (its steps in "
-                             f"order where the device has no copy queues), 'off', 'auto' or "
-                             f"leave it unset")
+            raise ValueError(f"{PIPELINE_ENV}={pipeline!r}: use 'always', 'copy-queues' (its "
+                             f"steps in order where the device has no copy queues), 'off', "
+                             f"'auto' or leave it unset")
         return cls(family=None if family == "auto" else family,
                    specialize=_SPECIALIZE[spec],
                    tuning=env.get(NO_TUNING_ENV, "").strip() != "1", split_k=split_k,
@@ -122,12 +127,47 @@ class Options:
         return replace(self, family=family)
 
 
-_NAMES = (FAMILY_ENV, SPECIALIZE_ENV, NO_TUNING_ENV, SPLIT_K_ENV, DEQUANT_ENV, PIPELINE_ENV)
-_parsed: dict[tuple[object, ...], Options] = {}
-# CPython's os.environ keeps its variables in a dict of encoded names and values (POSIX:
-# bytes); where it does not, from_env reads through os.environ.
-_ENVIRON_DATA: dict[object, object] | None = getattr(os.environ, "_data", None)
-_ENCODED_NAMES = tuple(os.environ.encodekey(n) for n in _NAMES) \
-    if _ENVIRON_DATA is not None and hasattr(os.environ, "encodekey") else ()
-if not _ENCODED_NAMES or not isinstance(_ENVIRON_DATA, dict):
-    _ENVIRON_DATA = None
+# The process's defaults: the environment as read at the first product, or set_options'.
+_process: Options | None = None
+# A scope's options (the options() context manager): per thread and per asyncio task.
+_scoped: ContextVar[Options | None] = ContextVar("coopmat_options", default=None)
+
+
+def get_options() -> Options:
+    """The options a product started now runs with."""
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
+    return _process if _process is not None else reload_environment()
+
+
+def reload_environment() -> Options:
+    """Read the COOPMAT_* variables again and make them the process's defaults."""
+    global _process
+    _process = Options.from_env()
+    return _process
+
+
+def set_options(**changes: Any) -> Options:
+    """Change the process's defaults (Options' field names: family, specialize, tuning,
+    split_k, dequant, pipeline, trace); returns the new defaults."""
+    global _process
+    _process = _changed(_process if _process is not None else reload_environment(), changes)
+    return _process
+
+
+@contextmanager
+def options(**changes: Any) -> Iterator[Options]:
+    """Options changed for the products started inside the block, in this thread (or
+    asyncio task) only: `with coopmat.options(family="khr", split_k=4): ...`."""
+    token = _scoped.set(_changed(get_options(), changes))
+    try:
+        yield _scoped.get()  # type: ignore[misc]
+    finally:
+        _scoped.reset(token)
+
+
+def _changed(base: Options, changes: dict[str, Any]) -> Options:
+    if changes.get("family") == "auto":
+        changes = {**changes, "family": None}
+    return replace(base, **changes)

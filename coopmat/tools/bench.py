@@ -41,7 +41,7 @@ from coopmat.common.dtypes import by_name, element
 from coopmat.device.record import nv2_usable
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
-from coopmat.policy import Options, TypePair, tuning
+from coopmat.policy import TypePair, current_options, tuning
 from coopmat.policy.rows_tiles import rows_traits
 from coopmat.tools import bench_sweeps as sweeps
 from coopmat.tools.bench_infer import hold_clock
@@ -272,7 +272,7 @@ def bench_row(row: Row, args: argparse.Namespace, rng: np.random.Generator,
         return
     row.accumulator = element(pair.result).name  # what was measured
     family = None if row.family == "auto" else row.family
-    options = Options.from_env().with_family(family)
+    options = current_options().with_family(family)
 
     def make() -> PreparedGemm:
         return PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, options=options)
@@ -498,7 +498,7 @@ def tune_class(args: argparse.Namespace, rt: Any, pair: TypePair, config: Any, d
                                  False, M, tile=tile, aligned=True)
         else:
             base = codegen.khr_traits(config, info, Layout.ROW_MAJOR, b_layout, False, tile)
-            traits = policy.fastest_variant(base, params, 1, Options.from_env())
+            traits = policy.fastest_variant(base, params, 1, current_options())
         entry: dict[str, Any] = {"class": key, "family": family, "tile": tile.describe(),
                                  "M": M, "N": size, "K": size}
         try:

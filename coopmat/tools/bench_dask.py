@@ -5,11 +5,13 @@ per device (coopmat.dask.LocalCluster), beside dask + CuPy on the same chunks.
   random-number generation or client transfer timed); W (K x N) is one graph key, kept
   on each worker's device after a warm-up compute. Timed: from submitting the persisted
   product to `wait` (the result stays on the workers as numpy chunks, not gathered).
-- Each worker count's split per task: the bare product on a worker (upload of the chunk,
-  kernel, download of the result, timed with coopmat.synchronize between them, and
-  coopmat.last_kernel_time where the device has timestamps), the task's own compute time
-  (Dask's task stream) and the rest, wall time per task less compute: scheduler and
-  transfer overhead.
+- Each worker count's split per task: the bare product on a worker, whole as a task runs
+  it (a numpy chunk in, the weight resident, a numpy chunk out: uploads, kernels and
+  downloads overlapped) and in parts (upload of the chunk, kernel, download of the
+  result, timed with coopmat.synchronize between them, and coopmat.last_kernel_time
+  where the device has timestamps); the task's own compute time (Dask's task stream);
+  and the overhead: the workers' time not spent computing a task, per task (scheduling,
+  transfers, and tasks spread unevenly over the workers).
 - host_copy: numpy's copy of every chunk on the same workers at once, as GB/s over all:
   the host memory bandwidth that bounds the product's upload and download.
 - --from-client: the same product with X sent from the client (made here as numpy).
@@ -94,49 +96,83 @@ def _x_on_workers(client: Any, args: argparse.Namespace, dtype: np.dtype,
     shape, chunks = (args.rows, args.k), (args.chunk, args.k)
     if dtype == np.int8:
         x = rng.integers(-8, 8, shape, chunks=chunks, dtype=np.int8)
-    else:
-        x = rng.standard_normal(shape, chunks=chunks, dtype=np.float32).astype(dtype)
+    else:  # uniform, centred: several times faster to make than normal values
+        x = (rng.random(shape, chunks=chunks, dtype=np.float32) - np.float32(0.5)).astype(dtype)
     x = client.persist(x, workers=workers, allow_other_workers=False)
     distributed.wait(x)
+    # Root tasks land where the scheduler puts them, often unevenly: spread the chunks
+    # over the workers so that each computes its share where its chunks lie.
+    client.rebalance(distributed.futures_of(x), workers=workers)
     return x
 
 
-def _timed(client: Any, make: Any, workers: list[str], repeat: int) -> tuple[float, list[Any]]:
+def _timed(client: Any, make: Any, workers: list[str], repeat: int,
+           prefix: str = "") -> tuple[float, dict[str, float]]:
     """Median seconds from submitting `make()` persisted on `workers` to `wait`, after
-    one untimed run; and the task stream of the timed runs."""
+    one untimed run; and, for tasks whose key holds `prefix`, per_task(): the median
+    task's compute time and the workers' time not spent computing, per task."""
     import distributed
+
+    runs: list[tuple[float, dict[str, float]]] = []
 
     def once() -> float:
         y = make()
-        t0 = time.perf_counter()
-        y = client.persist(y, workers=workers, allow_other_workers=False)
-        distributed.wait(y)
-        seconds = time.perf_counter() - t0
+        with distributed.get_task_stream(client) as ts:
+            t0 = time.perf_counter()
+            y = client.persist(y, workers=workers, allow_other_workers=False)
+            distributed.wait(y)
+            seconds = time.perf_counter() - t0
+        if prefix:
+            runs.append((seconds, per_task(ts.data, prefix, seconds, len(workers))))
         del y
         return seconds
 
     once()
-    with distributed.get_task_stream(client) as ts:
-        times = [once() for _ in range(repeat)]
-    return statistics.median(times), list(ts.data)
+    runs.clear()
+    times = [once() for _ in range(repeat)]
+    split = {}
+    if runs:
+        split = {k: statistics.median(r[1][k] for r in runs) for k in runs[0][1]}
+    return statistics.median(times), split
 
 
-def _compute_seconds(stream: list[Any], prefix: str) -> list[float]:
-    out = []
+def per_task(stream: list[Any], prefix: str, wall: float, workers: int) -> dict[str, float]:
+    """From one run's task stream: the median compute time of the tasks whose key holds
+    `prefix` (ms), the workers' time not spent computing them per task (ms: workers x
+    wall less the tasks' compute, over the tasks), and how unevenly the tasks fell
+    (the busiest worker's count over the mean)."""
+    computes: list[float] = []
+    count: dict[str, int] = {}
     for task in stream:
-        if str(task.get("key", "")).find(prefix) < 0:
+        if prefix not in str(task.get("key", "")):
             continue
-        out += [s["stop"] - s["start"] for s in task.get("startstops", ())
-                if s.get("action") == "compute"]
-    return out
+        count[task.get("worker", "")] = count.get(task.get("worker", ""), 0) + 1
+        computes += [s["stop"] - s["start"] for s in task.get("startstops", ())
+                     if s.get("action") == "compute"]
+    if not computes:
+        return {"task_compute_ms": float("nan"), "overhead_ms_per_task": float("nan"),
+                "imbalance": float("nan")}
+    tasks = sum(count.values())
+    return {"task_compute_ms": 1e3 * statistics.median(computes),
+            "overhead_ms_per_task": 1e3 * (workers * wall - sum(computes)) / tasks,
+            "imbalance": max(count.values()) * workers / tasks}
 
 
 def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
-    """On a worker: this chunk's upload, kernel and download seconds, and the kernel's
-    device time (NaN without timestamps), against the weight its cache keeps."""
+    """On a worker, against the weight its cache keeps: this chunk's upload, kernel and
+    download seconds, the kernel's device time (NaN without timestamps), and the whole
+    product as a task runs it (matmul_to_host: numpy in, numpy out, overlapped), the best
+    of three."""
+    from coopmat.api.matmul import matmul_to_host
     from coopmat.dask.cache import weight_cache
     dev_w = weight_cache().get(token, lambda: coopmat.asarray(w))
     coopmat.synchronize()
+    whole = []
+    for _ in range(3):  # as a task runs it; results let go, as Dask lets go of them
+        t = time.perf_counter()
+        del_me = matmul_to_host(x, dev_w)
+        whole.append(time.perf_counter() - t)
+        del del_me
     t0 = time.perf_counter()
     xa = coopmat.asarray(x)
     coopmat.synchronize()
@@ -147,7 +183,8 @@ def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
     kernel = coopmat.last_kernel_time()
     y.numpy()
     t3 = time.perf_counter()
-    return np.array([[t1 - t0, t2 - t1, t3 - t2, np.nan if kernel is None else kernel]])
+    return np.array([[t1 - t0, t2 - t1, t3 - t2, np.nan if kernel is None else kernel,
+                      min(whole)]])
 
 
 def _split(client: Any, x: Any, w: Any, workers: list[str]) -> dict[str, Any]:
@@ -155,13 +192,13 @@ def _split(client: Any, x: Any, w: Any, workers: list[str]) -> dict[str, Any]:
 
     from coopmat.dask.weights import weight_key
     wk = weight_key(w)  # the key and token coopmat.dask.matmul gives it: its cached copy
-    parts = da.map_blocks(split_block, x, wk.value, wk.token, dtype=np.float64, chunks=(1, 4))
+    parts = da.map_blocks(split_block, x, wk.value, wk.token, dtype=np.float64, chunks=(1, 5))
     rows = client.compute(parts, workers=workers, allow_other_workers=False).result()
     rows = rows[1:] if len(rows) > 1 else rows  # the first chunk may still compile
     ms = 1e3 * np.median(rows[:, :3], axis=0)
     device = rows[:, 3][~np.isnan(rows[:, 3])]
-    return {"upload_ms": float(ms[0]), "kernel_ms": float(ms[1]),
-            "download_ms": float(ms[2]),
+    return {"whole_ms": float(1e3 * np.median(rows[:, 4])), "upload_ms": float(ms[0]),
+            "kernel_ms": float(ms[1]), "download_ms": float(ms[2]),
             "kernel_device_ms": float(1e3 * np.median(device)) if device.size else None}
 
 
@@ -179,7 +216,8 @@ def _row(engine: str, workers: int, seconds: float, args: argparse.Namespace,
             "ms_per_chunk_per_worker": 1e3 * seconds * workers / nchunks}
 
 
-def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, Any]]:
+def run_coopmat(args: argparse.Namespace, counts: list[int],
+                rows: list[dict[str, Any]], saved: Any) -> None:
     import distributed
 
     import coopmat.dask as cd
@@ -187,7 +225,6 @@ def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, A
     dtype = np.dtype(args.dtype)
     devices = args.devices.split(",") if args.devices else None
     w = _random(np.random.default_rng(1), (args.k, args.n), dtype)
-    rows: list[dict[str, Any]] = []
     # memory_limit=0: no spilling to disk; one worker of several may hold all of X and Y.
     with cd.LocalCluster(devices=devices, host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0",
                          silence_logs=logging.ERROR, memory_limit=0) as cluster, \
@@ -205,20 +242,20 @@ def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, A
             x = _x_on_workers(client, args, dtype, subset)
             nchunks = len(x.chunks[0])
             y_bytes = args.rows * args.n * result_dtype(dtype, None).itemsize
-            seconds, stream = _timed(client, lambda x=x: cd.matmul(x, w), subset, args.repeat)
+            seconds, split = _timed(client, lambda x=x: cd.matmul(x, w), subset, args.repeat,
+                                    "coopmat-matmul")
             row = _row("coopmat", count, seconds, args, x.nbytes, y_bytes, nchunks)
-            compute = _compute_seconds(stream, "coopmat-matmul")
-            task_ms = 1e3 * statistics.median(compute) if compute else float("nan")
-            row["task_compute_ms"] = task_ms
-            row["overhead_ms_per_task"] = row["ms_per_chunk_per_worker"] - task_ms
+            row.update(split)
             row["bare_product"] = _split(client, x, w, subset)
             row["host_copy_gbps"] = _host_copy(client, x, subset)
             row["devices"] = [held[a] for a in subset]
             row["max_error"] = _check(cd.matmul(x, w), x, lambda a, w=w: a @ np.asarray(
                 w.compute(), np.float64))
             rows.append(row)
+            saved()
             if args.linear:
                 rows.append(_linear_row(client, args, x, w, subset, y_bytes, nchunks))
+                saved()
             del x
             if args.from_client:
                 import dask.array as da
@@ -229,8 +266,8 @@ def run_coopmat(args: argparse.Namespace, counts: list[int]) -> list[dict[str, A
                     subset, args.repeat)
                 rows.append(_row("coopmat, X from the client", count, seconds, args,
                                  host.nbytes, y_bytes, nchunks))
+                saved()
                 del host
-    return rows
 
 
 def _check(y: Any, x: Any, reference: Any) -> float:
@@ -266,12 +303,11 @@ def _linear_row(client: Any, args: argparse.Namespace, x: Any, w: Any, workers: 
         weight = cd.quantized(weight_nk, args.linear)
         dense = quants.dequantize(quants.quantize(weight_nk.astype(np.float32), qtype),
                                   qtype).astype(np.float64)
-    seconds, stream = _timed(client, lambda: cd.linear(x, weight, bias, "gelu_tanh"),
-                             workers, args.repeat)
+    seconds, split = _timed(client, lambda: cd.linear(x, weight, bias, "gelu_tanh"),
+                            workers, args.repeat, "coopmat-linear")
     row = _row(f"coopmat linear {args.linear} + bias + gelu_tanh", len(workers), seconds, args,
                x.nbytes, y_bytes, nchunks)
-    compute = _compute_seconds(stream, "coopmat-linear")
-    row["task_compute_ms"] = 1e3 * statistics.median(compute) if compute else float("nan")
+    row.update(split)
     row["max_error"] = _check(cd.linear(x, weight, bias, "gelu_tanh"), x,
                               lambda a: _gelu_tanh(a @ dense.T + bias))
     return row
@@ -319,18 +355,18 @@ def cupy_module() -> Any:
         return None
 
 
-def run_cupy(args: argparse.Namespace, counts: list[int]) -> list[dict[str, Any]]:
+def run_cupy(args: argparse.Namespace, counts: list[int], rows: list[dict[str, Any]],
+             saved: Any) -> None:
     dtype = np.dtype(args.dtype)
     cp = cupy_module()
     if cp is None or dtype != np.float16:  # cupy's int8 @ int8 is int8 (wraps): no peer
-        return []
+        return
     import distributed
     available = cp.cuda.runtime.getDeviceCount()
     counts = [c for c in counts if c <= available]
     if not counts:
-        return []
+        return
     w = _random(np.random.default_rng(1), (args.k, args.n), dtype)
-    rows = []
     cluster = _CudaCluster.start(max(counts))
     try:
         with distributed.Client(cluster) as client:
@@ -348,10 +384,10 @@ def run_cupy(args: argparse.Namespace, counts: list[int]) -> list[dict[str, Any]
                 seconds, _ = _timed(client, make, subset, args.repeat)
                 rows.append(_row("dask + cupy", count, seconds, args, x.nbytes, y_bytes,
                                  len(x.chunks[0])))
+                saved()
                 del x
     finally:
         cluster.close()
-    return rows
 
 
 def _report(rows: list[dict[str, Any]]) -> None:
@@ -364,9 +400,10 @@ def _report(rows: list[dict[str, Any]]) -> None:
         split = ""
         if "bare_product" in r:
             b = r["bare_product"]
-            split = (f"upload {b['upload_ms']:.1f}, kernel {b['kernel_ms']:.1f}, download "
-                     f"{b['download_ms']:.1f}; task {r['task_compute_ms']:.1f}, overhead "
-                     f"{r['overhead_ms_per_task']:.1f}; host copy {r['host_copy_gbps']:.1f} GB/s")
+            split = (f"bare {b['whole_ms']:.1f} (upload {b['upload_ms']:.1f}, kernel "
+                     f"{b['kernel_ms']:.1f}, download {b['download_ms']:.1f}); task "
+                     f"{r['task_compute_ms']:.1f}, overhead {r['overhead_ms_per_task']:.1f}, "
+                     f"imbalance {r['imbalance']:.2f}; host copy {r['host_copy_gbps']:.1f} GB/s")
         write(f"{r['engine']:<40} {r['workers']:>7} {r['seconds']:>9.3f} {r['tflops']:>8.2f} "
               f"{r['gbps_moved']:>10.2f} {r['ms_per_chunk_per_worker']:>9.1f} {speed:>7.2f}  "
               f"{split}")
@@ -385,16 +422,23 @@ def main(argv: list[str] | None = None) -> int:
     from coopmat.dask.devices import placements
     available = len(placements(args.devices.split(",") if args.devices else None))
     counts = args.workers or list(range(1, available + 1))
-    rows = run_coopmat(args, counts)
+    rows: list[dict[str, Any]] = []
+
+    def saved() -> None:
+        """The rows so far into --json: a run cut short keeps what it measured."""
+        if args.json is not None:
+            doc = {"config": {"rows": args.rows, "k": args.k, "n": args.n, "chunk": args.chunk,
+                              "dtype": args.dtype, "repeat": args.repeat,
+                              "linear": args.linear,
+                              "cupy": cupy_module() is not None and not args.no_peers},
+                   "results": rows}
+            args.json.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+
+    run_coopmat(args, counts, rows, saved)
     if not args.no_peers:
-        rows += run_cupy(args, counts)
+        run_cupy(args, counts, rows, saved)
     _report(rows)
-    if args.json is not None:
-        doc = {"config": {"rows": args.rows, "k": args.k, "n": args.n, "chunk": args.chunk,
-                          "dtype": args.dtype, "repeat": args.repeat, "linear": args.linear,
-                          "cupy": cupy_module() is not None and not args.no_peers},
-               "results": rows}
-        args.json.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    saved()  # with the speedups _report adds
     return 0
 
 

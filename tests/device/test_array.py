@@ -675,7 +675,7 @@ def test_numpy_to_numpy_pipelined(rt, monkeypatch, dtype):
     product."""
     from coopmat.dispatch import pipeline
     _small_pipeline(monkeypatch)
-    monkeypatch.setenv("COOPMAT_PIPELINE", "copy-queues")
+    coopmat.set_options(pipeline="copy-queues")
     calls = []
     real = pipeline.run_pipelined
     monkeypatch.setattr(pipeline, "run_pipelined",
@@ -712,7 +712,7 @@ def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
     ran = []
     real = pipeline._run_mapped
     monkeypatch.setattr(pipeline, "_run_mapped",
-                        lambda *a, **k: ran.append(k.get("out", a[3]) is None) or real(*a, **k))
+                        lambda *a, **k: ran.append(k.get("out", a[4]) is None) or real(*a, **k))
     seen: dict[str, list[bool]] = {"target": [], "kept": [], "out": []}
     t = rt.transfers
     new_download, pinned_copy, kept_destination = \
@@ -773,6 +773,45 @@ def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
     # Each result is the caller's own: the first is unchanged by the later calls.
     assert np.array_equal(first, kept)
     assert np.array_equal(got8, int8[0].astype(np.int64) @ int8[1].astype(np.int64))
+
+
+@pytest.mark.parametrize("way", ["mapped", "copy-queues"])
+def test_numpy_chunk_against_a_resident_weight_is_pipelined(rt, monkeypatch, way):
+    """matmul_to_host (coopmat.dask's task): a large numpy x against an Array weight runs
+    the row-block pipeline with the weight left where it is (only x's blocks cross), in
+    both ways, with bias and activation fused, w as a transposed view (linear's w.T) and a
+    short last block; anything else (a column-major x, a residual) is matmul + .numpy()."""
+    from coopmat.api.matmul import matmul_to_host
+    from coopmat.dispatch import pipeline, transfer
+    _small_pipeline(monkeypatch)
+    monkeypatch.setattr(transfer, "PINNED_MIN_BYTES", 16 << 10)
+    # 'auto' leaves this product unpipelined on memory the host maps (measured slower)
+    coopmat.set_options(pipeline="copy-queues" if way == "copy-queues" else "always")
+    ran: list[bool] = []
+    real = pipeline.run_pipelined
+    monkeypatch.setattr(pipeline, "run_pipelined", lambda *a, **k: ran.append(
+        isinstance(a[3], pipeline.DeviceOperand)) or real(*a, **k))
+    M, K, N = 600, 96, 200
+    x, w = _random((M, K), np.float16, 21), _random((N, K), np.float16, 22)
+    bias = _random((N,), np.float16, 23)
+    want = _ref(x, w.T)
+    gelu = want + bias.astype(np.float64)
+    gelu = 0.5 * gelu * (1 + np.tanh(np.sqrt(2 / np.pi) * (gelu + 0.044715 * gelu ** 3)))
+    assert len(pipeline.row_blocks(M, K * 2 + N * 2)) > 2
+    with discrete(rt, mapped=way == "mapped"):
+        w_dev = coopmat.asarray(w)
+        got = [matmul_to_host(x.copy(), w_dev.T) for _ in range(3)]  # a new x each time
+        fused = matmul_to_host(x, w_dev.T, bias=bias, activation="gelu_tanh",
+                               dtype=np.float32)
+        col = matmul_to_host(np.asfortranarray(x), w_dev.T)
+        res = matmul_to_host(x, w_dev.T, residual=np.ones((M, N), np.float16))
+    assert ran == [True] * 4, ran
+    for y in got + [col]:
+        assert type(y) is np.ndarray and y.shape == (M, N) and y.dtype == np.float16
+        assert np.abs(y.astype(np.float64) - want).max() < _tol(K)
+    assert fused.dtype == np.float32 and np.abs(fused - gelu).max() < _tol(K)
+    assert np.abs(res.astype(np.float64) - (want + 1)).max() < _tol(K)
+    assert not np.shares_memory(got[0], got[1])  # each result the caller's own
 
 
 def _small_pipeline(monkeypatch) -> None:

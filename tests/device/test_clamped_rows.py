@@ -19,7 +19,6 @@ from sampling import pairwise
 import coopmat
 import coopmat.api.matmul
 from coopmat.codegen import KhrTraits
-from coopmat.policy.options import SPLIT_K_ENV
 
 pytestmark = pytest.mark.live
 
@@ -42,7 +41,7 @@ def last_traits() -> KhrTraits:
 @pytest.fixture
 def khr(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """The khr family (a GPU runs gemv for a few rows against a column-major B)."""
-    monkeypatch.setenv("COOPMAT_FAMILY", "khr")
+    coopmat.set_options(family="khr")
     return monkeypatch
 
 
@@ -52,7 +51,7 @@ def khr(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
                                                      [True, False], [F16, F32], [1, 2]))
 def test_results(live_device_info, khr, M: int, n: int, b_col: bool, out: type,
                  S: int) -> None:
-    khr.setenv(SPLIT_K_ENV, str(S))
+    coopmat.set_options(split_k=S)
     a = small_ints(M, K)
     b = np.ascontiguousarray(small_ints(n, K)).T if b_col else small_ints(K, n)
     d = coopmat.matmul(a, b, dtype=out)

@@ -419,8 +419,11 @@ def test_bench_dask_on_two_workers(device, tmp_path):
         assert x["ms_per_chunk_per_worker"] == pytest.approx(1e3 * x["seconds"] * x["workers"]
                                                              / 6)
         split = x["bare_product"]
-        assert min(split["upload_ms"], split["kernel_ms"], split["download_ms"]) > 0
+        assert min(split["whole_ms"], split["upload_ms"], split["kernel_ms"],
+                   split["download_ms"]) > 0
         assert x["task_compute_ms"] > 0 and x["host_copy_gbps"] > 0
+        # the workers' time: each task's compute plus the rest, never less than computing
+        assert x["overhead_ms_per_task"] >= 0 and x["imbalance"] >= 1
     linear = [x for x in doc["results"] if x["engine"].startswith("coopmat linear q4_0")]
     assert [x["workers"] for x in linear] == [1, 2]
     assert all(x["seconds"] > 0 and x["max_error"] < 1e-2 for x in linear)
@@ -447,7 +450,8 @@ def test_bench_cupy_peer_graph_with_numpy_standing_in(monkeypatch):
     monkeypatch.setattr(bench_dask, "cupy_module", lambda: fake)
     args = bench_dask._parser().parse_args(["--rows", "64", "--k", "32", "--n", "16",
                                             "--chunk", "16", "--repeat", "1"])
-    rows = bench_dask.run_cupy(args, [1, 2, 4])  # 4: more than the devices, left out
+    rows: list = []
+    bench_dask.run_cupy(args, [1, 2, 4], rows, lambda: None)  # 4: more than the devices
     assert [(r["engine"], r["workers"]) for r in rows] == [("dask + cupy", 1),
                                                            ("dask + cupy", 2)]
     assert all(r["seconds"] > 0 for r in rows)

@@ -234,7 +234,7 @@ def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result)
     from coopmat.api.matmul import last_kernel_traits
 
     require(pairs, dtype, result)
-    monkeypatch.setenv("COOPMAT_SPECIALIZE", "1")
+    coopmat.set_options(specialize="always")
     for M, N, K, batch, tb in [(37, 29, 53, (), False), (64, 48, 40, (3,), False),
                                (129, 7, 70, (2,), True), (96, 64, 32, (), False)]:
         a, b = operands(dtype, M, N, K, batch)
@@ -250,7 +250,7 @@ def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result)
     c = small_ints((40, 24), result)
     d = coopmat.matmul(a, b, c=c, alpha=2, beta=-1, out_dtype=out_dtype)
     np.testing.assert_array_equal(d, (2 * reference(a, b, result) - c).astype(result))
-    monkeypatch.setenv("COOPMAT_SPECIALIZE", "0")
+    coopmat.set_options(specialize="never")
     coopmat.matmul(a, b, out_dtype=out_dtype)
     t = last_kernel_traits()
     assert not isinstance(t, KhrTraits) or t.specialized == ()
@@ -265,7 +265,7 @@ def test_specialized_kernels_are_bounded(pairs, monkeypatch):
     from coopmat.policy import kernel as policy_kernel
 
     require(pairs, "int8", np.int32)
-    monkeypatch.delenv("COOPMAT_SPECIALIZE", raising=False)
+    coopmat.set_options(specialize="auto")
     monkeypatch.setattr(policy_kernel, "SPECIALIZE_MIN_OPS", 0)
     monkeypatch.setattr(gemm, "MAX_SPECIALIZED", 2)
     monkeypatch.setattr(gemm, "_specialized", set())

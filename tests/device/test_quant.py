@@ -70,8 +70,7 @@ def test_split_k_exact(rt, monkeypatch, fmt, S, array_x):
     """A split-K of the khr quantized kernel: slice s reads blocks s K / S .. of every
     row of the weight (its batch stride along the rows), the reduction sums the float32
     partials. Exact weights and x: any block read from the wrong slice or row shows."""
-    monkeypatch.setenv("COOPMAT_SPLIT_K", str(S))
-    monkeypatch.setenv("COOPMAT_FAMILY", "khr")
+    coopmat.set_options(split_k=S, family="khr")
     M, K, N = 5, 512, 72
     w = exact_weight(fmt, N, K)
     q = coopmat.quantize(w, fmt)
@@ -92,8 +91,7 @@ def test_dequantize_first_exact(rt, monkeypatch, fmt, M, K, N, S, array_x):
     """The weight dequantized into a float16 B by its own pass, then the float kernel (and
     its split-K where forced): exact weights and x, so a wrong unit, row or scale shows.
     N * K / 8 units are not whole workgroups of the pass in every case."""
-    monkeypatch.setenv("COOPMAT_DEQUANT", "first")
-    monkeypatch.setenv("COOPMAT_SPLIT_K", str(S))
+    coopmat.set_options(dequant="first", split_k=S)
     w = exact_weight(fmt, N, K)
     q = coopmat.quantize(w, fmt)
     x = small_x((M, K))
@@ -109,7 +107,7 @@ def test_dequantize_first_exact(rt, monkeypatch, fmt, M, K, N, S, array_x):
 def test_dequantize_first_random_within_bound(rt, monkeypatch, fmt, out):
     """Random weights and scales through the pass: each weight rounded to float16 once,
     as the fused kernel stages it, then the float16 product's bound."""
-    monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+    coopmat.set_options(dequant="first")
     M, K, N = 37, 256, 40
     w = (RNG.standard_normal((N, K)) * RNG.uniform(0.01, 3, (N, 1))).astype(np.float32)
     x = RNG.uniform(-1, 1, (M, K)).astype(np.float16)
@@ -124,7 +122,7 @@ def test_dequantize_first_random_within_bound(rt, monkeypatch, fmt, out):
 
 def test_dequantize_first_with_epilogue(rt, monkeypatch):
     """The fused epilogue on the float kernel behind the pass."""
-    monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+    coopmat.set_options(dequant="first")
     M, K, N = 19, 96, 40
     w = exact_weight("q4_0", N, K)
     x = small_x((M, K))
@@ -150,7 +148,7 @@ def test_subnormal_scales_exact(rt, monkeypatch, fmt, family):
     assert np.array_equal(deq, w), "precondition: the blocks have d = 2**-20"
     x = small_x((M, K))
     if family == "first":  # the dequantizing pass (COOPMAT_DEQUANT), then the float kernel
-        monkeypatch.setenv("COOPMAT_DEQUANT", "first")
+        coopmat.set_options(dequant="first")
         y = host(coopmat.matmul(x, coopmat.quantize(w, fmt).T, dtype=np.float32))
         assert traits_used().b_quant is None
     else:
@@ -168,7 +166,7 @@ def test_bfloat16_x_on_khr(rt, monkeypatch, fmt, dequant):
 
     if "bfloat16->float32" not in coopmat.supported_dtypes():
         pytest.skip("the device offers no bfloat16 cooperative matrices")
-    monkeypatch.setenv("COOPMAT_DEQUANT", dequant)
+    coopmat.set_options(dequant=dequant)
     M, K, N = 37, 256, 40
     w = exact_weight(fmt, N, K)
     x = small_x((M, K)).astype(ml_dtypes.bfloat16)
@@ -502,7 +500,7 @@ def test_gemv_fused_epilogue(rt, fmt, out, fused):
 def test_gemv_array_x_and_environment(rt, monkeypatch):
     """COOPMAT_FAMILY=gemv forces the family too; device arrays queue as for khr; x's
     leading axes are rows."""
-    monkeypatch.setenv("COOPMAT_FAMILY", "gemv")
+    coopmat.set_options(family="gemv")
     w = exact_weight("q4_0", 21, 160)
     deq = oracle("q4_0", w)
     q = coopmat.quantize(w, "q4_0")

@@ -434,8 +434,7 @@ def normal(*shape: int) -> np.ndarray:
 def forced(monkeypatch, S: int) -> None:
     """Split-K of S on the khr family (on a GPU, few rows against a column-major B would
     run gemv by default, which does not split)."""
-    monkeypatch.setenv(SPLIT_K_ENV, str(S))
-    monkeypatch.setenv("COOPMAT_FAMILY", "khr")
+    coopmat.set_options(split_k=S, family="khr")
 
 
 def ran_split() -> int:
@@ -531,7 +530,7 @@ def test_specialized_splits(live_device_info, monkeypatch, S) -> None:
     rows on a covering tile, SPECIALIZE_COVERING_MIN_OPS): C, alpha, beta and the fused
     operations, whose strides the slices' problem does not carry."""
     forced(monkeypatch, S)
-    monkeypatch.setenv("COOPMAT_SPECIALIZE", "1")
+    coopmat.set_options(specialize="always")
     M, N, K = 40, 72, 256
     a, w, c = normal(M, K), normal(N, K), normal(M, N)
     bias, res = normal(N), normal(M, N)

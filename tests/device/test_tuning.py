@@ -41,11 +41,11 @@ def test_recorded_tile_is_used_and_can_be_ignored(private_tuning, monkeypatch):
     rng = np.random.default_rng(3)
     a = rng.integers(-9, 9, size=(70, 90), dtype=np.int8)
     b = rng.integers(-9, 9, size=(90, 50), dtype=np.int8)
-    monkeypatch.setenv("COOPMAT_NO_TUNING", "1")  # a shipped table may exist for the device
+    coopmat.set_options(tuning=False)  # a shipped table may exist for the device
     coopmat.matmul(a, b)
     default = last_kernel_traits().tile
     cfg = last_kernel_traits()
-    monkeypatch.delenv("COOPMAT_NO_TUNING")
+    coopmat.set_options(tuning=True)
     gemm._plans.clear()
     other = Tile(2 * cfg.m, 2 * cfg.n, cfg.k, 2, 1, 1)
     assert other != default
@@ -62,7 +62,7 @@ def test_recorded_tile_is_used_and_can_be_ignored(private_tuning, monkeypatch):
     # Few rows are their own shape class: the square-class record does not apply there.
     coopmat.matmul(a[:16], b)
     assert last_kernel_traits().tile != other
-    monkeypatch.setenv("COOPMAT_NO_TUNING", "1")
+    coopmat.set_options(tuning=False)
     gemm._plans.clear()
     coopmat.matmul(a, b)
     assert last_kernel_traits().tile == default
@@ -79,7 +79,7 @@ def test_forcing_a_family(private_tuning, monkeypatch):
     if not nv2_usable(runtime().device.info):
         with pytest.raises(coopmat.MissingFeatureError, match="nv2 kernel family needs"):
             coopmat.matmul(a, a, family="nv2")
-        monkeypatch.setenv("COOPMAT_FAMILY", "nv2")
+        coopmat.set_options(family="nv2")
         with pytest.raises(coopmat.MissingFeatureError):
             coopmat.matmul(a, a)
     else:

@@ -217,23 +217,40 @@ def test_options_from_the_environment_name_the_variable() -> None:
         Options().with_family("xyz")
 
 
-def test_options_follow_the_process_environment(monkeypatch) -> None:
-    """from_env() without a mapping reads os.environ on every call (through its own dict,
-    a fast path): a variable set or removed later takes effect, a bad one still names
-    itself."""
+def test_options_are_read_once_and_changed_through_the_api(monkeypatch) -> None:
+    """The COOPMAT_* variables are read at the first product and again only on
+    reload_environment(); set_options changes the process's defaults, options() a block
+    of this thread only, and a bad value still names itself."""
+    import threading
+
+    import coopmat
+    from coopmat.policy import options as opts
+
     for name in ("COOPMAT_FAMILY", "COOPMAT_SPLIT_K", "COOPMAT_NO_TUNING"):
         monkeypatch.delenv(name, raising=False)
-    assert Options.from_env().family is None
+    monkeypatch.setattr(opts, "_process", None)
+    assert coopmat.get_options() == Options()
     monkeypatch.setenv("COOPMAT_FAMILY", "gemv")
     monkeypatch.setenv("COOPMAT_SPLIT_K", "4")
-    assert Options.from_env() == Options(family="gemv", split_k=4)
-    monkeypatch.setenv("COOPMAT_NO_TUNING", "1")
-    assert Options.from_env() == Options(family="gemv", split_k=4, tuning=False)
-    monkeypatch.delenv("COOPMAT_FAMILY")
-    assert Options.from_env() == Options(split_k=4, tuning=False)
+    assert coopmat.get_options() == Options()  # read once
+    assert coopmat.reload_environment() == Options(family="gemv", split_k=4)
+    assert coopmat.get_options() == Options(family="gemv", split_k=4)
+    assert coopmat.set_options(tuning=False, family="auto") == Options(split_k=4, tuning=False)
+    seen: list[Options] = []
+    with coopmat.options(family="khr", split_k=1) as inside:
+        assert inside == coopmat.get_options() == Options("khr", split_k=1, tuning=False)
+        thread = threading.Thread(target=lambda: seen.append(coopmat.get_options()))
+        thread.start()
+        thread.join()
+    assert seen == [Options(split_k=4, tuning=False)]  # another thread: the defaults
+    assert coopmat.get_options() == Options(split_k=4, tuning=False)
+    with pytest.raises(ValueError, match="unknown kernel family 'cuda'"):
+        coopmat.set_options(family="cuda")
+    with pytest.raises(ValueError, match="specialize='yes'"):
+        coopmat.options(specialize="yes").__enter__()
     monkeypatch.setenv("COOPMAT_FAMILY", "cuda")
     with pytest.raises(ValueError, match="COOPMAT_FAMILY='cuda'"):
-        Options.from_env()
+        coopmat.reload_environment()
 
 
 # -- recorded devices: subgroup size and tiles (policy/tiles.py's tables) ------------------
