@@ -4,6 +4,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,11 +81,12 @@ def is_lavapipe(info) -> bool:
 @pytest.fixture(autouse=True)
 def process_options() -> Iterator[None]:
     """What a test changes with coopmat.set_options ends with the test."""
-    from coopmat.policy import options
-
-    before = options._process
+    options = sys.modules.get("coopmat.policy.options")
+    before = options._process if options is not None else None
     yield
-    options._process = before
+    options = sys.modules.get("coopmat.policy.options")
+    if options is not None:
+        options._process = before
 
 
 @pytest.fixture(autouse=True)
