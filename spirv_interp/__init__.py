@@ -38,9 +38,10 @@ buffers, saturating accumulation; the nv2 family (workgroup scope, tensor addres
 keeps its own interpreter in tests/nv2_emulator.py.
 """
 
+from .intel_mma import MmaConfig
 from .machine import Interpreter, MatrixConfig, component_name
 from .memory import DataRace
 from .module import InterpreterError, Module, UndefinedBehavior, Unsupported
 
-__all__ = ["DataRace", "Interpreter", "InterpreterError", "MatrixConfig", "Module",
+__all__ = ["DataRace", "Interpreter", "InterpreterError", "MatrixConfig", "MmaConfig", "Module",
            "UndefinedBehavior", "Unsupported", "component_name"]
