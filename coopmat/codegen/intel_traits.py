@@ -53,9 +53,11 @@ class IntelType:
     instruction's K Dim. `operands`: its Matrix Multiply Accumulate Operands.
     `subgroup_sizes`: where the family builds it (tf32 only on 16-wide DPAS, the devices
     whose OpenCL driver offers cl_intel_subgroup_matrix_multiply_accumulate_tf32).
+    `element`: the element's name in recorded device lists (coopmat.device.intel_opencl).
     """
 
     name: str
+    element: str
     short: str
     storage: str
     bits: int
@@ -72,20 +74,25 @@ class IntelType:
     def result_short(self) -> str:
         return "f32" if self.is_float else "s32"
 
+    @property
+    def accumulator(self) -> str:
+        """The accumulator's name in recorded device lists: float32 or int32."""
+        return self.result
+
     def operand_names(self) -> list[str]:
         return [name for bit, name in OPERAND_NAMES.items() if self.operands & bit]
 
 
 INTEL_TYPES: dict[str, IntelType] = {t.short: t for t in (
-    IntelType("float16", "f16", "float16", 16, "float32", 16,
+    IntelType("float16", "float16", "f16", "float16", 16, "float32", 16,
               MATRIX_A_PACKED_FLOAT16 | MATRIX_B_PACKED_FLOAT16),
-    IntelType("bfloat16", "bf16", "bfloat16", 16, "float32", 16,
+    IntelType("bfloat16", "bfloat16", "bf16", "bfloat16", 16, "float32", 16,
               MATRIX_A_PACKED_BFLOAT16 | MATRIX_B_PACKED_BFLOAT16),
-    IntelType("int8", "s8", "int8", 8, "int32", 32,
+    IntelType("int8", "sint8", "s8", "int8", 8, "int32", 32,
               MATRIX_A_PACKED_INT8 | MATRIX_B_PACKED_INT8 | MATRIX_A_SIGNED | MATRIX_B_SIGNED),
-    IntelType("uint8", "u8", "uint8", 8, "int32", 32,
+    IntelType("uint8", "uint8", "u8", "uint8", 8, "int32", 32,
               MATRIX_A_PACKED_INT8 | MATRIX_B_PACKED_INT8),
-    IntelType("tf32", "tf32", "float32", 32, "float32", 8, MATRIX_A_TF32 | MATRIX_B_TF32,
+    IntelType("tf32", "tf32", "tf32", "float32", 32, "float32", 8, MATRIX_A_TF32 | MATRIX_B_TF32,
               subgroup_sizes=(16,)),
 )}
 
