@@ -59,11 +59,11 @@ from .module import (
 from .spec import (
     WORKGROUP_OR_WIDER,
     BuiltIn,
-    ExecutionModel,
     CooperativeMatrixLayout,
     CooperativeMatrixOperands,
     CooperativeMatrixUse,
     Decoration,
+    ExecutionModel,
     FPEncoding,
     MemoryAccess,
     MemorySemantics,

@@ -3,8 +3,9 @@
 Written from the SPIR-V 1.6 unified specification and the extension specifications
 (SPV_KHR_cooperative_matrix, SPV_KHR_bfloat16, SPV_EXT_float8,
 SPV_INTEL_subgroup_matrix_multiply_accumulate) and the OpenCL.std extended instruction set,
-whose machine-readable form is SPIRV-Headers' spirv.core.grammar.json; tests/test_interpreter.py checks the opcode
-names against spirv-dis. Deliberately not imported from coopmat.codegen.spv: the
+whose machine-readable form is SPIRV-Headers' spirv.core.grammar.json;
+tests/interpreter/test_interpreter.py and test_intel.py check the opcode names against
+spirv-dis. Deliberately not imported from coopmat.codegen.spv: the
 interpreter must not share the generator's reading of the specification.
 """
 

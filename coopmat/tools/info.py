@@ -8,10 +8,10 @@ verdict, the relevant features, extensions and limits, and the kernels coopmat w
 choose for a few representative problems of each dtype pair (coopmat.policy.choose, with
 its reason). `--properties FILE` shows a recorded device list (tests/data) instead of this
 machine's devices, without Vulkan; a recorded Intel OpenCL list (tests/data/intel) shows its
-matrix extensions and the intel-family OpenCL kernels coopmat would emit (info_intel.py). `--json` prints the same as JSON; docs/info-json.md
-documents its keys. Exit status 1, with one line on stderr, when there is no Vulkan
-loader, no device, no device with VK_KHR_cooperative_matrix, or the recorded file cannot
-be read.
+matrix extensions and the intel-family OpenCL kernels coopmat would emit (info_intel.py).
+`--json` prints the same as JSON; docs/info-json.md documents its keys. Exit status 1,
+with one line on stderr, when there is no Vulkan loader, no device, no device with
+VK_KHR_cooperative_matrix, or the recorded file cannot be read.
 """
 
 from __future__ import annotations

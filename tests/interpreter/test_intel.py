@@ -370,9 +370,9 @@ def run_kernel(traits: IntelTraits, M: int, N: int, K: int, *, seed: int = 0,
 
 def small_shape(t: IntelTraits) -> tuple[int, int, int]:
     """Edges everywhere on one or two workgroups: M past one row tile (few rows) or short
-    of it, N short of the column tile, K two instructions and part of a third."""
+    of it, N short of the column tile, K one instruction and part of a second."""
     M = t.tile_m + 1 if t.tile_m <= 8 else t.tile_m - 3
-    return M, t.tile_n - 5, 2 * t.k + 3
+    return M, t.tile_n - 5, t.k + 3
 
 
 def device_for(t: IntelTraits) -> IntelOpenCLDevice:
