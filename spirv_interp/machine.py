@@ -794,10 +794,11 @@ class Interpreter:
             elif isinstance(t, (IntT, FloatT)):
                 if isinstance(value, np.ndarray):
                     raise InterpreterError(f"kernel argument {name!r} is a scalar")
-                dt = np_dtype(t)
-                params[pid] = np.array(value).astype(
-                    int_dtype(t.width, True) if isinstance(t, IntT) and value < 0 else dt
-                ).astype(dt)
+                if isinstance(t, IntT):  # (two's complement where given a negative one)
+                    bits = int(value) & ((1 << t.width) - 1)
+                    params[pid] = np.array(bits, int_dtype(t.width, False)).astype(np_dtype(t))
+                else:
+                    params[pid] = np.array(value, np_dtype(t))
             else:
                 raise Unsupported(f"kernel argument {name!r} of {type(t).__name__}")
         self._run_groups(groups, {}, params)
