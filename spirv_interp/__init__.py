@@ -12,6 +12,15 @@ point here is to check the kernels.
     interp = Interpreter(spirv, subgroup_size=32, matrix_configs=[...])
     interp.dispatch((gx, gy, gz), {0: a, 1: b, 2: d}, push_constants)
 
+It also runs OpenCL kernels (Kernel modules: Physical64 addressing, the OpenCL memory
+model, global-pointer and scalar arguments, OpPtrAccessChain, OpenCL.std's u_min, a
+required sub-group size) with SPV_INTEL_subgroup_matrix_multiply_accumulate's
+OpSubgroupMatrixMultiplyAccumulateINTEL, written from that extension's text
+(intel_mma.py; `mma_configs` checks each instruction against a device's supported list):
+
+    interp = Interpreter(spirv, subgroup_size=16, mma_configs=[MmaConfig(...), ...])
+    interp.dispatch_kernel((gx, gy, gz), [a, b, d, M, N, K, lda, ldb, ldd])
+
 Executed: one workgroup at a time, its invocations in lockstep and vectorised with numpy
 (machine.py); barriers are synchronisation points, and with lockstep="subgroup" each
 subgroup runs as a generator that meets the others only there. Structured control flow
@@ -38,9 +47,10 @@ buffers, saturating accumulation; the nv2 family (workgroup scope, tensor addres
 keeps its own interpreter in tests/nv2_emulator.py.
 """
 
+from .intel_mma import MmaConfig
 from .machine import Interpreter, MatrixConfig, component_name
 from .memory import DataRace
 from .module import InterpreterError, Module, UndefinedBehavior, Unsupported
 
-__all__ = ["DataRace", "Interpreter", "InterpreterError", "MatrixConfig", "Module",
+__all__ = ["DataRace", "Interpreter", "InterpreterError", "MatrixConfig", "MmaConfig", "Module",
            "UndefinedBehavior", "Unsupported", "component_name"]

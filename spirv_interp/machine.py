@@ -63,6 +63,7 @@ from .spec import (
     CooperativeMatrixOperands,
     CooperativeMatrixUse,
     Decoration,
+    ExecutionModel,
     FPEncoding,
     MemoryAccess,
     MemorySemantics,
@@ -217,6 +218,7 @@ class Wave:
         self.calls: list[int] = []  # the functions being executed (no recursion)
         for var in self.mod.variables.values():
             self.values[var.id] = self._variable_pointer(var, positions)
+        self.values.update(group.params)  # an OpenCL kernel's arguments
 
     def _variable_pointer(self, var: Any, positions: np.ndarray) -> Ptr:
         g = self.group
@@ -545,8 +547,10 @@ class Wave:
 # -- one workgroup ----------------------------------------------------------------------------
 class Workgroup:
     def __init__(self, interp: Interpreter, wg: tuple[int, int, int],
-                 groups: tuple[int, int, int], buffers: Mapping[int, Memory]) -> None:
+                 groups: tuple[int, int, int], buffers: Mapping[int, Memory],
+                 params: Mapping[int, Any] | None = None) -> None:
         self.interp, self.wg, self.groups = interp, wg, groups
+        self.params = dict(params or {})  # entry point parameter id -> its value
         mod = interp.mod
         linear = wg[0] + groups[0] * (wg[1] + groups[1] * wg[2])
         self.first_owner: int = linear * interp.invocations
@@ -585,9 +589,12 @@ class Workgroup:
             BuiltIn.SubgroupLocalInvocationId: u32(positions % interp.sg),
         }
         try:
-            return values[BuiltIn(which[0])]
+            value = values[BuiltIn(which[0])]
         except (KeyError, ValueError):
             raise Unsupported(f"built-in {which[0]}") from None
+        # As declared: Vulkan's are 32-bit, OpenCL's ids are size_t (64-bit under
+        # Physical64).
+        return value.astype(np_dtype(var.pointee), copy=False)
 
     def execute(self) -> None:
         interp = self.interp
@@ -629,6 +636,8 @@ class Interpreter:
     matrix_configs: the device's VkCooperativeMatrixPropertiesKHR list; when given, every
     cooperative matrix type and multiply-add must match an entry, as the Vulkan runtime
     rules ask (VUID-RuntimeSpirv-OpTypeCooperativeMatrixKHR-10163, -MulAddKHR-10060).
+    mma_configs: likewise for OpSubgroupMatrixMultiplyAccumulateINTEL (intel_mma.MmaConfig).
+    A Kernel module (OpenCL) runs with dispatch_kernel, its arguments given in order.
     scramble: number the invocations (LocalInvocationIndex) in an order unrelated to
     their subgroups, which Vulkan allows ("no direct relationship"), so that a kernel
     assuming one is caught. spec_constants: SpecId -> value.
@@ -637,12 +646,20 @@ class Interpreter:
     def __init__(self, spirv: bytes, *, subgroup_size: int,
                  spec_constants: Mapping[int, Any] | None = None,
                  matrix_configs: Sequence[MatrixConfig] | None = None,
+                 mma_configs: Sequence[Any] | None = None,
                  lockstep: str = "workgroup", scramble: bool = True) -> None:
         if lockstep not in ("workgroup", "subgroup"):
             raise ValueError(lockstep)
         self.mod = Module(spirv, spec_constants, spec_op=_spec_constant_op)
         self.sg, self.lockstep = subgroup_size, lockstep
+        required = self.mod.required_subgroup_size()
+        if required is not None and required != subgroup_size:
+            raise InterpreterError(f"the entry point requires sub-group size {required}, "
+                                   f"not {subgroup_size}")
         self.configs = list(matrix_configs) if matrix_configs is not None else None
+        # SPV_INTEL_subgroup_matrix_multiply_accumulate: the device's supported
+        # (M, N, K, types), intel_mma.MmaConfig; None: any the instruction can express.
+        self.mma_configs = list(mma_configs) if mma_configs is not None else None
         sx, sy, sz = self.mod.local_size
         self.invocations: int = sx * sy * sz
         if sx % subgroup_size:
@@ -728,14 +745,66 @@ class Interpreter:
                 memories[var.id] = Memory("push constants", var.storage, len(push_constants),
                                           writable=False,
                                           init=np.frombuffer(push_constants, np.uint8))
+        self._run_groups(groups, memories)
+        for raw, mem in arrays.values():
+            raw[:] = mem.data[:raw.size]
+        return {binding: dict(mem.stored) for binding, (_, mem) in arrays.items()}
+
+    def _run_groups(self, groups: tuple[int, int, int], memories: Mapping[int, Memory],
+                    params: Mapping[int, Any] | None = None) -> None:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for z in range(groups[2]):
                 for y in range(groups[1]):
                     for x in range(groups[0]):
-                        Workgroup(self, (x, y, z), groups, memories).execute()
-        for raw, mem in arrays.values():
+                        Workgroup(self, (x, y, z), groups, memories, params).execute()
+
+    def dispatch_kernel(self, groups: tuple[int, int, int],
+                        args: Sequence[Any]) -> dict[str, dict[str, int]]:
+        """Run an OpenCL kernel (a Kernel entry point) on `groups` workgroups, as
+        clEnqueueNDRangeKernel with a global size of groups x the module's LocalSize
+        would. `args` are its arguments in order: a contiguous numpy array for each
+        global pointer (the buffer's whole content; what the kernel writes lands back in
+        it), a number for each scalar. Returns, per pointer argument (by its OpName),
+        the elements stored ("scalar")."""
+        mod = self.mod
+        if mod.execution_model != ExecutionModel.Kernel:
+            raise InterpreterError("dispatch_kernel runs Kernel entry points; use dispatch")
+        assert mod.entry is not None
+        fn = mod.functions[mod.entry[0]]
+        if len(args) != len(fn.params):
+            raise InterpreterError(f"the kernel takes {len(fn.params)} arguments, "
+                                   f"not {len(args)}")
+        params: dict[int, Any] = {}
+        arrays: list[tuple[str, np.ndarray, Memory]] = []
+        for i, (pid, value) in enumerate(zip(fn.params, args, strict=True)):
+            t = mod.value_types[pid]
+            name = mod.names.get(pid, f"argument {i}")
+            if isinstance(t, PointerT):
+                if t.storage != StorageClass.CrossWorkgroup:
+                    raise Unsupported(f"kernel argument {name!r} in storage class "
+                                      f"{t.storage}")
+                if not isinstance(value, np.ndarray) or not value.flags.c_contiguous:
+                    raise InterpreterError(f"kernel argument {name!r} is a global pointer: "
+                                           "pass a contiguous numpy array")
+                raw = value.reshape(-1).view(np.uint8)
+                mem = Memory(name, StorageClass.CrossWorkgroup, raw.size, writable=True,
+                             init=raw)
+                params[pid] = Ptr(mem, t.pointee, np.int64(0))
+                arrays.append((name, raw, mem))
+            elif isinstance(t, (IntT, FloatT)):
+                if isinstance(value, np.ndarray):
+                    raise InterpreterError(f"kernel argument {name!r} is a scalar")
+                if isinstance(t, IntT):  # (two's complement where given a negative one)
+                    bits = int(value) & ((1 << t.width) - 1)
+                    params[pid] = np.array(bits, int_dtype(t.width, False)).astype(np_dtype(t))
+                else:
+                    params[pid] = np.array(value, np_dtype(t))
+            else:
+                raise Unsupported(f"kernel argument {name!r} of {type(t).__name__}")
+        self._run_groups(groups, {}, params)
+        for _, raw, mem in arrays:
             raw[:] = mem.data[:raw.size]
-        return {binding: dict(mem.stored) for binding, (_, mem) in arrays.items()}
+        return {name: dict(mem.stored) for name, _, mem in arrays if mem.stored["scalar"]}
 
 
 # -- instruction handlers -----------------------------------------------------------------------
@@ -1634,3 +1703,8 @@ def _spec_constant_op(mod: Module, rtype: Type, rid: int, opcode: int,
     mod.value_types[rid] = rtype
     HANDLERS[opcode](ins, mod)(_Constants(mod), Mask(np.ones(1, bool)))  # type: ignore[arg-type]
     return np.asarray(mod.constants.pop(rid))
+
+
+# The instructions of Kernel modules (OpenCL.std, pointer arithmetic) and of
+# SPV_INTEL_subgroup_matrix_multiply_accumulate register their handlers on import.
+from . import intel_mma, opencl  # noqa: E402,F401

@@ -299,7 +299,11 @@ class Module:
         self.member_decorations: dict[tuple[int, int], dict[int, list[int]]] = {}
         self.variables: dict[int, GlobalVar] = {}
         self.entry: tuple[int, str, list[int]] | None = None
-        self.modes: dict[int, tuple[int, list[int]]] = {}
+        self.execution_model: int = ExecutionModel.GLCompute
+        self.addressing: int = AddressingModel.Logical
+        # entry point -> execution mode -> its literals (or ids, for LocalSizeId)
+        self.modes: dict[int, dict[int, list[int]]] = {}
+        self.ext_imports: dict[int, str] = {}  # OpExtInstImport result id -> set name
         self.names: dict[int, str] = {}
         self.functions: dict[int, Function] = {}
         self.blocks: dict[int, Block] = {}  # of every function (labels are module-unique)
@@ -322,7 +326,10 @@ class Module:
         if self.entry is None:
             raise InterpreterError("no OpEntryPoint")
         entry = self.functions.get(self.entry[0])
-        if entry is None or not isinstance(entry.return_type, VoidT) or entry.params:
+        # An OpenCL kernel's arguments are its parameters (Interpreter.dispatch_kernel).
+        kernel = self.execution_model == ExecutionModel.Kernel
+        if entry is None or not isinstance(entry.return_type, VoidT) or (
+                entry.params and not kernel):
             raise InterpreterError("the entry point is not a void function without "
                                    "parameters")
         self.first_label: int = entry.first_label
@@ -423,15 +430,22 @@ class Module:
 
     def _local_size(self) -> tuple[int, int, int]:
         assert self.entry is not None
-        fn = self.entry[0]
-        if fn not in self.modes:
-            raise InterpreterError("the entry point has no LocalSize or LocalSizeId")
-        mode, lits = self.modes[fn]
-        if mode == ExecutionMode.LocalSize:
-            x, y, z = lits
+        modes = self.modes.get(self.entry[0], {})
+        if ExecutionMode.LocalSize in modes:
+            x, y, z = modes[ExecutionMode.LocalSize]
+        elif ExecutionMode.LocalSizeId in modes:
+            x, y, z = (self.const_int(i) for i in modes[ExecutionMode.LocalSizeId])
         else:
-            x, y, z = (self.const_int(i) for i in lits)
+            # (An OpenCL kernel without reqd_work_group_size takes its size at enqueue
+            # time; the interpreter asks for it in the module.)
+            raise InterpreterError("the entry point has no LocalSize or LocalSizeId")
         return (x, y, z)
+
+    def required_subgroup_size(self) -> int | None:
+        """The entry point's ExecutionMode SubgroupSize (SubgroupDispatch), if any."""
+        assert self.entry is not None
+        lits = self.modes.get(self.entry[0], {}).get(ExecutionMode.SubgroupSize)
+        return lits[0] if lits else None
 
 
 def _opname(op: int) -> str:
@@ -458,6 +472,17 @@ def _extension(m: Module, w: list[int]) -> None:
 
 
 def _memory_model(m: Module, w: list[int]) -> None:
+    kernel = Capability.Kernel in m.capabilities
+    if kernel:
+        # The OpenCL environment: physical addressing and the OpenCL memory model.
+        if w[0] not in (AddressingModel.Physical32, AddressingModel.Physical64) or \
+                w[1] != MemoryModel.OpenCL:
+            raise Unsupported(f"a Kernel module with addressing model {w[0]}, memory model "
+                              f"{w[1]}")
+        if Capability.Addresses not in m.capabilities:
+            raise UndefinedBehavior("physical addressing needs the Addresses capability")
+        m.addressing = w[0]
+        return
     if w[0] != AddressingModel.Logical or w[1] not in (MemoryModel.Vulkan, MemoryModel.GLSL450):
         raise Unsupported(f"addressing model {w[0]}, memory model {w[1]}")
     if w[1] != MemoryModel.Vulkan and Capability.CooperativeMatrixKHR in m.capabilities:
@@ -467,23 +492,30 @@ def _memory_model(m: Module, w: list[int]) -> None:
 def _entry_point(m: Module, w: list[int]) -> None:
     if m.entry is not None:
         raise Unsupported("more than one entry point")
-    if w[0] != ExecutionModel.GLCompute:
-        raise Unsupported(f"execution model {w[0]}")
+    kernel = Capability.Kernel in m.capabilities
+    if w[0] != (ExecutionModel.Kernel if kernel else ExecutionModel.GLCompute):
+        raise Unsupported(f"execution model {w[0]}"
+                          f"{' in a Kernel module' if kernel else ''}")
     name, used = decode_string(w[2:])
     m.entry = (w[1], name, w[2 + used:])
+    m.execution_model = w[0]
 
 
 def _execution_mode(m: Module, w: list[int]) -> None:
-    if w[1] != ExecutionMode.LocalSize:
+    if w[1] == ExecutionMode.SubgroupSize:
+        # An OpenCL kernel's required sub-group size (intel_reqd_sub_group_size).
+        if Capability.SubgroupDispatch not in m.capabilities:
+            raise UndefinedBehavior("ExecutionMode SubgroupSize needs SubgroupDispatch")
+    elif w[1] != ExecutionMode.LocalSize:
         raise Unsupported(f"execution mode {w[1]}")
-    m.modes[w[0]] = (w[1], w[2:])
+    m.modes.setdefault(w[0], {})[w[1]] = w[2:]
 
 
 def _execution_mode_id(m: Module, w: list[int]) -> None:
     """OpExecutionModeId: the operands are ids (LocalSizeId: specialization constants)."""
     if w[1] != ExecutionMode.LocalSizeId:
         raise Unsupported(f"execution mode {w[1]}")
-    m.modes[w[0]] = (w[1], w[2:])
+    m.modes.setdefault(w[0], {})[w[1]] = w[2:]
 
 
 def _name(m: Module, w: list[int]) -> None:
@@ -495,7 +527,9 @@ def _ignore(m: Module, w: list[int]) -> None:
 
 
 def _ext_inst_import(m: Module, w: list[int]) -> None:
-    """Importing an instruction set is harmless; OpExtInst itself is refused."""
+    """Importing an instruction set is harmless; OpExtInst runs only the instructions
+    machine.py implements (of OpenCL.std), and refuses the rest when the module loads."""
+    m.ext_imports[w[0]] = decode_string(w[1:])[0]
 
 
 def _spec_constant_op(m: Module, w: list[int]) -> None:
@@ -559,6 +593,13 @@ def _array_stride(m: Module, type_id: int) -> int | None:
     return s[0] if s else None
 
 
+def _vector_type(m: Module, w: list[int]) -> Type:
+    if w[2] in (8, 16) and Capability.Kernel in m.capabilities and \
+            Capability.Vector16 not in m.capabilities:
+        raise UndefinedBehavior(f"a {w[2]}-component vector in a Kernel module needs Vector16")
+    return VectorT(w[0], m.types[w[1]], w[2])
+
+
 def _struct_type(m: Module, w: list[int]) -> Type:
     members = [m.types[i] for i in w[1:]]
     offsets = []
@@ -587,7 +628,7 @@ _TYPE_BUILDERS: dict[int, Callable[[Module, list[int]], Type]] = {
     Op.TypeBool: lambda m, w: BoolT(w[0]),
     Op.TypeInt: _int_type,
     Op.TypeFloat: _float_type,
-    Op.TypeVector: lambda m, w: VectorT(w[0], m.types[w[1]], w[2]),
+    Op.TypeVector: lambda m, w: _vector_type(m, w),
     Op.TypeArray: lambda m, w: ArrayT(w[0], m.types[w[1]], m.const_int(w[2]),
                                       _array_stride(m, w[0])),
     Op.TypeRuntimeArray: lambda m, w: RuntimeArrayT(w[0], m.types[w[1]],

@@ -1,9 +1,11 @@
 """Numbers of the SPIR-V binary form that the interpreter reads.
 
 Written from the SPIR-V 1.6 unified specification and the extension specifications
-(SPV_KHR_cooperative_matrix, SPV_KHR_bfloat16, SPV_EXT_float8), whose machine-readable
-form is SPIRV-Headers' spirv.core.grammar.json; tests/test_interpreter.py checks the opcode
-names against spirv-dis. Deliberately not imported from coopmat.codegen.spv: the
+(SPV_KHR_cooperative_matrix, SPV_KHR_bfloat16, SPV_EXT_float8,
+SPV_INTEL_subgroup_matrix_multiply_accumulate) and the OpenCL.std extended instruction set,
+whose machine-readable form is SPIRV-Headers' spirv.core.grammar.json;
+tests/interpreter/test_interpreter.py and test_intel.py check the opcode names against
+spirv-dis. Deliberately not imported from coopmat.codegen.spv: the
 interpreter must not share the generator's reading of the specification.
 """
 
@@ -60,6 +62,8 @@ class Op(enum.IntEnum):
     Store = 62
     AccessChain = 65
     InBoundsAccessChain = 66
+    PtrAccessChain = 67
+    InBoundsPtrAccessChain = 70
     Decorate = 71
     MemberDecorate = 72
     VectorShuffle = 79
@@ -131,6 +135,7 @@ class Op(enum.IntEnum):
     CooperativeMatrixStoreKHR = 4458
     CooperativeMatrixMulAddKHR = 4459
     CooperativeMatrixLengthKHR = 4460
+    SubgroupMatrixMultiplyAccumulateINTEL = 6237
 
 
 class Capability(enum.IntEnum):
@@ -138,11 +143,15 @@ class Capability(enum.IntEnum):
     module is refused (the module might rely on behaviour it does not model)."""
 
     Shader = 1
+    Addresses = 4
+    Kernel = 6
+    Vector16 = 7
     Float16 = 9
     Float64 = 10
     Int64 = 11
     Int16 = 22
     Int8 = 39
+    SubgroupDispatch = 58
     GroupNonUniform = 61
     Float8EXT = 4212
     Float8CooperativeMatrixEXT = 4213
@@ -153,6 +162,7 @@ class Capability(enum.IntEnum):
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
     CooperativeMatrixKHR = 6022
+    SubgroupMatrixMultiplyAccumulateINTEL = 6236
 
 
 # Extensions whose instructions and rules the interpreter implements.
@@ -160,24 +170,30 @@ KNOWN_EXTENSIONS = frozenset({
     "SPV_KHR_cooperative_matrix", "SPV_KHR_bfloat16", "SPV_EXT_float8",
     "SPV_KHR_vulkan_memory_model", "SPV_KHR_storage_buffer_storage_class",
     "SPV_KHR_8bit_storage", "SPV_KHR_16bit_storage",
+    "SPV_INTEL_subgroup_matrix_multiply_accumulate",
 })
 
 
 class AddressingModel(enum.IntEnum):
     Logical = 0
+    Physical32 = 1
+    Physical64 = 2
 
 
 class MemoryModel(enum.IntEnum):
     GLSL450 = 1
+    OpenCL = 2
     Vulkan = 3
 
 
 class ExecutionModel(enum.IntEnum):
     GLCompute = 5
+    Kernel = 6
 
 
 class ExecutionMode(enum.IntEnum):
     LocalSize = 17
+    SubgroupSize = 35
     LocalSizeId = 38
 
 
@@ -294,3 +310,29 @@ class CooperativeMatrixOperands(enum.IntFlag):
     MatrixCSigned = 0x4
     MatrixResultSigned = 0x8
     SaturatingAccumulation = 0x10
+
+
+class MatrixMultiplyAccumulateOperands(enum.IntFlag):
+    """SPV_INTEL_subgroup_matrix_multiply_accumulate's Matrix Multiply Accumulate Operands."""
+
+    NONE = 0
+    MatrixASignedComponentsINTEL = 0x1
+    MatrixBSignedComponentsINTEL = 0x2
+    MatrixCBFloat16INTEL = 0x4
+    MatrixResultBFloat16INTEL = 0x8
+    MatrixAPackedInt8INTEL = 0x10
+    MatrixBPackedInt8INTEL = 0x20
+    MatrixAPackedInt4INTEL = 0x40
+    MatrixBPackedInt4INTEL = 0x80
+    MatrixATF32INTEL = 0x100
+    MatrixBTF32INTEL = 0x200
+    MatrixAPackedFloat16INTEL = 0x400
+    MatrixBPackedFloat16INTEL = 0x800
+    MatrixAPackedBFloat16INTEL = 0x1000
+    MatrixBPackedBFloat16INTEL = 0x2000
+
+
+class OpenCLstd(enum.IntEnum):
+    """Instructions of the OpenCL.std extended instruction set that the interpreter runs."""
+
+    u_min = 159

@@ -16,7 +16,8 @@ blocks read by the khr and gemv kernels), nv2_workgroup (the
 VK_NV_cooperative_matrix2 workgroup-scope kernel), family (kernel families),
 abi (bindings and push constants), kernel (Kernel), tiles (the subgroup size, whether a
 tile fits) and nv2_tiles (workgroup-scope tiles), variants (what a device's capabilities
-imply for traits), epilogue (D = alpha acc + beta C),
+imply for traits), epilogue (D = alpha acc + beta C), intel, intel_traits and intel_kernel
+(OpenCL kernels of SPV_INTEL_subgroup_matrix_multiply_accumulate, outside the Vulkan ABI),
 cache,
 tools (spirv-val/spirv-dis), __main__ (CLI).
 """

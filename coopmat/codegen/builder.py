@@ -72,6 +72,8 @@ class ModuleBuilder:
         # PhysicalStorageBuffer64 where the module uses buffer addresses (pointers of
         # storage class PhysicalStorageBuffer).
         self.addressing = AddressingModel.Logical
+        # OpenCL for Kernel modules (the intel family); Vulkan for every compute shader.
+        self.memory_model = MemoryModel.Vulkan
 
     # -- ids and module-level declarations ---------------------------------------------
     def new_id(self) -> int:
@@ -259,7 +261,7 @@ class ModuleBuilder:
         words += [w for c in self._capabilities for w in instruction(Op.Capability, c)]
         words += [w for e in self._extensions for w in instruction(Op.Extension, e)]
         words += [w for n, i in self._imports.items() for w in instruction(Op.ExtInstImport, i, n)]
-        words += instruction(Op.MemoryModel, self.addressing, MemoryModel.Vulkan)
+        words += instruction(Op.MemoryModel, self.addressing, self.memory_model)
         for section in (self._entry, self._modes, self._names, self._annotations,
                         self._globals, self._functions):
             for inst in section:

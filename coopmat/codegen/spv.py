@@ -49,6 +49,7 @@ class Op(enum.IntEnum):
     Load = 61
     Store = 62
     AccessChain = 65
+    PtrAccessChain = 67
     Decorate = 71
     MemberDecorate = 72
     VectorShuffle = 79
@@ -122,15 +123,21 @@ class Op(enum.IntEnum):
     TensorViewSetStrideNV = 5379
     TensorViewSetClipNV = 5382
     TensorLayoutSetBlockSizeNV = 5384
+    # SPV_INTEL_subgroup_matrix_multiply_accumulate
+    SubgroupMatrixMultiplyAccumulateINTEL = 6237
 
 
 class Capability(enum.IntEnum):
     Shader = 1
+    Addresses = 4
+    Kernel = 6
+    Vector16 = 7
     Float16 = 9
     Float64 = 10
     Int64 = 11
     Int16 = 22
     Int8 = 39
+    SubgroupDispatch = 58
     GroupNonUniform = 61
     GroupNonUniformArithmetic = 63
     StorageBuffer16BitAccess = 4433
@@ -147,6 +154,7 @@ class Capability(enum.IntEnum):
     CooperativeMatrixBlockLoadsNV = 5434
     TensorAddressingNV = 5439
     CooperativeMatrixKHR = 6022
+    SubgroupMatrixMultiplyAccumulateINTEL = 6236
 
 
 class GLSLstd450(enum.IntEnum):
@@ -161,26 +169,37 @@ class GLSLstd450(enum.IntEnum):
     FClamp = 43
 
 
+class OpenCLstd(enum.IntEnum):
+    """Instructions of the OpenCL.std extended instruction set (its spec's numbers)."""
+
+    u_min = 159
+
+
 class AddressingModel(enum.IntEnum):
     Logical = 0
+    Physical64 = 2
     PhysicalStorageBuffer64 = 5348
 
 
 class MemoryModel(enum.IntEnum):
+    OpenCL = 2
     Vulkan = 3
 
 
 class ExecutionModel(enum.IntEnum):
     GLCompute = 5
+    Kernel = 6
 
 
 class ExecutionMode(enum.IntEnum):
     LocalSize = 17
+    SubgroupSize = 35
 
 
 class StorageClass(enum.IntEnum):
     Input = 1
     Workgroup = 4
+    CrossWorkgroup = 5
     Private = 6
     Function = 7
     PushConstant = 9

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TARGET_ENV = "vulkan1.3"
+OPENCL_TARGET_ENV = "opencl2.2"  # the intel family's Kernel modules
 
 
 def _cmeel_tool(name: str) -> str | None:

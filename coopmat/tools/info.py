@@ -7,10 +7,11 @@ entry is not a WebGPU config), the GPUSubgroupMatrixConfig list, the `subgroup-m
 verdict, the relevant features, extensions and limits, and the kernels coopmat would
 choose for a few representative problems of each dtype pair (coopmat.policy.choose, with
 its reason). `--properties FILE` shows a recorded device list (tests/data) instead of this
-machine's devices, without Vulkan. `--json` prints the same as JSON; docs/info-json.md
-documents its keys. Exit status 1, with one line on stderr, when there is no Vulkan
-loader, no device, no device with VK_KHR_cooperative_matrix, or the recorded file cannot
-be read.
+machine's devices, without Vulkan; a recorded Intel OpenCL list (tests/data/intel) shows its
+matrix extensions and the intel-family OpenCL kernels coopmat would emit (info_intel.py).
+`--json` prints the same as JSON; docs/info-json.md documents its keys. Exit status 1,
+with one line on stderr, when there is no Vulkan loader, no device, no device with
+VK_KHR_cooperative_matrix, or the recorded file cannot be read.
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a recorded device list (tests/data/*.json, or --json output) "
                          "instead of this machine's devices; needs no Vulkan")
     args = ap.parse_args(argv)
+    if args.properties and _intel_record(args.properties):
+        return _intel_report(args)
     selected: int | None
     try:
         if args.properties:
@@ -242,6 +245,36 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pages = [render(d, s, d.index == selected) for d, s in zip(shown, sups, strict=True)]
         write("\n\n".join(pages))
+    return 0
+
+
+def _intel_record(path: str) -> bool:
+    from coopmat.device.intel_opencl import is_intel_record
+
+    try:
+        return is_intel_record(json.loads(open(path).read()))
+    except (OSError, ValueError):
+        return False  # load_records reports it
+
+
+def _intel_report(args: argparse.Namespace) -> int:
+    """A recorded Intel OpenCL list: text pages or JSON (info_intel.py)."""
+    from coopmat.device.intel_opencl import load_intel_records, match_device
+    from coopmat.tools import info_intel
+
+    try:
+        devices = load_intel_records(args.properties)
+        if args.device:
+            devices = [match_device(devices, args.device)]
+    except ValueError as exc:
+        print(f"coopmat.info: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        write(json.dumps({"schemaVersion": JSON_SCHEMA_VERSION,
+                          "kind": "intel-opencl-subgroup-mma",
+                          "devices": [info_intel.device_dict(d) for d in devices]}, indent=2))
+    else:
+        write("\n\n".join(info_intel.render(d) for d in devices))
     return 0
 
 

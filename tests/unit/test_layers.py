@@ -11,9 +11,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "coopmat"
 
 # Lowest first; a module may import its own layer and those below it.
 LAYERS = ("common", "device", "codegen", "policy", "dispatch", "api", "dask", "tools")
-# The package's own __init__ (the public names) sits with the API; `python -m coopmat.info`
-# and `python -m coopmat.bench` are entry points beside the tools.
-ROOT_MODULES = {"coopmat": "api", "coopmat.info": "tools", "coopmat.bench": "tools"}
+# The package's own __init__ (the public names) sits with the API; `python -m coopmat.info`,
+# `python -m coopmat.bench` and `python -m coopmat.codegen` are entry points beside the tools.
+ROOT_MODULES = {"coopmat": "api", "coopmat.info": "tools", "coopmat.bench": "tools",
+                "coopmat.codegen.__main__": "tools"}
 # `Array @ x` calls matmul and matmul returns Arrays: the one circle allowed, imported late.
 ALLOWED_CIRCLES = [{"coopmat.api.array", "coopmat.api.matmul"}]
 
