@@ -385,8 +385,8 @@ def _pipelined_to_host(a: Any, b: Any, kwargs: dict[str, Any]) -> np.ndarray | N
             bias is not None and type(bias) is not np.ndarray:
         return None
     if options.pipeline == "auto" and pipeline.mapped(rt):
-        # The mapped way's writes of x measured slower than one upload on the lent H100
-        # hosts (docs/design.md, "Dask"): only the copy queues' way, or when asked.
+        # The mapped way's writes of x measured no faster than the plain product there
+        # (docs/design.md, "Dask tasks"): only the copy queues' way, or when asked.
         return None
     a3 = a.reshape(1, M, K)
     call = _Call(rt)

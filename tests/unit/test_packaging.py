@@ -69,6 +69,7 @@ def test_console_script_names_itself(tmp_path, script):
     path = tmp_path / script
     path.write_text(f"import sys\nfrom {module} import {func}\nsys.exit({func}())\n")
     r = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"usage: {script} "), r.stdout[:200]
