@@ -177,8 +177,8 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray | De
         b_op = b if isinstance(b, DeviceOperand) else \
             DeviceOperand(take(sb.nbytes + margins[1]), 0, sb)
         d_buf = take(M * N * out.itemsize)
-        _run(rt, plans, a, b if not resident else None, N, out, options, blocks, sa,
-             a_buf, b_op, d_buf, epilogue)
+        _run(rt, plans, a, None if isinstance(b, DeviceOperand) else b, N, out, options,
+             blocks, sa, a_buf, b_op, d_buf, epilogue)
         return result, out
     finally:
         for buf in taken:  # every queue's work on them has completed (_run waited)
