@@ -55,6 +55,7 @@ class Op(enum.IntEnum):
     CompositeConstruct = 80
     CompositeExtract = 81
     ConvertSToF = 111
+    ConvertUToF = 112
     UConvert = 113
     SConvert = 114
     FConvert = 115
@@ -77,8 +78,10 @@ class Op(enum.IntEnum):
     Select = 169
     IEqual = 170
     INotEqual = 171
+    UGreaterThan = 172
     ULessThan = 176
     ULessThanEqual = 178
+    FOrdEqual = 180
     FOrdLessThan = 184
     ShiftRightLogical = 194
     ShiftRightArithmetic = 195
@@ -98,6 +101,7 @@ class Op(enum.IntEnum):
     BranchConditional = 250
     Return = 253
     ReturnValue = 254
+    GroupNonUniformShuffleXor = 346
     GroupNonUniformFAdd = 350
     # SPV_KHR_cooperative_matrix
     TypeCooperativeMatrixKHR = 4456
@@ -133,6 +137,7 @@ class Capability(enum.IntEnum):
     Int8 = 39
     GroupNonUniform = 61
     GroupNonUniformArithmetic = 63
+    GroupNonUniformShuffle = 65
     StorageBuffer16BitAccess = 4433
     Float8EXT = 4212
     Float8CooperativeMatrixEXT = 4213
