@@ -13,6 +13,8 @@ problem's sizes.
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
   COOPMAT_ATTENTION_SPLITS forces the slice count (1: no split).
+- COOPMAT_ATTENTION_TILE replaces fields of the chosen tile, for measuring others:
+  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0" (any of them).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 SPLITS_ENV = "COOPMAT_ATTENTION_SPLITS"
+TILE_ENV = "COOPMAT_ATTENTION_TILE"
+TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 256
@@ -94,6 +98,26 @@ def splits_from_env() -> int | None:
     return value
 
 
+def tile_from_env() -> dict[str, int]:
+    """The tile fields COOPMAT_ATTENTION_TILE sets ({} where unset)."""
+    return parse_tile(os.environ.get(TILE_ENV, ""))
+
+
+def parse_tile(text: str) -> dict[str, int]:
+    """"rows=32,keys=64" -> {"rows": 32, "keys": 64}; ValueError naming a bad field."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        name = name.strip()
+        if name not in TILE_FIELDS or not value.strip().isdigit():
+            raise ValueError(f"attention tile {text!r}: expected NAME=NUMBER with NAME one "
+                             f"of {', '.join(TILE_FIELDS)}, got {part!r}")
+        out[name] = int(value)
+    return out
+
+
 def _fits(t: AttentionTraits, info: PhysicalDeviceInfo) -> bool:
     limits = info.limits
     return t.shared_memory_bytes <= limits.max_compute_shared_memory_size and \
@@ -140,6 +164,13 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     decode = cfg is not None and p.rows <= cfg.M
     forced = splits if splits is not None else splits_from_env()
     traits = attention_traits(info, p, decode=decode)
+    tile = tile_from_env()
+    if tile:
+        traits = replace(traits, **{k: bool(v) if k == "prefetch" else v
+                                    for k, v in tile.items()})
+        why = traits.violation()
+        if why is not None:
+            raise ValueError(f"{TILE_ENV}: {why}")
     count = forced if forced is not None else split_count(info, p, traits)
     count = max(1, min(count, -(-p.Lk // traits.keys)))
     if count == 1:
