@@ -136,6 +136,25 @@ def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -
     return (w / w.sum(-1, keepdims=True)) @ v64
 
 
+def torch_sdpa(torch: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               causal: bool) -> tuple[Any, str]:
+    """(a call of torch's scaled_dot_product_attention on CUDA copies, how grouped heads
+    are given to it: enable_gqa where torch has it, else k and v repeated)."""
+    F = torch.nn.functional
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    groups = q.shape[-3] // k.shape[-3]
+    if groups == 1:
+        return (lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)), ""
+    try:  # torch 2.5+
+        F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=True)
+        return (lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal,
+                                                       enable_gqa=True)), "enable_gqa"
+    except TypeError:
+        rk, rv = (x.repeat_interleave(groups, dim=-3) for x in (tk, tv))
+        return (lambda: F.scaled_dot_product_attention(tq, rk, rv, is_causal=causal)), \
+            "repeat_interleave"
+
+
 def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: int, Lk: int,
          D: int, causal: bool, args: argparse.Namespace, decode: bool) -> None:
     rng = np.random.default_rng(0)
@@ -146,6 +165,20 @@ def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: i
     flops = 4.0 * B * H * Lq * Lk * D / (2 if causal and Lq == Lk else 1)
     kv_bytes = 2 * B * Hkv * Lk * D * 2
     torch = None if args.no_torch else cuda_torch()
+    peer: dict[str, Any] = {}
+    ref = None
+    if torch is not None:
+        fn, gqa = torch_sdpa(torch, q, k, v, causal)
+        tt = torch_ms(torch, fn)
+        peer = {"torch_us": 1e3 * tt, "torch_TFLOPs": flops / (tt * 1e-3) / 1e12,
+                "torch_backend": torch_backend(torch, fn)}
+        if decode:
+            peer["torch_kv_TBps"] = kv_bytes / (tt * 1e-3) / 1e12
+        if gqa:
+            peer["torch_gqa"] = gqa
+        ref = fn().float().cpu().numpy()
+    elif q.size * Lk <= 1 << 24:  # small enough for numpy
+        ref = numpy_reference(q, k, v, causal)
     for tile in args.tiles:
         row: dict[str, Any] = {"case": label + (f" [{tile}]" if tile else "")}
         try:
@@ -161,37 +194,12 @@ def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: i
         except Exception as exc:  # reported, and the run goes on
             _emit(rows, {**row, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        if torch is not None:
-            F = torch.nn.functional
-            tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
-            if H != Hkv:
-                try:  # torch 2.5+
-                    def fn() -> Any:
-                        return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal,
-                                                              enable_gqa=True)
-                    fn()
-                    row["torch_gqa"] = "enable_gqa"
-                except TypeError:
-                    rk, rv = (x.repeat_interleave(H // Hkv, dim=1) for x in (tk, tv))
-
-                    def fn() -> Any:
-                        return F.scaled_dot_product_attention(tq, rk, rv, is_causal=causal)
-                    row["torch_gqa"] = "repeat_interleave"
-            else:
-                def fn() -> Any:
-                    return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
-            tt = torch_ms(torch, fn)
-            row["torch_us"] = 1e3 * tt
-            row["torch_TFLOPs"] = flops / (tt * 1e-3) / 1e12
-            if decode:
-                row["torch_kv_TBps"] = kv_bytes / (tt * 1e-3) / 1e12
-            row["torch_backend"] = torch_backend(torch, fn)
-            row["over_torch"] = t / tt
-            ref = fn().float().cpu().numpy()
-            row["max_diff_torch"] = float(np.abs(got.astype(np.float32) - ref).max())
-        elif q.size * Lk <= 1 << 24:  # small enough for numpy
-            ref = numpy_reference(q, k, v, causal)
-            row["max_err_numpy"] = float(np.abs(got.astype(np.float64) - ref).max())
+        row.update(peer)
+        if "torch_us" in peer:
+            row["over_torch"] = t / (peer["torch_us"] * 1e-3)
+        if ref is not None:
+            key = "max_diff_torch" if torch is not None else "max_err_numpy"
+            row[key] = float(np.abs(got.astype(np.float64) - ref).max())
         _emit(rows, row)
 
 
