@@ -48,7 +48,6 @@ mask's are clamped inside it, so the kernel reads nothing outside its bindings.
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import struct
 from collections.abc import Callable
@@ -88,6 +87,11 @@ PUSH_FIELDS = (
 )
 FLAG_CAUSAL = 1
 
+FAMILIES = ("khr", "nv2")
+# What the nv2 family needs beyond KHR (VkPhysicalDeviceCooperativeMatrix2FeaturesNV).
+NV2_FEATURES = ("cooperativeMatrixReductions", "cooperativeMatrixConversions",
+                "cooperativeMatrixPerElementOperations")
+
 # Shared rows are padded by 8 elements of 16 bits (16 bytes): consecutive rows start in
 # different banks.
 PAD_ELEMS = 8
@@ -116,7 +120,10 @@ class AttentionTraits:
     subgroup and keys, and subgroup / lanes_per_row dividing rows); unit: elements a
     global load of q, k, v (8: 16-byte vectors, 1: one element); mask: the mask read, if
     any; split: write partial softmax states (decode) instead of the result; prefetch:
-    the next step's K and V loads are issued before this step's multiplies."""
+    the next step's K and V loads are issued before this step's multiplies; family:
+    "khr" (row statistics through shared memory, this module) or "nv2" (row reductions,
+    per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
+    attention_nv2.py)."""
 
     operand: ComponentType
     out: ComponentType
@@ -134,6 +141,7 @@ class AttentionTraits:
     mask: MaskKind | None = None
     split: bool = False
     prefetch: bool = True
+    family: str = "khr"
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -178,9 +186,12 @@ class AttentionTraits:
 
     @property
     def shared_memory_bytes(self) -> int:
+        """The tile, the scratch and, for khr, P and the row factors."""
         item = element(self.operand).itemsize
-        return (self.tile_elems * item + self.block_rows * self.p_stride * item
-                + self.block_rows * self.scratch_stride * 4 + self.block_rows * 4)
+        total = self.tile_elems * item + self.block_rows * self.scratch_stride * 4
+        if self.family == "khr":
+            total += self.block_rows * self.p_stride * item + self.block_rows * 4
+        return total
 
     @property
     def passes(self) -> int:
@@ -204,6 +215,8 @@ class AttentionTraits:
             name += "-split"
         if self.prefetch:
             name += "-pf"
+        if self.family != "khr":
+            name += f"-{self.family}"
         return name
 
     def violation(self) -> str | None:
@@ -231,6 +244,11 @@ class AttentionTraits:
             return "16-byte units need head and value dimensions that are multiples of 8"
         if self.subgroups < 1:
             return "a workgroup needs a subgroup"
+        if self.family not in FAMILIES:
+            return f"family {self.family!r} is not one of {', '.join(FAMILIES)}"
+        if self.family == "nv2" and self.n != self.k:
+            return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
+                    f"({self.m} x {self.k}): n and k must be equal")
         return None
 
 
@@ -245,12 +263,19 @@ def required_capabilities(t: AttentionTraits) -> set[Capability]:
         caps.update({Capability.Int8, Capability.StorageBuffer8BitAccess})
     if t.lanes_per_row > 1:  # a row's lanes combine their max and sum
         caps.add(Capability.GroupNonUniformShuffle)
+    if t.family == "nv2":
+        caps.update({Capability.CooperativeMatrixReductionsNV,
+                     Capability.CooperativeMatrixConversionsNV,
+                     Capability.CooperativeMatrixPerElementOperationsNV})
     return caps
 
 
-def _capability_features(t: AttentionTraits) -> tuple[str, ...]:
+def capability_features(t: AttentionTraits) -> tuple[str, ...]:
+    """The Vulkan features the kernel of `t` needs."""
     names = set(vulkan_features(required_capabilities(t)))
     names.update(element(t.operand).features)
+    if t.family == "nv2":
+        names.update(NV2_FEATURES)
     return tuple(sorted(names))
 
 
@@ -345,6 +370,8 @@ class AttentionEmitter:
     def _declare(self) -> None:
         s, t, mb = self.s, self.t, self.s.mb
         mb.extension("SPV_KHR_cooperative_matrix")
+        if t.family == "nv2":
+            mb.extension("SPV_NV_cooperative_matrix2")
         ext = type_extension(t.operand)
         if ext:
             mb.extension(ext)
@@ -384,9 +411,10 @@ class AttentionEmitter:
         self.ML = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True) \
             if t.split else None
         self.tiles = s.shared_array(self.unit_t, t.tile_elems // t.unit, "tiles")
-        self.P_sh = s.shared_array(self.op_el, t.block_rows * t.p_stride, "p")
         self.S_sh = s.shared_array(self.f32, t.block_rows * t.scratch_stride, "scores")
-        self.stats = s.shared_array(self.f32, t.block_rows, "row_factors")
+        if t.family == "khr":  # nv2 keeps P and the row statistics in registers
+            self.P_sh = s.shared_array(self.op_el, t.block_rows * t.p_stride, "p")
+            self.stats = s.shared_array(self.f32, t.block_rows, "row_factors")
         types = [self.f32 if name == "scale_log2" else s.u32 for name in PUSH_FIELDS]
         s.push_constants(PUSH_FIELDS, types)
 
@@ -715,18 +743,23 @@ class AttentionEmitter:
                 for var, value in zip(regs, self._kv_loads(s.add(k0, s.c(t.keys))),
                                       strict=True):
                     self._store(var, value)
-            self._scores(qf)
-            self._barrier()  # this subgroup's scores are in its scratch
-            self._softmax(rows, k0)
-            self._barrier()  # P and the row factors are in shared memory
-            self._scale_rows(acc_vars)
-            self._pv(acc_vars)
+            self._step(qf, rows, acc_vars, k0)
 
         def step() -> None:
             self._store(k_var, s.add(self._load(s.u32, k_var), s.c(t.keys)))
 
         f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), body, step,
                  LoopControl.DontUnroll)
+
+    def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
+              k0: int) -> None:
+        """One key step once K and V are in shared memory."""
+        self._scores(qf)
+        self._barrier()  # this subgroup's scores are in its scratch
+        self._softmax(rows, k0)
+        self._barrier()  # P and the row factors are in shared memory
+        self._scale_rows(acc_vars)
+        self._pv(acc_vars)
 
     # -- the end --------------------------------------------------------------------------
     def _finish(self, rows: list[_Row], acc_vars: list[list[int]]) -> None:
@@ -743,8 +776,7 @@ class AttentionEmitter:
         lpr = t.lanes_per_row
         q = s.umod(self.lane, s.c(lpr)) if lpr > 1 else s.c(0)
         self._barrier()  # the last step's row factors have been read
-        for row in rows:
-            l_val = self._load(self.f32, row.l_var)
+        for row, (_, l_val) in zip(rows, self._row_stats(rows), strict=True):
             seen = s.f.op(Op.FOrdLessThan, s.bool, self._fconst(0.0), l_val)
             inv = s.select(self.f32, seen, self._fop(Op.FDiv, self._fconst(1.0), l_val),
                            self._fconst(0.0))
@@ -811,9 +843,8 @@ class AttentionEmitter:
         q = s.umod(self.lane, s.c(lpr)) if lpr > 1 else s.c(0)
         assert self.ML is not None
         ml = self.ML
-        for row in rows:
+        for row, (m_val, l_val) in zip(rows, self._row_stats(rows), strict=True):
             at = s.mul(s.add(first_row, s.add(self.sg_row, row.local)), s.c(2))
-            m_val, l_val = self._load(self.f32, row.m_var), self._load(self.f32, row.l_var)
 
             def write(at: int = at, m_val: int = m_val, l_val: int = l_val) -> None:
                 s.buffer_store(ml, at, m_val)
@@ -823,6 +854,11 @@ class AttentionEmitter:
                 write()
             else:
                 s.f.if_(s.f.op(Op.IEqual, s.bool, q, s.c(0)), write)
+
+    def _row_stats(self, rows: list[_Row]) -> list[tuple[int, int]]:
+        """(running max, running sum) of each row this lane walks."""
+        return [(self._load(self.f32, row.m_var), self._load(self.f32, row.l_var))
+                for row in rows]
 
     # -- the module -------------------------------------------------------------------------
     def build(self) -> bytes:
@@ -839,12 +875,3 @@ class AttentionEmitter:
         self._key_loop(qf, rows, acc_vars)
         self._finish(rows, acc_vars)
         return s.compute_module(t.invocations)
-
-
-@functools.cache
-def attention_kernel(traits: AttentionTraits) -> AttentionKernel:
-    """The kernel for `traits`, generated once per process."""
-    spirv = AttentionEmitter(traits).build()
-    return AttentionKernel(traits, spirv, _capability_features(traits),
-                           (traits.invocations, 1, 1), traits.subgroup_size,
-                           traits.shared_memory_bytes)

@@ -54,6 +54,7 @@ class Op(enum.IntEnum):
     VectorShuffle = 79
     CompositeConstruct = 80
     CompositeExtract = 81
+    ConvertFToU = 109
     ConvertSToF = 111
     ConvertUToF = 112
     UConvert = 113
@@ -110,6 +111,8 @@ class Op(enum.IntEnum):
     CooperativeMatrixMulAddKHR = 4459
     CooperativeMatrixLengthKHR = 4460
     # SPV_NV_cooperative_matrix2
+    CooperativeMatrixConvertNV = 5293
+    CooperativeMatrixReduceNV = 5366
     CooperativeMatrixPerElementOpNV = 5369
     CooperativeMatrixLoadTensorNV = 5367
     CooperativeMatrixStoreTensorNV = 5368
@@ -147,6 +150,8 @@ class Capability(enum.IntEnum):
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
     PhysicalStorageBufferAddresses = 5347
+    CooperativeMatrixReductionsNV = 5430
+    CooperativeMatrixConversionsNV = 5431
     CooperativeMatrixPerElementOperationsNV = 5432
     CooperativeMatrixTensorAddressingNV = 5433
     CooperativeMatrixBlockLoadsNV = 5434
@@ -282,6 +287,14 @@ class TensorClampMode(enum.IntEnum):
     ClampToEdge = 2
     Repeat = 3
     RepeatMirrored = 4
+
+
+class CooperativeMatrixReduce(enum.IntFlag):
+    """SPV_NV_cooperative_matrix2's Cooperative Matrix Reduce Mode."""
+
+    Row = 0x1
+    Column = 0x2
+    TwoByTwo = 0x4
 
 
 class TensorAddressingOperands(enum.IntFlag):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from coopmat.codegen import attention as attn
 from coopmat.codegen.attention import AttentionTraits
 from coopmat.codegen.attention_combine import CombineKernel, combine_kernel
+from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer
 from coopmat.dispatch.runtime import Runtime
@@ -104,7 +105,7 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
     """The run's dispatches: the attention kernel and, for a split run, the merge (its
     workspace: the two buffers of workspace_bytes, taken by the caller)."""
     t = choice.traits
-    kernel = attn.attention_kernel(t)
+    kernel = attention_kernel(t)
     rows_pad = -(-sizes.rows // t.block_rows) * t.block_rows
     common = {"Lq": sizes.Lq, "Lk": sizes.Lk, "groups": sizes.groups,
               "kv_heads": sizes.kv_heads, "scale_log2": scale * attn.LOG2_E,

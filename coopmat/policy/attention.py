@@ -13,8 +13,11 @@ problem's sizes.
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
   COOPMAT_ATTENTION_SPLITS forces the slice count (1: no split).
+- The family: khr everywhere until measurements say otherwise; nv2 (row reductions,
+  per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2)
+  where the device offers them and the matrices' n equals k, when asked.
 - COOPMAT_ATTENTION_TILE replaces fields of the chosen tile, for measuring others:
-  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0" (any of them).
+  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,family=nv2" (any of them).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import math
 import os
 from dataclasses import dataclass, replace
 
-from coopmat.codegen.attention import AttentionTraits, MaskKind
+from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
 from coopmat.codegen.variants import is_cpu, khr_subgroup_size
 from coopmat.common.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties, PhysicalDeviceInfo
@@ -32,7 +35,7 @@ from coopmat.policy.types import TypePair, config_for
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 SPLITS_ENV = "COOPMAT_ATTENTION_SPLITS"
 TILE_ENV = "COOPMAT_ATTENTION_TILE"
-TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch")
+TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "family")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 256
@@ -98,24 +101,34 @@ def splits_from_env() -> int | None:
     return value
 
 
-def tile_from_env() -> dict[str, int]:
+def tile_from_env() -> dict[str, int | bool | str]:
     """The tile fields COOPMAT_ATTENTION_TILE sets ({} where unset)."""
     return parse_tile(os.environ.get(TILE_ENV, ""))
 
 
-def parse_tile(text: str) -> dict[str, int]:
-    """"rows=32,keys=64" -> {"rows": 32, "keys": 64}; ValueError naming a bad field."""
-    out: dict[str, int] = {}
+def parse_tile(text: str) -> dict[str, int | bool | str]:
+    """"rows=32,keys=64,family=nv2" -> {"rows": 32, "keys": 64, "family": "nv2"};
+    ValueError naming a bad field."""
+    out: dict[str, int | bool | str] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        name, _, value = part.partition("=")
-        name = name.strip()
-        if name not in TILE_FIELDS or not value.strip().isdigit():
+        name, _, value = (x.strip() for x in part.partition("="))
+        if name == "family" and value in FAMILIES:
+            out[name] = value
+        elif name in TILE_FIELDS and name != "family" and value.isdigit():
+            out[name] = bool(int(value)) if name == "prefetch" else int(value)
+        else:
             raise ValueError(f"attention tile {text!r}: expected NAME=NUMBER with NAME one "
-                             f"of {', '.join(TILE_FIELDS)}, got {part!r}")
-        out[name] = int(value)
+                             f"of {', '.join(TILE_FIELDS[:-1])}, or family=khr|nv2; got "
+                             f"{part!r}")
     return out
+
+
+def nv2_offered(info: PhysicalDeviceInfo) -> bool:
+    """Whether the device runs the nv2 family (reductions, conversions, per-element
+    operations)."""
+    return all(info.has(f) for f in NV2_FEATURES)
 
 
 def _fits(t: AttentionTraits, info: PhysicalDeviceInfo) -> bool:
@@ -166,9 +179,10 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     traits = attention_traits(info, p, decode=decode)
     tile = tile_from_env()
     if tile:
-        traits = replace(traits, **{k: bool(v) if k == "prefetch" else v
-                                    for k, v in tile.items()})
+        traits = replace(traits, **tile)  # type: ignore[arg-type]
         why = traits.violation()
+        if why is None and traits.family == "nv2" and not nv2_offered(info):
+            why = f"device {info.name} lacks {', '.join(NV2_FEATURES)}"
         if why is not None:
             raise ValueError(f"{TILE_ENV}: {why}")
     count = forced if forced is not None else split_count(info, p, traits)

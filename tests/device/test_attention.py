@@ -241,3 +241,35 @@ def test_weights_of_the_oracle() -> None:
     assert np.allclose(w[..., 0, :].sum(-1), 1) and not w[..., 1, :].any()
     w_rep, _ = weights(q, np.repeat(k, 2, axis=1))
     assert np.array_equal(weights(q, k)[0], w_rep)
+
+
+# -- the nv2 family: row reductions, per-element operations, accumulator -> A -----------
+def _nv2(rt, monkeypatch, extra: str = "") -> None:
+    if not policy.nv2_offered(rt.device.info):
+        pytest.skip("the device lacks cooperativeMatrixReductions, -Conversions or "
+                    "-PerElementOperations")
+    monkeypatch.setenv(policy.TILE_ENV, "family=nv2" + extra)
+
+
+def test_nv2_masks_causal_heads(rt, monkeypatch) -> None:
+    """The nv2 kernel (through COOPMAT_ATTENTION_TILE) with a boolean mask: scores
+    masked per element, fully masked rows 0, grouped heads, ragged sizes."""
+    _nv2(rt, monkeypatch)
+    q, k, v = qkv((2, 4, 33, 32), (2, 2, 40, 32), scale=3.0)
+    full = RNG.random((2, 4, 33, 40)) > 0.4
+    full[0, 3, 7] = False
+    for mask, causal in ((full, False), (full, True), (RNG.random((2, 1, 1, 40)) > 0.2, True)):
+        got = coopmat.attention(q, k, v, mask=mask, causal=causal)
+        assert traits().family == "nv2" and traits().mask is MaskKind.BOOL
+        check(got, q, k, v, mask=mask, causal=causal)
+    assert not coopmat.attention(q, k, v, mask=full)[0, 3, 7].any()
+
+
+@pytest.mark.parametrize("Lq,Lk,causal", [(1, 257, False), (5, 100, True)])
+def test_nv2_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
+    _nv2(rt, monkeypatch)
+    monkeypatch.setenv(policy.SPLITS_ENV, "3")
+    q, k, v = qkv((1, 8, Lq, 32), (1, 2, Lk, 32))
+    got = coopmat.attention(q, k, v, causal=causal)
+    assert traits().family == "nv2" and traits().split
+    check(got, q, k, v, causal=causal)

@@ -15,9 +15,9 @@ from coopmat.codegen.attention import (
     AttentionKernel,
     AttentionTraits,
     MaskKind,
-    attention_kernel,
 )
 from coopmat.codegen.attention_combine import combine_kernel
+from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.codegen.tools import find_tool, validate
 from coopmat.common.enums import ComponentType as CT
 from coopmat.device.record import load_records
@@ -137,3 +137,44 @@ def _disassemble(spirv: bytes) -> str:
     if tool is None:
         pytest.skip("spirv-dis not found")
     return subprocess.run([tool, "-"], input=spirv, capture_output=True, check=True).stdout.decode()
+
+
+def test_nv2_traits_and_instructions() -> None:
+    """nv2 keeps P and the row statistics in registers (less shared memory), needs n = k,
+    and its module uses the reductions, per-element operations and conversions."""
+    t = dataclasses.replace(BASE, family="nv2", mask=MaskKind.ADD)
+    assert t.violation() is None and t.describe().endswith("-pf-nv2")
+    assert t.shared_memory_bytes == BASE.shared_memory_bytes - (64 * 40 * 2 + 64 * 4)
+    odd = dataclasses.replace(t, m=16, n=8, k=16, keys=32)
+    assert "n and k must be equal" in (odd.violation() or "")
+    kernel = attention_kernel(t)
+    assert set(kernel.features) >= {"cooperativeMatrixReductions",
+                                    "cooperativeMatrixConversions",
+                                    "cooperativeMatrixPerElementOperations"}
+    if find_tool("spirv-val") is not None:
+        validate(kernel.spirv)
+        text = _disassemble(kernel.spirv)
+        for name in ("OpCooperativeMatrixReduceNV", "OpCooperativeMatrixPerElementOpNV",
+                     "Capability CooperativeMatrixReductionsNV",
+                     "Capability CooperativeMatrixConversionsNV", "OpConvertFToU"):
+            assert name in text, name
+        assert "OpGroupNonUniformShuffleXor" not in text  # no lanes combine rows in nv2
+
+
+def test_tile_overrides(monkeypatch) -> None:
+    from coopmat.policy.attention import TILE_ENV, parse_tile
+    assert parse_tile("rows=32, keys=64,prefetch=0,family=nv2") == \
+        {"rows": 32, "keys": 64, "prefetch": False, "family": "nv2"}
+    for bad in ("rows=x", "colour=2", "family=cuda"):
+        with pytest.raises(ValueError, match="attention tile"):
+            parse_tile(bad)
+    p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
+    monkeypatch.setenv(TILE_ENV, "keys=16,subgroups=2")
+    t = choose_attention(H200, p).traits
+    assert (t.keys, t.subgroups) == (16, 2)
+    monkeypatch.setenv(TILE_ENV, "keys=24")
+    with pytest.raises(ValueError, match="keys 24"):
+        choose_attention(H200, p)
+    monkeypatch.setenv(TILE_ENV, "family=nv2")  # the record lists no reductions
+    with pytest.raises(ValueError, match="lacks cooperativeMatrixReductions"):
+        choose_attention(H200, p)
