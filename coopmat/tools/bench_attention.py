@@ -203,6 +203,27 @@ def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: i
         _emit(rows, row)
 
 
+def fully_masked(rows: list[dict[str, Any]], torch: Any) -> None:
+    """What torch (with CUDA) and coopmat give for a row whose keys are all masked out
+    (coopmat: 0, as torch 2.5+ gives; earlier torch gave NaN)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 4, 64), dtype=np.float32).astype(np.float16)
+               for _ in range(3))
+    mask = np.ones((4, 4), bool)
+    mask[1] = False
+    ours = attention(q, k, v, mask=mask)[:, :, 1]
+    row: dict[str, Any] = {"case": "fully masked row",
+                           "coopmat": "nan" if np.isnan(ours).any() else
+                           "0" if not ours.any() else "other"}
+    if torch is not None:  # otherwise nothing to compare with (the tests check coopmat's)
+        tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            tq, tk, tv, attn_mask=torch.from_numpy(mask).cuda()).float().cpu().numpy()[:, :, 1]
+        row["torch"] = "nan" if np.isnan(ref).any() else "0" if not ref.any() else "other"
+        row["torch_version"] = str(torch.__version__)
+    _emit(rows, row)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("coopmat.bench") + " --attention",
                                  description=__doc__,
@@ -247,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     warm_up()
     info = runtime().device.info
+    peer = None if args.no_torch else cuda_torch()
+    if peer is not None:
+        fully_masked(rows, peer)
     if "prefill" not in skip:
         for B, heads, L in prefill:
             for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
