@@ -342,7 +342,7 @@ class AttentionEmitter:
     def _fconst(self, x: float) -> int:
         return self.s.mb.constant(self.f32, x)
 
-    def _fop(self, op: int, *args: int) -> int:
+    def _fop(self, op: Op, *args: int) -> int:
         return self.s.f.op(op, self.f32, *args)
 
     def _ext(self, inst: GLSLstd450, *args: int) -> int:
@@ -834,9 +834,9 @@ class AttentionEmitter:
         first_row = s.add(s.mul(slot, P["rows_pad"]), self.r0)
         ld = t.value_dim_padded
         for i, row_vars in enumerate(acc_vars):
-            row = s.add(first_row, s.add(self.sg_row, s.c(i * t.m)))
+            block = s.add(first_row, s.add(self.sg_row, s.c(i * t.m)))
             for j, var in enumerate(row_vars):
-                at = s.add(s.mul(row, s.c(ld)), s.c(j * t.n))
+                at = s.add(s.mul(block, s.c(ld)), s.c(j * t.n))
                 s.coop_store_buffer(self.O, at, self._load(self.mat_acc, var),
                                     CooperativeMatrixLayout.RowMajor, s.c(ld))
         lpr = t.lanes_per_row

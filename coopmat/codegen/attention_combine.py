@@ -77,9 +77,9 @@ class CombineKernel:
 def _emit(traits: CombineTraits) -> bytes:
     s = ShaderContext()
     mb, f = s.mb, s.f
-    ext = type_extension(traits.out)
-    if ext:
-        mb.extension(ext)
+    type_ext = type_extension(traits.out)
+    if type_ext:
+        mb.extension(type_ext)
     mb.capability(*sorted(_capabilities(traits.out)))
     glsl = mb.ext_inst_import("GLSL.std.450")
     f32 = mb.type_float(32)

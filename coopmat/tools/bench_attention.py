@@ -98,7 +98,7 @@ def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int) -> tuple[
     sizes = run.Sizes(s.Lq, s.Lk, s.groups, s.kv_heads, s.batch)
     temps = run.take_workspace(rt, choice, sizes)
     try:
-        dispatches = run.attention_dispatches(rt, choice, sizes, *ops, o, None,
+        dispatches = run.attention_dispatches(rt, choice, sizes, ops[0], ops[1], ops[2], o, None,
                                               rules.scale_of(None, s.D), causal, temps)
         rt.executor.serial_seconds(dispatches, repeat, 1)  # untimed: first runs can lag
         t = rt.executor.serial_seconds(dispatches, repeat, 3)
