@@ -12,6 +12,9 @@ problem's sizes.
 - Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
+- The next step's K and V loads are prefetched into registers where they take at most
+  PREFETCH_REGISTERS of them (prefill's tiles; decode's single subgroup loads too much a
+  lane and relies on many workgroups instead).
   COOPMAT_ATTENTION_SPLITS forces the slice count (1: no split).
 - The family: khr everywhere until measurements say otherwise; nv2 (row reductions,
   per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2)
@@ -38,10 +41,13 @@ TILE_ENV = "COOPMAT_ATTENTION_TILE"
 TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "family")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
-SPLIT_TARGET = 256
+SPLIT_TARGET = 512
 SPLIT_BELOW = 128
 # Slices of fewer key steps than this are not worth their merge.
 MIN_SPLIT_STEPS = 2
+# The next key step's K and V loads are held in registers (prefetch) where they take at
+# most this many 32-bit registers an invocation; more would spill.
+PREFETCH_REGISTERS = 64
 KEY_STEPS = (64, 32, 16)
 GPU_SUBGROUPS = 4
 CPU_SUBGROUPS = 2
@@ -131,6 +137,16 @@ def nv2_offered(info: PhysicalDeviceInfo) -> bool:
     return all(info.has(f) for f in NV2_FEATURES)
 
 
+def prefetch_registers(t: AttentionTraits) -> int:
+    """32-bit registers an invocation holds one key step of K and V in."""
+    units = t.keys * (t.head_dim_padded + t.value_dim_padded) // t.unit
+    return -(-units // t.invocations) * t.unit * element_bits(t) // 32
+
+
+def element_bits(t: AttentionTraits) -> int:
+    return t.operand.bits
+
+
 def _fits(t: AttentionTraits, info: PhysicalDeviceInfo) -> bool:
     limits = info.limits
     return t.shared_memory_bytes <= limits.max_compute_shared_memory_size and \
@@ -159,6 +175,7 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
         t = AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
                             sg, rows=rows, subgroups=subgroups, keys=keys, lanes_per_row=lanes,
                             unit=unit, mask=p.mask, prefetch=True)
+        t = replace(t, prefetch=prefetch_registers(t) <= PREFETCH_REGISTERS)
         if _fits(t, info):
             choice = t
             break
