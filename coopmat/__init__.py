@@ -7,6 +7,7 @@
     y = (coopmat.asarray(a) @ w).numpy()       # queued there; .numpy() waits
     q = coopmat.quantize(weight, "q8_0")       # GGUF blocks on the GPU (or from_gguf)
     y = coopmat.matmul(x, q.T)                 # dequantized inside the GEMM
+    o = coopmat.attention(q, k, v, causal=True)  # fused softmax(q k^T / sqrt(E)) v
     coopmat.devices(); coopmat.configs()       # what `python -m coopmat.info` shows
 """
 
@@ -31,6 +32,7 @@ _MATMUL = ("configs", "devices", "last_kernel_time", "linear", "matmul", "suppor
 _ARRAY = ("Array", "asarray", "empty", "synchronize", "zeros")
 _QUANT = ("QuantizedArray", "from_gguf", "quantize")
 _OPTIONS = ("get_options", "options", "reload_environment", "set_options")
+_ATTENTION = ("attention",)
 
 
 def __getattr__(name: str) -> object:
@@ -45,6 +47,8 @@ def __getattr__(name: str) -> object:
         from coopmat.api import quantized as module  # type: ignore[no-redef]
     elif name in _OPTIONS:
         from coopmat.policy import options as module  # type: ignore[no-redef]
+    elif name in _ATTENTION:
+        from coopmat.api import attention as module  # type: ignore[no-redef]
     else:
         raise AttributeError(f"module 'coopmat' has no attribute {name!r}")
     value = getattr(module, name)
@@ -55,7 +59,7 @@ __all__ = [
     "Array", "CoopmatError", "DeviceLostError", "DeviceMismatchError", "DeviceNotFoundError",
     "MissingFeatureError", "QuantizedArray",
     "NoCooperativeMatrixDeviceError", "NoDeviceError", "OutOfDeviceMemoryError", "VulkanError",
-    "VulkanUnavailableError", "asarray", "configs", "devices", "empty", "from_gguf",
-    "get_options", "last_kernel_time", "linear", "matmul", "options", "quantize",
+    "VulkanUnavailableError", "asarray", "attention", "configs", "devices", "empty",
+    "from_gguf", "get_options", "last_kernel_time", "linear", "matmul", "options", "quantize",
     "reload_environment", "set_options", "supported_dtypes", "synchronize", "zeros",
 ]

@@ -55,7 +55,9 @@ class Op(enum.IntEnum):
     VectorShuffle = 79
     CompositeConstruct = 80
     CompositeExtract = 81
+    ConvertFToU = 109
     ConvertSToF = 111
+    ConvertUToF = 112
     UConvert = 113
     SConvert = 114
     FConvert = 115
@@ -78,8 +80,10 @@ class Op(enum.IntEnum):
     Select = 169
     IEqual = 170
     INotEqual = 171
+    UGreaterThan = 172
     ULessThan = 176
     ULessThanEqual = 178
+    FOrdEqual = 180
     FOrdLessThan = 184
     ShiftRightLogical = 194
     ShiftRightArithmetic = 195
@@ -99,6 +103,7 @@ class Op(enum.IntEnum):
     BranchConditional = 250
     Return = 253
     ReturnValue = 254
+    GroupNonUniformShuffleXor = 346
     GroupNonUniformFAdd = 350
     # SPV_KHR_cooperative_matrix
     TypeCooperativeMatrixKHR = 4456
@@ -107,6 +112,8 @@ class Op(enum.IntEnum):
     CooperativeMatrixMulAddKHR = 4459
     CooperativeMatrixLengthKHR = 4460
     # SPV_NV_cooperative_matrix2
+    CooperativeMatrixConvertNV = 5293
+    CooperativeMatrixReduceNV = 5366
     CooperativeMatrixPerElementOpNV = 5369
     CooperativeMatrixLoadTensorNV = 5367
     CooperativeMatrixStoreTensorNV = 5368
@@ -140,6 +147,7 @@ class Capability(enum.IntEnum):
     SubgroupDispatch = 58
     GroupNonUniform = 61
     GroupNonUniformArithmetic = 63
+    GroupNonUniformShuffle = 65
     StorageBuffer16BitAccess = 4433
     Float8EXT = 4212
     Float8CooperativeMatrixEXT = 4213
@@ -149,6 +157,8 @@ class Capability(enum.IntEnum):
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
     PhysicalStorageBufferAddresses = 5347
+    CooperativeMatrixReductionsNV = 5430
+    CooperativeMatrixConversionsNV = 5431
     CooperativeMatrixPerElementOperationsNV = 5432
     CooperativeMatrixTensorAddressingNV = 5433
     CooperativeMatrixBlockLoadsNV = 5434
@@ -296,6 +306,14 @@ class TensorClampMode(enum.IntEnum):
     ClampToEdge = 2
     Repeat = 3
     RepeatMirrored = 4
+
+
+class CooperativeMatrixReduce(enum.IntFlag):
+    """SPV_NV_cooperative_matrix2's Cooperative Matrix Reduce Mode."""
+
+    Row = 0x1
+    Column = 0x2
+    TwoByTwo = 0x4
 
 
 class TensorAddressingOperands(enum.IntFlag):

@@ -132,7 +132,6 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray | De
     caller runs it whole."""
     options = options or Options()
     _, M, K = a.shape
-    resident = isinstance(b, DeviceOperand)
     N = n if isinstance(b, DeviceOperand) else b.shape[2]
     sa = staged_of(a)
     sb = b.staged if isinstance(b, DeviceOperand) else staged_of(b)

@@ -25,6 +25,8 @@ NO_TUNING_ENV = "COOPMAT_NO_TUNING"
 SPLIT_K_ENV = "COOPMAT_SPLIT_K"
 DEQUANT_ENV = "COOPMAT_DEQUANT"
 PIPELINE_ENV = "COOPMAT_PIPELINE"
+ATTENTION_SPLITS_ENV = "COOPMAT_ATTENTION_SPLITS"
+ATTENTION_TILE_ENV = "COOPMAT_ATTENTION_TILE"
 
 FAMILIES = ("khr", "nv2", "rows", "gemv")
 _SPECIALIZE = {"1": "always", "0": "never", "": "auto", "auto": "auto"}
@@ -49,6 +51,10 @@ class Options:
     'copy-queues' (the copy queues' way even on a device without copy queues, its steps
     in order on the compute queue: for tests) or 'off' (never: one product, for
     measurements).
+    attention_splits: coopmat.attention's slices of the keys (1: never split; None: the
+    policy's rule, policy.attention.split_count).
+    attention_tile: fields replacing those of the attention kernel the policy chose, for
+    measuring others: "rows=32,subgroups=4,keys=64,family=nv2" (policy.attention.parse_tile).
     trace: called with the name of each step of a pipelined product as it happens (for
     profiling, with time.perf_counter beside it); not part of equality."""
 
@@ -58,6 +64,8 @@ class Options:
     split_k: int | None = None
     dequant: str = "auto"
     pipeline: str = "auto"
+    attention_splits: int | None = None
+    attention_tile: str = ""
     trace: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +79,11 @@ class Options:
                                          not isinstance(self.split_k, int) or
                                          self.split_k < 1):
             raise ValueError(f"split_k={self.split_k!r}: use a whole number of K slices "
+                             f">= 1 (1: never split), or None for the policy's choice")
+        if self.attention_splits is not None and (
+                isinstance(self.attention_splits, bool) or
+                not isinstance(self.attention_splits, int) or self.attention_splits < 1):
+            raise ValueError(f"attention_splits={self.attention_splits!r}: use a whole number "
                              f">= 1 (1: never split), or None for the policy's choice")
         if self.dequant not in DEQUANT_MODES:
             raise ValueError(f"dequant={self.dequant!r}: use 'first', 'fused' or 'auto'")
@@ -112,10 +125,16 @@ class Options:
             raise ValueError(f"{PIPELINE_ENV}={pipeline!r}: use 'always', 'copy-queues' (its "
                              f"steps in order where the device has no copy queues), 'off', "
                              f"'auto' or leave it unset")
+        raw = env.get(ATTENTION_SPLITS_ENV, "").strip()
+        if raw and not (raw.isdigit() and int(raw) >= 1):
+            raise ValueError(f"{ATTENTION_SPLITS_ENV}={raw!r}: use a whole number of key "
+                             f"slices >= 1 (1: never split) or leave it unset")
         return cls(family=None if family == "auto" else family,
                    specialize=_SPECIALIZE[spec],
                    tuning=env.get(NO_TUNING_ENV, "").strip() != "1", split_k=split_k,
-                   dequant=dequant, pipeline=pipeline)
+                   dequant=dequant, pipeline=pipeline,
+                   attention_splits=int(raw) if raw else None,
+                   attention_tile=env.get(ATTENTION_TILE_ENV, "").strip())
 
     def with_family(self, family: str | None) -> Options:
         """These options with a per-call family (None or 'auto' keeps the current one)."""

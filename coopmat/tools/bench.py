@@ -11,7 +11,8 @@ that overlapping dispatches no longer find each other's operands in cache. Sweep
 definitions live in coopmat/tools/bench_sweeps.py. Installed, the same command is
 `coopmat-bench`. `--data-path` measures the time around the kernel instead
 (coopmat/tools/bench_data.py), `--inference` decode, quantized and fused products
-(coopmat/tools/bench_infer.py).
+(coopmat/tools/bench_infer.py), `--attention` fused attention
+(coopmat/tools/bench_attention.py).
 """
 
 from __future__ import annotations
@@ -649,10 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     if "--dask" in args_in:  # X @ W over 1, 2, ... Dask workers, one per device, vs CuPy
         from coopmat.tools import bench_dask
         return bench_dask.main([a for a in args_in if a != "--dask"])
+    if "--attention" in args_in:  # fused attention, prefill and decode, vs torch's SDPA
+        from coopmat.tools import bench_attention
+        return bench_attention.main([a for a in args_in if a != "--attention"])
     ap = _Parser(prog=prog("coopmat.bench"), description=__doc__.split("\n")[0])
     modes = ap.add_argument_group(
         "other modes", "each runs instead of the kernel sweep; `--data-path --help`, "
-        "`--inference --help` and `--dask --help` list their options")
+        "`--inference --help`, `--dask --help` and `--attention --help` list their options")
     modes.add_argument("--data-path", action="store_true",
                        help="the time around the kernel: transfers, numpy -> numpy GEMM, "
                             "a resident decode step, a chain of device-array products")
@@ -662,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
     modes.add_argument("--dask", action="store_true",
                        help="X @ W over 1, 2, ... Dask workers (one per device), beside "
                             "dask + CuPy")
+    modes.add_argument("--attention", action="store_true",
+                       help="fused attention, prefill and decode, beside torch's "
+                            "scaled_dot_product_attention")
     ap.add_argument("--preset", choices=sorted(sweeps.PRESETS), default=None,
                     help="size/layout set (default: gpu on a GPU, cpu on a CPU driver)")
     ap.add_argument("--dtypes", type=parse_dtypes, metavar="LIST",

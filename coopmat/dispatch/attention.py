@@ -1,0 +1,179 @@
+"""Run an attention choice (coopmat.policy.attention) on operands in device memory: the
+attention kernel, and for a split run its workspace and the merging pass, queued in one
+submission on the device's stream (with the call's staging copies before it and a copy
+of a small result to host-visible memory after it, as a product's).
+
+Each operand is bound from the 256-byte boundary at or below where it starts (any view's
+offset binds: minStorageBufferOffsetAlignment is at most 256), and the kernel adds the
+rest, in elements, to its base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from coopmat.codegen import attention as attn
+from coopmat.codegen.attention import AttentionTraits
+from coopmat.codegen.attention_combine import CombineKernel, combine_kernel
+from coopmat.codegen.attention_kernels import attention_kernel
+from coopmat.dispatch.executor import Copy, Dispatch
+from coopmat.dispatch.memory import Buffer
+from coopmat.dispatch.runtime import Runtime
+from coopmat.dispatch.staging import OFFSET_ALIGNMENT
+from coopmat.policy.attention import AttentionChoice
+
+
+@dataclass(frozen=True)
+class Operand:
+    """q, k, v, o or the mask in device memory: from byte `offset` of `buffer`, element
+    strides between outer entries, heads, rows and columns (0 where broadcast)."""
+
+    buffer: Buffer
+    offset: int
+    itemsize: int
+    outer: int
+    head: int
+    row: int
+    col: int = 1
+
+    @property
+    def bound(self) -> tuple[int, int]:
+        """(byte offset the binding starts at, elements from there to the operand)."""
+        start = self.offset - self.offset % OFFSET_ALIGNMENT
+        return start, (self.offset - start) // self.itemsize
+
+    def aligned(self) -> bool:
+        """Whether 16-byte units read it: its start and strides whole units of 8."""
+        return self.col == 1 and not (self.bound[1] | self.outer | self.head | self.row) % 8
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The call's sizes as the kernel takes them."""
+
+    Lq: int
+    Lk: int
+    groups: int
+    kv_heads: int
+    batch: int  # entries of the outer axes
+
+    @property
+    def rows(self) -> int:
+        return self.groups * self.Lq
+
+    @property
+    def z(self) -> int:
+        return self.batch * self.kv_heads
+
+
+def _bindings(traits: AttentionTraits, q: Operand, k: Operand, v: Operand,
+              o: Operand | None, mask: Operand | None
+              ) -> tuple[dict[int, Buffer], list[tuple[int, int]], dict[str, int]]:
+    buffers: dict[int, Buffer] = {}
+    offsets: list[tuple[int, int]] = []
+    values: dict[str, int] = {}
+    for binding, prefix, op in ((attn.BINDING_Q, "q", q), (attn.BINDING_K, "k", k),
+                                (attn.BINDING_V, "v", v), (attn.BINDING_O, "o", o),
+                                (attn.BINDING_MASK, "m", mask)):
+        if op is None:
+            continue
+        start, base = op.bound
+        buffers[binding] = op.buffer
+        if start:
+            offsets.append((binding, start))
+        values.update({f"{prefix}_base": base, f"{prefix}_outer": op.outer,
+                       f"{prefix}_head": op.head})
+        values["m_row" if prefix == "m" else f"{prefix}_ld"] = op.row
+        if prefix == "m":
+            values["m_col"] = op.col
+    return buffers, offsets, values
+
+
+def workspace_bytes(choice: AttentionChoice, sizes: Sizes) -> tuple[int, int]:
+    """(partial O bytes, (m, l) bytes) of a split run's workspace."""
+    t = choice.traits
+    rows_pad = -(-sizes.rows // t.block_rows) * t.block_rows
+    slots = sizes.z * choice.splits * rows_pad
+    return slots * t.value_dim_padded * 4, slots * 2 * 4
+
+
+def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Operand,
+                         k: Operand, v: Operand, o: Operand, mask: Operand | None,
+                         scale: float, causal: bool,
+                         workspace: Sequence[Buffer] = ()) -> list[Dispatch]:
+    """The run's dispatches: the attention kernel and, for a split run, the merge (its
+    workspace: the two buffers of workspace_bytes, taken by the caller)."""
+    t = choice.traits
+    kernel = attention_kernel(t)
+    rows_pad = -(-sizes.rows // t.block_rows) * t.block_rows
+    common = {"Lq": sizes.Lq, "Lk": sizes.Lk, "groups": sizes.groups,
+              "kv_heads": sizes.kv_heads, "scale_log2": scale * attn.LOG2_E,
+              "flags": attn.FLAG_CAUSAL if causal else 0, "rows_pad": rows_pad,
+              "splits": choice.splits, "split_keys": choice.split_keys}
+    if (mask is None) != (t.mask is None):
+        raise ValueError("attention: the kernel's mask and the call's disagree")
+    if not t.split:
+        buffers, offsets, values = _bindings(t, q, k, v, o, mask)
+        return [Dispatch(rt.pipelines.get(kernel), buffers,
+                         kernel.push_constants({**common, **values}),
+                         kernel.workgroups(sizes.rows, sizes.z), tuple(offsets))]
+    partial, ml = workspace
+    buffers, offsets, values = _bindings(t, q, k, v, None, mask)
+    buffers[attn.BINDING_O] = partial
+    buffers[attn.BINDING_ML] = ml
+    first = Dispatch(rt.pipelines.get(kernel), buffers,
+                     kernel.push_constants({**common, **values}),
+                     kernel.workgroups(sizes.rows, sizes.z, choice.splits), tuple(offsets))
+    ck = combine_kernel(t.out)
+    start, base = o.bound
+    count = sizes.z * sizes.rows * t.value_dim
+    push = CombineKernel.push_constants({
+        "count": count, "value_dim": t.value_dim, "ws_ld": t.value_dim_padded,
+        "Lq": sizes.Lq, "groups": sizes.groups, "kv_heads": sizes.kv_heads,
+        "rows_pad": rows_pad, "splits": choice.splits, "o_base": base, "o_ld": o.row,
+        "o_outer": o.outer, "o_head": o.head})
+    merge = Dispatch(rt.pipelines.get(ck), {0: partial, 1: ml, 2: o.buffer}, push,
+                     CombineKernel.workgroups(count), ((2, start),) if start else ())
+    return [first, merge]
+
+
+def take_workspace(rt: Runtime, choice: AttentionChoice, sizes: Sizes) -> list[Buffer]:
+    """A split run's workspace from the pool (none for an unsplit run); the caller gives
+    it back (pool.recycle) once the run is queued."""
+    if not choice.traits.split:
+        return []
+    kind = rt.pool.kinds()[0]
+    return [rt.pool.acquire(kind, n) for n in workspace_bytes(choice, sizes)]
+
+
+def enqueue_attention(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Operand,
+                      k: Operand, v: Operand, o: Operand, mask: Operand | None, scale: float,
+                      causal: bool, uploads: Sequence[Copy] = (),
+                      downloads: Sequence[Copy] = ()) -> int:
+    """Queue the run after the staging copies `uploads` and before the copies
+    `downloads`, in one submission; returns the stream's ticket."""
+    temps = take_workspace(rt, choice, sizes)
+    try:
+        dispatches = attention_dispatches(rt, choice, sizes, q, k, v, o, mask, scale, causal,
+                                          temps)
+        return rt.executor.submit(uploads, dispatches, downloads)
+    finally:
+        for buf in temps:
+            rt.pool.recycle(buf)
+
+
+def flops(sizes: Sizes, D: int, Dv: int, causal: bool) -> float:
+    """Multiply-adds of Q K^T and P V counted twice (torch's count: 4 L^2 D a head where
+    D = Dv), halved where causal (Lq = Lk)."""
+    total = 2.0 * sizes.z * sizes.rows * sizes.Lk * (D + Dv)
+    return total / 2 if causal else total
+
+
+def kv_bytes(sizes: Sizes, D: int, Dv: int, itemsize: int) -> int:
+    """Bytes of K and V one run reads at least once."""
+    return sizes.z * sizes.Lk * (D + Dv) * itemsize
+
+
+__all__ = ["Operand", "Sizes", "attention_dispatches", "enqueue_attention", "flops",
+           "kv_bytes", "take_workspace", "workspace_bytes"]

@@ -1,0 +1,204 @@
+"""Which attention kernel runs a call: its tile, and how many slices of the keys a split
+(flash-decoding) run takes. Pure functions of the device (live or recorded) and the
+problem's sizes.
+
+- The matrices: the float32-accumulating configuration the device lists first for the
+  operand type (float16 or bfloat16), the subgroup size the khr kernels require.
+- A subgroup owns m query rows (one row of accumulators); lanes share a row of the
+  softmax where the subgroup has more lanes than rows (32 lanes, 16 rows: 2 a row).
+- Prefill: 4 subgroups a workgroup on a GPU (64 rows where m is 16), 2 on a CPU driver;
+  the key step is the largest of 64, 32, 16 (multiples of the matrices' n and k) whose
+  tiles fit the device's shared memory.
+- Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
+  the grid is small the keys are split over workgroups, each slice a whole number of key
+  steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
+- The next step's K and V loads are prefetched into registers where they take at most
+  PREFETCH_REGISTERS of them (prefill's tiles; decode's single subgroup loads too much a
+  lane and relies on many workgroups instead).
+  A caller may force the slice count (Options.attention_splits; 1: no split).
+- The family: khr everywhere until measurements say otherwise; nv2 (row reductions,
+  per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2)
+  where the device offers them and the matrices' n equals k, when asked.
+- A caller may replace fields of the chosen tile, for measuring others
+  (Options.attention_tile, COOPMAT_ATTENTION_TILE):
+  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,family=nv2" (any of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
+from coopmat.codegen.variants import is_cpu, khr_subgroup_size
+from coopmat.common.enums import ComponentType
+from coopmat.device.model import CooperativeMatrixProperties, PhysicalDeviceInfo
+from coopmat.policy.types import TypePair, config_for
+
+OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
+TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "family")
+# A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
+# runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
+SPLIT_TARGET = 512
+SPLIT_BELOW = 128
+# Slices of fewer key steps than this are not worth their merge.
+MIN_SPLIT_STEPS = 2
+# The next key step's K and V loads are held in registers (prefetch) where they take at
+# most this many 32-bit registers an invocation; more would spill.
+PREFETCH_REGISTERS = 64
+KEY_STEPS = (64, 32, 16)
+GPU_SUBGROUPS = 4
+CPU_SUBGROUPS = 2
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """The sizes a kernel is chosen by: rows = groups x Lq query rows per kv head, z = kv
+    heads of every batch entry, aligned: q, k and v may be read in 16-byte units."""
+
+    operand: ComponentType
+    out: ComponentType
+    head_dim: int
+    value_dim: int
+    rows: int
+    Lk: int
+    z: int
+    mask: MaskKind | None = None
+    aligned: bool = True
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    traits: AttentionTraits
+    splits: int = 1  # > 1: the keys in slices of split_keys, merged by a second pass
+    split_keys: int = 0
+
+
+def attention_config(info: PhysicalDeviceInfo,
+                     operand: ComponentType) -> CooperativeMatrixProperties | None:
+    """The matrix configuration attention uses for `operand`: float32 accumulation."""
+    if operand not in OPERANDS:
+        return None
+    return config_for(info, TypePair(operand, ComponentType.FLOAT32))
+
+
+def attention_operands(info: PhysicalDeviceInfo) -> tuple[ComponentType, ...]:
+    """The operand types attention runs on the device."""
+    return tuple(t for t in OPERANDS if attention_config(info, t) is not None)
+
+
+def attention_results(info: PhysicalDeviceInfo) -> tuple[ComponentType, ...]:
+    """The result types it can write: float32 and the operand types it runs."""
+    return (*attention_operands(info), ComponentType.FLOAT32)
+
+
+def parse_tile(text: str) -> dict[str, int | bool | str]:
+    """"rows=32,keys=64,family=nv2" -> {"rows": 32, "keys": 64, "family": "nv2"};
+    ValueError naming a bad field."""
+    out: dict[str, int | bool | str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, value = (x.strip() for x in part.partition("="))
+        if name == "family" and value in FAMILIES:
+            out[name] = value
+        elif name in TILE_FIELDS and name != "family" and value.isdigit():
+            out[name] = bool(int(value)) if name == "prefetch" else int(value)
+        else:
+            raise ValueError(f"attention tile {text!r}: expected NAME=NUMBER with NAME one "
+                             f"of {', '.join(TILE_FIELDS[:-1])}, or family=khr|nv2; got "
+                             f"{part!r}")
+    return out
+
+
+def nv2_offered(info: PhysicalDeviceInfo) -> bool:
+    """Whether the device runs the nv2 family (reductions, conversions, per-element
+    operations)."""
+    return all(info.has(f) for f in NV2_FEATURES)
+
+
+def prefetch_registers(t: AttentionTraits) -> int:
+    """32-bit registers an invocation holds one key step of K and V in."""
+    units = t.keys * (t.head_dim_padded + t.value_dim_padded) // t.unit
+    return -(-units // t.invocations) * t.unit * element_bits(t) // 32
+
+
+def element_bits(t: AttentionTraits) -> int:
+    return t.operand.bits
+
+
+def _fits(t: AttentionTraits, info: PhysicalDeviceInfo) -> bool:
+    limits = info.limits
+    return t.shared_memory_bytes <= limits.max_compute_shared_memory_size and \
+        t.invocations <= limits.max_compute_work_group_invocations
+
+
+def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
+                     decode: bool) -> AttentionTraits:
+    """The tile for `p` on the device (decode: one subgroup a workgroup)."""
+    cfg = attention_config(info, p.operand)
+    if cfg is None:
+        raise ValueError(f"device {info.name} lists no float32-accumulating matrices of "
+                         f"{p.operand.name}")
+    sg = khr_subgroup_size(info.limits)
+    rows = cfg.M
+    lanes = sg // rows if sg > rows else 1
+    # A CPU driver takes one tile for every call (few kernels to compile, and small).
+    subgroups = CPU_SUBGROUPS if is_cpu(info) else 1 if decode else GPU_SUBGROUPS
+    step = math.lcm(cfg.N, cfg.K)
+    steps = [c for c in KEY_STEPS if c % step == 0 and c % lanes == 0] or [step * lanes]
+    if is_cpu(info):  # the smallest step: lavapipe's compile time grows with the tile
+        steps = [step * lanes]
+    unit = 8 if p.aligned and p.head_dim % 8 == 0 and p.value_dim % 8 == 0 else 1
+    choice = None
+    for keys in steps:
+        t = AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
+                            sg, rows=rows, subgroups=subgroups, keys=keys, lanes_per_row=lanes,
+                            unit=unit, mask=p.mask, prefetch=True)
+        t = replace(t, prefetch=prefetch_registers(t) <= PREFETCH_REGISTERS)
+        if _fits(t, info):
+            choice = t
+            break
+    if choice is None:
+        raise ValueError(f"attention with head dimension {p.head_dim} and value dimension "
+                         f"{p.value_dim} does not fit the device's "
+                         f"{info.limits.max_compute_shared_memory_size} bytes of shared memory")
+    return choice
+
+
+def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
+                     splits: int | None = None, tile: str = "") -> AttentionChoice:
+    """The kernel and the key slices for `p`; `splits` forces the slice count, `tile`
+    (parse_tile's form) replaces fields of the chosen kernel."""
+    cfg = attention_config(info, p.operand)
+    decode = cfg is not None and p.rows <= cfg.M
+    forced = splits
+    traits = attention_traits(info, p, decode=decode)
+    fields = parse_tile(tile)
+    if fields:
+        traits = replace(traits, **fields)  # type: ignore[arg-type]
+        why = traits.violation()
+        if why is None and traits.family == "nv2" and not nv2_offered(info):
+            why = f"device {info.name} lacks {', '.join(NV2_FEATURES)}"
+        if why is not None:
+            raise ValueError(f"attention tile {tile!r}: {why}")
+    count = forced if forced is not None else split_count(info, p, traits)
+    count = max(1, min(count, -(-p.Lk // traits.keys)))
+    if count == 1:
+        return AttentionChoice(traits)
+    steps = -(-p.Lk // traits.keys)
+    split_keys = -(-steps // count) * traits.keys
+    count = -(-p.Lk // split_keys)
+    return AttentionChoice(replace(traits, split=True), count, split_keys)
+
+
+def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTraits) -> int:
+    """Slices of the keys for a GPU's grid: 1 where the grid is large enough or the keys
+    few, else about SPLIT_TARGET workgroups in all."""
+    if is_cpu(info):
+        return 1
+    grid = p.z * -(-p.rows // t.block_rows)
+    steps = -(-p.Lk // t.keys)
+    if grid >= SPLIT_BELOW or steps < 2 * MIN_SPLIT_STEPS:
+        return 1
+    return max(1, min(-(-SPLIT_TARGET // grid), steps // MIN_SPLIT_STEPS))

@@ -1,0 +1,275 @@
+"""coopmat.attention on the selected device (lavapipe in CI) against a float64 numpy
+softmax attention (tests/support/attention_oracle.py: torch's semantics, the error bound
+derived from E and Lk).
+
+Kernels are few on purpose (lavapipe compiles each in 5-40 s of CPU): the policy's
+kernel for E = 64 takes the shape, head, broadcasting, causal and device-array cases;
+E = 128 and an odd E (96, with Ev = 80, read through an unaligned view: the element-wise
+staging, a float32 result) one kernel each; the masks (boolean with two lanes a row, so
+the lanes' shuffles run; additive) and the split decode kernel at E = 32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from attention_oracle import check, weights
+from device_paths import discrete
+from matmul_oracle import BFLOAT16
+
+import coopmat
+import coopmat.api.attention as front
+from coopmat.codegen.attention import MaskKind
+from coopmat.policy import attention as policy
+from coopmat.policy.attention import attention_operands
+
+RNG = np.random.default_rng(5050)
+F16 = np.float16
+
+
+def _data(shape: tuple[int, ...], dtype=F16, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32).astype(dtype)
+
+
+def qkv(q_shape, k_shape, Ev=None, dtype=F16, scale=1.0):
+    Ev = Ev if Ev is not None else k_shape[-1]
+    return (_data(q_shape, dtype, scale), _data(k_shape, dtype, scale),
+            _data((*k_shape[:-1], Ev), dtype))
+
+
+@pytest.fixture
+def force(monkeypatch):
+    """force(**fields): the policy's traits with these fields replaced."""
+    def apply(**over):
+        original = policy.choose_attention
+
+        def forced(info, problem, splits=None, tile=""):
+            c = original(info, problem, splits, tile)
+            return dataclasses.replace(c, traits=dataclasses.replace(c.traits, **over))
+
+        monkeypatch.setattr(front, "choose_attention", forced)
+    return apply
+
+
+def traits():
+    choice = front.last_attention_choice()
+    assert choice is not None
+    return choice.traits
+
+
+# -- the policy's kernel for E = 64: shapes, heads, broadcasting ------------------------
+SHAPES = [
+    # (q shape, k shape, causal)
+    ((1, 1, 1, 64), (1, 1, 1, 64), False),
+    ((1, 2, 7, 64), (1, 2, 33, 64), False),
+    ((2, 2, 33, 64), (2, 2, 7, 64), True),          # causal, Lq > Lk
+    ((1, 2, 7, 64), (1, 2, 257, 64), True),         # causal, Lq < Lk
+    ((1, 1, 257, 64), (1, 1, 257, 64), True),       # causal square, skipped blocks
+    ((2, 4, 33, 64), (2, 2, 33, 64), False),        # grouped-query: 2 q heads a kv head
+    ((1, 4, 9, 64), (1, 1, 40, 64), True),          # one kv head for 4 q heads
+    ((1, 1, 9, 64), (3, 2, 17, 64), False),         # q broadcast over batch and kv heads
+    ((2, 3, 1, 5, 64), (3, 1, 11, 64), False),      # outer axes broadcast
+    ((33, 64), (7, 64), False),                     # no head axis
+    ((3, 33, 64), (33, 64), True),
+]
+
+
+@pytest.mark.parametrize("q_shape,k_shape,causal", SHAPES)
+def test_shapes_heads_broadcasting(rt, q_shape, k_shape, causal) -> None:
+    q, k, v = qkv(q_shape, k_shape)
+    got = coopmat.attention(q, k, v, causal=causal)
+    assert isinstance(got, np.ndarray) and got.dtype == F16
+    assert traits().head_dim == 64 and traits().mask is None
+    check(got, q, k, v, causal=causal)
+
+
+def test_scale_and_large_logits(rt) -> None:
+    """Scores far past float16's exp range (e^11 overflows it) stay exact to the bound:
+    the running max is subtracted before every exponential."""
+    q, k, v = qkv((1, 2, 33, 64), (1, 2, 40, 64), scale=4.0)
+    w_scores = np.matmul(q.astype(np.float64), np.swapaxes(k, -1, -2).astype(np.float64))
+    assert (w_scores / 8).max() > 20  # e^11.1 overflows float16
+    check(coopmat.attention(q, k, v), q, k, v)
+    check(coopmat.attention(q, k, v, scale=0.5, causal=True), q, k, v, scale=0.5, causal=True)
+
+
+def test_device_arrays(rt) -> None:
+    """Arrays in, an Array out (queued); a numpy k with Array q and v is copied over."""
+    q, k, v = qkv((2, 2, 33, 64), (2, 1, 20, 64))
+    dq, dv = coopmat.asarray(q), coopmat.asarray(v)
+    got = coopmat.attention(dq, k, dv, causal=True)
+    assert isinstance(got, coopmat.Array) and got.shape == (2, 2, 33, 64)
+    check(got.numpy(), q, k, v, causal=True)
+    # views: a head slice of a larger array, and k transposed back from its transpose
+    big = coopmat.asarray(np.concatenate([q, q], axis=1))
+    kt = coopmat.asarray(np.ascontiguousarray(np.swapaxes(k, -1, -2)))
+    got = coopmat.attention(big[:, 2:], kt.mT, v)
+    check(got.numpy(), q, k, v)
+
+
+def test_discrete_paths(rt) -> None:
+    """On a discrete GPU's memory paths: small numpy operands staged by the call's own
+    submission and the result's copy to host memory riding in it; a large one copied."""
+    q, k, v = qkv((1, 2, 9, 64), (1, 2, 600, 64))
+    with discrete(rt):
+        check(coopmat.attention(q, k, v), q, k, v)
+        check(coopmat.attention(q, k[:, :, :30], v[:, :, :30], causal=True), q,
+              k[:, :, :30], v[:, :, :30], causal=True)
+
+
+def test_empty(rt) -> None:
+    q, k, v = qkv((2, 0, 64), (2, 5, 64))
+    assert coopmat.attention(q, k, v).shape == (2, 0, 64)
+    q, k, v = qkv((2, 3, 64), (2, 0, 64))
+    got = coopmat.attention(q, k, v)
+    assert got.shape == (2, 3, 64) and not got.any()  # no keys: as fully masked rows
+
+
+# -- E = 128 and an odd E ---------------------------------------------------------------
+def test_head_dim_128(rt) -> None:
+    for q_shape, k_shape, causal in (((1, 2, 33, 128), (1, 1, 257, 128), True),
+                                     ((2, 1, 7, 128), (2, 1, 33, 128), False)):
+        q, k, v = qkv(q_shape, k_shape)
+        check(coopmat.attention(q, k, v, causal=causal), q, k, v, causal=causal)
+        assert traits().head_dim == 128 and traits().unit == 8
+
+
+def test_odd_head_dim_unaligned_float32(rt) -> None:
+    """E = 96, Ev = 80, q read through a view whose rows are 97 elements apart: no
+    16-byte units, the element-wise staging; a float32 result."""
+    q, k, v = qkv((1, 2, 33, 96), (1, 2, 257, 96), Ev=80)
+    wide = np.zeros((1, 2, 33, 97), F16)
+    wide[..., 1:] = q
+    view = coopmat.asarray(wide)[..., 1:]
+    got = coopmat.attention(view, k, v, causal=True, dtype=np.float32)
+    assert traits().unit == 1 and got.dtype == np.float32
+    check(got.numpy(), q, k, v, causal=True, out_dtype=np.dtype(np.float32))
+
+
+# -- masks --------------------------------------------------------------------------------
+def test_boolean_masks(rt, force) -> None:
+    """Boolean masks of every broadcast form, with causal, and fully masked rows (0, as
+    torch gives), on the kernel with two lanes a row (their max and sum combined by
+    subgroup shuffles) wherever the subgroup has 8 lanes or more."""
+    lanes = 2 if rt.device.info.limits.subgroup_size >= 8 else 1
+    force(lanes_per_row=lanes)
+    q, k, v = qkv((2, 2, 33, 32), (2, 2, 40, 32))
+    padding = RNG.random((2, 1, 1, 40)) > 0.3  # a key-padding mask
+    full = RNG.random((2, 2, 33, 40)) > 0.5
+    full[1, 0, 5] = False  # a fully masked row
+    full[0, 1, :, :3] = False
+    for mask, causal in ((padding, False), (full, True), (full[0, 0], False),
+                         (RNG.random(40) > 0.2, True)):
+        got = coopmat.attention(q, k, v, mask=mask, causal=causal)
+        assert traits().mask is MaskKind.BOOL and traits().lanes_per_row == lanes
+        check(got, q, k, v, mask=mask, causal=causal)
+    got = coopmat.attention(q, k, v, mask=full)
+    assert not got[1, 0, 5].any()
+    dmask = coopmat.asarray(full)
+    check(coopmat.attention(q, k, v, mask=dmask).numpy(), q, k, v, mask=full)
+
+
+def test_additive_masks(rt) -> None:
+    q, k, v = qkv((2, 2, 33, 32), (2, 2, 40, 32))
+    bias = (RNG.standard_normal((2, 1, 33, 40)) * 3).astype(np.float32)  # cast to q's dtype
+    inf = np.zeros((33, 40), np.float32)
+    inf[:, 30:] = -np.inf
+    inf[4] = -np.inf  # a row of -inf everywhere: 0
+    alibi = (-0.5 * np.abs(np.arange(33)[:, None] - np.arange(40)[None, :])).astype(F16)
+    for mask, causal in ((bias, False), (inf, True), (alibi, False), (-1e4 * (inf < 0), False)):
+        got = coopmat.attention(q, k, v, mask=mask, causal=causal)
+        assert traits().mask is MaskKind.ADD
+        check(got, q, k, v, mask=mask, causal=causal)
+    assert not coopmat.attention(q, k, v, mask=inf)[:, :, 4].any()
+    check(coopmat.attention(q, k, v, mask=coopmat.asarray(alibi)).numpy(), q, k, v, mask=alibi)
+
+
+# -- decode: the split kernel and its merge -----------------------------------------------
+@pytest.mark.parametrize("Lq,Lk,causal", [(1, 257, False), (8, 100, False), (5, 257, True),
+                                          (1, 33, False)])
+def test_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
+    """Keys in slices (COOPMAT_ATTENTION_SPLITS), merged by the second pass; grouped
+    heads (8 q heads on 2 kv heads) as rows of one tile; slices past a causal row's last
+    key run empty."""
+    coopmat.set_options(attention_splits=4)
+    q, k, v = qkv((2, 8, Lq, 32), (2, 2, Lk, 32))
+    got = coopmat.attention(q, k, v, causal=causal)
+    choice = front.last_attention_choice()
+    assert choice is not None and choice.traits.split
+    assert 1 < choice.splits <= 4 and choice.split_keys % choice.traits.keys == 0
+    assert (choice.splits - 1) * choice.split_keys < Lk <= choice.splits * choice.split_keys
+    check(got, q, k, v, causal=causal)
+
+
+# -- dtypes and errors --------------------------------------------------------------------
+def test_bfloat16_where_offered(rt) -> None:
+    from coopmat.common.enums import ComponentType
+    if ComponentType.BFLOAT16 not in attention_operands(rt.device.info):
+        pytest.skip("the device offers no bfloat16 matrices")
+    q, k, v = qkv((1, 2, 33, 64), (1, 2, 40, 64), dtype=BFLOAT16)
+    got = coopmat.attention(q, k, v, causal=True)
+    assert got.dtype == BFLOAT16
+    check(got, q, k, v, causal=True)
+
+
+def test_front_errors(rt) -> None:
+    q, k, v = qkv((1, 2, 4, 16), (1, 2, 5, 16))
+    with pytest.raises(TypeError, match="one dtype"):
+        coopmat.attention(q, k.astype(np.float32), v)
+    with pytest.raises(TypeError, match="unsupported dtype float32"):
+        coopmat.attention(*(x.astype(np.float32) for x in (q, k, v)))
+    with pytest.raises(TypeError, match="boolean or floating"):
+        coopmat.attention(q, k, v, mask=np.ones((4, 5), np.int32))
+    with pytest.raises(TypeError, match="device array mask"):
+        coopmat.attention(q, k, v, mask=coopmat.asarray(np.zeros((4, 5), np.float32)))
+    with pytest.raises(TypeError, match="result dtype"):
+        coopmat.attention(q, k, v, dtype=np.int32)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        coopmat.attention(q, k, v, mask=np.ones((4, 6), bool))
+    with pytest.raises(TypeError, match="causal"):
+        coopmat.attention(q, k, v, causal="yes")
+
+
+def test_weights_of_the_oracle() -> None:
+    """The oracle itself: rows sum to 1, a fully masked row is 0, GQA repeats heads."""
+    q, k, _ = qkv((1, 4, 3, 8), (1, 2, 5, 8))
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    w, _ = weights(q, k, mask)
+    assert np.allclose(w[..., 0, :].sum(-1), 1) and not w[..., 1, :].any()
+    w_rep, _ = weights(q, np.repeat(k, 2, axis=1))
+    assert np.array_equal(weights(q, k)[0], w_rep)
+
+
+# -- the nv2 family: row reductions, per-element operations, accumulator -> A -----------
+def _nv2(rt, monkeypatch, extra: str = "") -> None:
+    if not policy.nv2_offered(rt.device.info):
+        pytest.skip("the device lacks cooperativeMatrixReductions, -Conversions or "
+                    "-PerElementOperations")
+    coopmat.set_options(attention_tile="family=nv2" + extra)
+
+
+def test_nv2_masks_causal_heads(rt, monkeypatch) -> None:
+    """The nv2 kernel (through COOPMAT_ATTENTION_TILE) with a boolean mask: scores
+    masked per element, fully masked rows 0, grouped heads, ragged sizes."""
+    _nv2(rt, monkeypatch)
+    q, k, v = qkv((2, 4, 33, 32), (2, 2, 40, 32), scale=3.0)
+    full = RNG.random((2, 4, 33, 40)) > 0.4
+    full[0, 3, 7] = False
+    for mask, causal in ((full, False), (full, True), (RNG.random((2, 1, 1, 40)) > 0.2, True)):
+        got = coopmat.attention(q, k, v, mask=mask, causal=causal)
+        assert traits().family == "nv2" and traits().mask is MaskKind.BOOL
+        check(got, q, k, v, mask=mask, causal=causal)
+    assert not coopmat.attention(q, k, v, mask=full)[0, 3, 7].any()
+
+
+@pytest.mark.parametrize("Lq,Lk,causal", [(1, 257, False), (5, 100, True)])
+def test_nv2_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
+    _nv2(rt, monkeypatch)
+    coopmat.set_options(attention_splits=3)
+    q, k, v = qkv((1, 8, Lq, 32), (1, 2, Lk, 32))
+    got = coopmat.attention(q, k, v, causal=causal)
+    assert traits().family == "nv2" and traits().split
+    check(got, q, k, v, causal=causal)

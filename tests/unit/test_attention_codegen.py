@@ -1,0 +1,182 @@
+"""The attention kernels without a device: traits' rules, the policy's choices on every
+recorded device, spirv-val on what it would build there, and the instruction numbers the
+generator adds against spirv-dis's names."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from coopmat.codegen.attention import (
+    PUSH_FIELDS,
+    AttentionKernel,
+    AttentionTraits,
+    MaskKind,
+)
+from coopmat.codegen.attention_combine import combine_kernel
+from coopmat.codegen.attention_kernels import attention_kernel
+from coopmat.codegen.tools import find_tool, validate
+from coopmat.common.enums import ComponentType as CT
+from coopmat.device.record import load_records
+from coopmat.policy.attention import (
+    SPLIT_TARGET,
+    AttentionProblem,
+    attention_operands,
+    choose_attention,
+)
+
+DATA = Path(__file__).parents[1] / "data"
+RECORDS = {p.stem: load_records(p)[0] for p in sorted(DATA.glob("*.json"))}
+(H200,) = load_records(DATA / "nvidia-h200-khr-coopmat.json")
+needs_spirv_val = pytest.mark.skipif(find_tool("spirv-val") is None,
+                                     reason="spirv-val not found")
+
+BASE = AttentionTraits(CT.FLOAT16, CT.FLOAT16, 64, 64, 16, 16, 16, 32, rows=16, subgroups=4,
+                       keys=32, lanes_per_row=2)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(rows=8), "rows 8 are not a positive multiple of m"),
+    (dict(keys=24), "keys 24"),
+    (dict(lanes_per_row=3), "power of two"),
+    (dict(lanes_per_row=1), "rows a pass"),  # 32 rows a pass against 16 rows
+    (dict(unit=4), "unit 4"),
+    (dict(head_dim=20), "multiples of 8"),
+    (dict(operand=CT.FLOAT32), "float16 or bfloat16"),
+    (dict(out=CT.SINT8), "results are"),
+])
+def test_traits_rules(change, match) -> None:
+    t = dataclasses.replace(BASE, **change)
+    assert t.violation() is not None
+    with pytest.raises(ValueError, match=match):
+        attention_kernel(t)
+
+
+def test_sizes_and_name() -> None:
+    t = dataclasses.replace(BASE, head_dim=80, value_dim=72, mask=MaskKind.BOOL)
+    assert (t.head_dim_padded, t.value_dim_padded, t.block_rows, t.invocations) == \
+        (80, 80, 64, 128)
+    # Q / K tile, V tile, P, scores, row factors
+    assert t.shared_memory_bytes == (max(64 * 88, 32 * (88 + 88)) * 2 + 64 * 40 * 2
+                                     + 64 * 36 * 4 + 64 * 4)
+    assert t.describe() == "attn-f16-d80v72-16x16x16-sg32-r16x4-c32-l2-u8-outf16-mask_bool-pf"
+    assert t.passes == 1 and dataclasses.replace(t, lanes_per_row=4).passes == 2
+    assert len(PUSH_FIELDS) * 4 <= 128  # the push-constant size every device offers
+    pc = AttentionKernel.push_constants({"Lq": 3, "scale_log2": 0.5})
+    assert len(pc) == 4 * len(PUSH_FIELDS) and pc[:4] == (3).to_bytes(4, "little")
+    with pytest.raises(ValueError, match="32-bit"):
+        AttentionKernel.push_constants({"q_base": 1 << 32})
+
+
+def _problems(op: CT) -> list[AttentionProblem]:
+    return [AttentionProblem(op, op, 128, 128, 4096, 4096, 32),
+            AttentionProblem(op, CT.FLOAT32, 64, 64, 1000, 333, 8, MaskKind.BOOL),
+            AttentionProblem(op, op, 96, 80, 77, 500, 4, MaskKind.ADD, aligned=False),
+            AttentionProblem(op, op, 128, 128, 4, 32768, 8),  # decode: 32 q / 8 kv heads
+            AttentionProblem(op, op, 128, 128, 8 * 4, 4096, 8)]
+
+
+@needs_spirv_val
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_policy_kernels_validate(name) -> None:
+    """What the policy builds on each recorded device passes spirv-val, fits its shared
+    memory and invocations, and keeps its rules."""
+    info = RECORDS[name]
+    ops = attention_operands(info)
+    if not ops:
+        pytest.skip(f"{name} lists no float16/bfloat16 matrices of float32 accumulation")
+    for op in ops:
+        for p in _problems(op):
+            c = choose_attention(info, p)
+            t = c.traits
+            assert t.violation() is None
+            assert t.shared_memory_bytes <= info.limits.max_compute_shared_memory_size
+            assert t.invocations <= info.limits.max_compute_work_group_invocations
+            validate(attention_kernel(t).spirv)
+            if c.splits > 1:
+                assert c.split_keys % t.keys == 0 and (c.splits - 1) * c.split_keys < p.Lk
+                validate(combine_kernel(p.out).spirv)
+
+
+def test_h200_choices() -> None:
+    """On the H200: 16 x 16 x 16 matrices, 16 rows a subgroup (2 lanes a row), 4
+    subgroups for prefill; decode (32 q heads on 8 kv heads, one token) takes one subgroup
+    and splits the keys to about SPLIT_TARGET workgroups."""
+    prefill = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
+                                                      4096, 32))
+    t = prefill.traits
+    assert (t.m, t.n, t.k, t.subgroup_size, t.rows, t.subgroups, t.lanes_per_row) == \
+        (16, 16, 16, 32, 16, 4, 2)
+    assert prefill.splits == 1 and not t.split and t.prefetch
+    decode = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                     32768, 8))
+    assert decode.traits.subgroups == 1 and decode.traits.split
+    assert decode.splits * 8 >= SPLIT_TARGET // 2
+    forced = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                     32768, 8), splits=1)
+    assert forced.splits == 1 and not forced.traits.split
+
+
+@needs_spirv_val
+def test_instruction_numbers() -> None:
+    """The opcodes and capabilities the attention kernel adds to coopmat.codegen.spv,
+    read back by spirv-dis."""
+    t = dataclasses.replace(BASE, mask=MaskKind.BOOL)
+    text = _disassemble(attention_kernel(t).spirv)
+    for name in ("OpGroupNonUniformShuffleXor", "OpFOrdEqual", "OpUGreaterThan",
+                 "Capability GroupNonUniformShuffle", "OpCooperativeMatrixMulAddKHR",
+                 "Exp2", "FMax"):
+        assert name in text, name
+
+
+def _disassemble(spirv: bytes) -> str:
+    tool = find_tool("spirv-dis")
+    if tool is None:
+        pytest.skip("spirv-dis not found")
+    return subprocess.run([tool, "-"], input=spirv, capture_output=True, check=True).stdout.decode()
+
+
+def test_nv2_traits_and_instructions() -> None:
+    """nv2 keeps P and the row statistics in registers (less shared memory), needs n = k,
+    and its module uses the reductions, per-element operations and conversions."""
+    t = dataclasses.replace(BASE, family="nv2", mask=MaskKind.ADD)
+    assert t.violation() is None and t.describe().endswith("-pf-nv2")
+    assert t.shared_memory_bytes == BASE.shared_memory_bytes - (64 * 40 * 2 + 64 * 4)
+    odd = dataclasses.replace(t, m=16, n=8, k=16, keys=32)
+    assert "n and k must be equal" in (odd.violation() or "")
+    kernel = attention_kernel(t)
+    assert set(kernel.features) >= {"cooperativeMatrixReductions",
+                                    "cooperativeMatrixConversions",
+                                    "cooperativeMatrixPerElementOperations"}
+    if find_tool("spirv-val") is not None:
+        validate(kernel.spirv)
+        text = _disassemble(kernel.spirv)
+        for name in ("OpCooperativeMatrixReduceNV", "OpCooperativeMatrixPerElementOpNV",
+                     "Capability CooperativeMatrixReductionsNV",
+                     "Capability CooperativeMatrixConversionsNV", "OpConvertFToU"):
+            assert name in text, name
+        assert "OpGroupNonUniformShuffleXor" not in text  # no lanes combine rows in nv2
+
+
+def test_tile_overrides() -> None:
+    from coopmat.policy.attention import parse_tile
+    from coopmat.policy.options import Options
+    assert parse_tile("rows=32, keys=64,prefetch=0,family=nv2") == \
+        {"rows": 32, "keys": 64, "prefetch": False, "family": "nv2"}
+    for bad in ("rows=x", "colour=2", "family=cuda"):
+        with pytest.raises(ValueError, match="attention tile"):
+            parse_tile(bad)
+    p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
+    t = choose_attention(H200, p, tile="keys=16,subgroups=2").traits
+    assert (t.keys, t.subgroups) == (16, 2)
+    with pytest.raises(ValueError, match="keys 24"):
+        choose_attention(H200, p, tile="keys=24")
+    with pytest.raises(ValueError, match="lacks cooperativeMatrixReductions"):
+        choose_attention(H200, p, tile="family=nv2")  # the record lists no reductions
+    env = Options.from_env({"COOPMAT_ATTENTION_TILE": " keys=16 ", "COOPMAT_ATTENTION_SPLITS": "8"})
+    assert (env.attention_tile, env.attention_splits) == ("keys=16", 8)
+    with pytest.raises(ValueError, match="COOPMAT_ATTENTION_SPLITS='0'"):
+        Options.from_env({"COOPMAT_ATTENTION_SPLITS": "0"})
