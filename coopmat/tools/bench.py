@@ -11,7 +11,8 @@ that overlapping dispatches no longer find each other's operands in cache. Sweep
 definitions live in coopmat/tools/bench_sweeps.py. Installed, the same command is
 `coopmat-bench`. `--data-path` measures the time around the kernel instead
 (coopmat/tools/bench_data.py), `--inference` decode, quantized and fused products
-(coopmat/tools/bench_infer.py), `--attention` fused attention
+(coopmat/tools/bench_infer.py), with `--vs-ggml` beside ggml's Vulkan backend
+(coopmat/tools/ggml_peer.py), `--attention` fused attention
 (coopmat/tools/bench_attention.py).
 """
 
@@ -641,7 +642,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    if "--inference" in args_in:  # decode, quantized weights, fused epilogues vs torch
+    if "--inference" in args_in or "--vs-ggml" in args_in:  # vs torch, and ggml if asked
         from coopmat.tools import bench_infer
         return bench_infer.main([a for a in args_in if a != "--inference"])
     if "--data-path" in args_in:  # transfers, numpy -> numpy end to end, resident arrays
@@ -663,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     modes.add_argument("--inference", action="store_true",
                        help="decode shapes, GGUF q8_0/q4_0 weights and fused epilogues, "
                             "beside torch")
+    modes.add_argument("--vs-ggml", action="store_true",
+                       help="with --inference (implied): ggml's Vulkan MUL_MAT on the same "
+                            "quantized-weight shapes, beside coopmat's (--ggml PATH)")
     modes.add_argument("--dask", action="store_true",
                        help="X @ W over 1, 2, ... Dask workers (one per device), beside "
                             "dask + CuPy")

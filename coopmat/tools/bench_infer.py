@@ -9,7 +9,10 @@
   as quantized bytes read per second, and the wall time per call of 50 products queued
   back to back; torch dequantizing (int8 values times their block scale) then
   multiplying, timed with CUDA events over 50 launches;
-- fused: 4096^3 float16 plain against each epilogue (bias, activation, residual).
+- fused: 4096^3 float16 plain against each epilogue (bias, activation, residual);
+- with --vs-ggml: ggml's Vulkan backend (test-backend-ops perf -o MUL_MAT, a subprocess,
+  coopmat/tools/ggml_peer.py) on the quantized part's table of shapes, after coopmat's
+  timings, its kernel time and TFLOP/s beside coopmat's.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options, resolve
+from coopmat.tools import ggml_peer
 from coopmat.tools.cli import prog
+from coopmat.tools.ggml_peer import MatMulCase
 
 REPEAT = 20
 
@@ -138,33 +143,79 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
                 _emit(rows, row)
 
 
-def quantized(rows: list[dict[str, Any]], ms: list[int], K: int, N: int) -> None:
-    """x @ w.T for an N x K weight, float16 and each GGUF format, x a device array: the
-    policy's kernel time from timestamps (the quantized bytes read per second follow from
-    it) and the wall time per call of products queued back to back, beside torch's
-    dequantize + matmul (GPU time of back-to-back launches)."""
+def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase]) -> dict[MatMulCase, float]:
+    """x @ w.T for each case's N x K weight (float16 or a GGUF format), x a device array:
+    the policy's kernel time from timestamps (the quantized bytes read per second follow
+    from it) and the wall time per call of products queued back to back, beside torch's
+    dequantize + matmul (GPU time of back-to-back launches). One row per row count M;
+    returns each case's kernel time in milliseconds."""
     from coopmat.api.array import asarray, empty
     from coopmat.api.quantized import quantize
     torch = cuda_torch()
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((N, K), dtype=np.float32)
-    weights: list[tuple[str, Any, float]] = [("f16", asarray(w.astype(np.float16)), 2.0)]
-    weights += [(fmt, quantize(w, fmt), bpw) for fmt, bpw in (("q8_0", 34 / 32),
-                                                               ("q4_0", 18 / 32))]
-    warm_up()
-    for M in ms:
-        x = asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
-        d = empty((M, N), np.float16)
-        row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
-        for name, wq, bpw in weights:
-            t, row[f"{name}_kernel"] = _weight_kernel_ms(x, wq, d)
-            row[f"{name}_kernel_us"] = 1e3 * t
-            row[f"{name}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
-            row[f"{name}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
-        if torch is not None:
-            row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(torch, x.numpy(),
-                                                                           N, K)
+    times: dict[MatMulCase, float] = {}
+    for K, N in dict.fromkeys((c.k, c.outputs) for c in cases):
+        w = rng.standard_normal((N, K), dtype=np.float32)
+        shaped = [c for c in cases if (c.k, c.outputs) == (K, N)]
+        weights: dict[str, tuple[Any, float]] = {}
+        for name in dict.fromkeys(c.weight for c in shaped):
+            weights[name] = (asarray(w.astype(np.float16)), 2.0) if name == "f16" else \
+                (quantize(w, name), _BYTES_PER_WEIGHT[name])
+        warm_up()
+        for M in dict.fromkeys(c.rows for c in shaped):
+            x = asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
+            d = empty((M, N), np.float16)
+            row: dict[str, Any] = {"case": f"quantized {M}x{K} @ ({N}x{K})^T"}
+            for c in (c for c in shaped if c.rows == M):
+                wq, bpw = weights[c.weight]
+                t, row[f"{c.weight}_kernel"] = _weight_kernel_ms(x, wq, d)
+                times[c] = t
+                row[f"{c.weight}_kernel_us"] = 1e3 * t
+                row[f"{c.weight}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
+                row[f"{c.weight}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
+            if torch is not None:
+                row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(
+                    torch, x.numpy(), N, K)
+            _emit(rows, row)
+    return times
+
+
+_BYTES_PER_WEIGHT = {"q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
+            coopmat_ms: dict[MatMulCase, float]) -> dict[str, Any]:
+    """ggml's kernel time for each case (a subprocess, after coopmat's timings), one row
+    per case beside coopmat's: microseconds, TFLOP/s and speedup = ggml / coopmat time
+    (above 1: coopmat faster). Returns what the JSON keeps of ggml's run."""
+    peer = ggml_peer.run(binary, cases, runtime().device.info.index)
+    if peer.device and peer.device != runtime().device.info.name:
+        print(f"warning: ggml ran on {peer.device!r}, coopmat on "
+              f"{runtime().device.info.name!r}", flush=True)
+    table = [f"vs ggml: {peer.device or '?'} ({peer.matrix_cores or '?'}), ggml build "
+             f"{peer.build_commit or '?'}; kernel us and TFLOP/s, speedup = ggml / coopmat time",
+             f"{'weight':>6} {'rows':>5} {'K':>6} {'N':>6} {'coopmat us':>11} {'TFLOP/s':>8} "
+             f"{'ggml us':>10} {'TFLOP/s':>8} {'speedup':>8}"]
+    for c in cases:
+        row: dict[str, Any] = {"case": f"vs-ggml {c.label()}"}
+        t = coopmat_ms.get(c, float("nan"))
+        row["coopmat_us"] = 1e3 * t
+        row["coopmat_TFLOPs"] = c.flops / (t * 1e-3) / 1e12
+        got = peer.results.get(c)
+        if got is None:
+            row["ggml"] = "not supported"
+        else:
+            row["ggml_us"], row["ggml_TFLOPs"] = got.us, got.tflops
+            row["speedup"] = got.us / (1e3 * t)
+            row["ggml_case"], row["ggml_runs"] = got.source, got.runs
         _emit(rows, row)
+        theirs = f"{got.us:10.1f} {got.tflops:8.2f} {row['speedup']:8.2f}" if got else \
+            f"{'not supported':>28}"
+        table.append(f"{c.weight:>6} {c.rows:>5} {c.k:>6} {c.outputs:>6} "
+                     f"{row['coopmat_us']:11.1f} {row['coopmat_TFLOPs']:8.2f} {theirs}")
+    print("\n".join(table), flush=True)
+    return {"binary": peer.binary, "device": peer.device, "matrix_cores": peer.matrix_cores,
+            "build_commit": peer.build_commit}
 
 
 def _weight_kernel_ms(x: Any, w: Any, d: Any) -> tuple[float, str]:
@@ -268,6 +319,18 @@ def _quant_kxn(text: str) -> tuple[int, int]:
     return k, n
 
 
+def _weight_list(text: str) -> list[str]:
+    names = [s for s in text.split(",") if s]
+    bad = [n for n in names if n not in ggml_peer.WEIGHTS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of {', '.join(ggml_peer.WEIGHTS)}, got {text!r}")
+    return names
+
+
+_CHECKOUT = Path(__file__).resolve().parents[2]  # a source checkout's root, where .gpu-deps is
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("coopmat.bench") + " --inference", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -277,6 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant-rows", default="1,8,16,512")
     ap.add_argument("--quant-shape", type=_quant_kxn, default="4096x4096", metavar="KxN",
                     help="the quantized weight's K x N (K a multiple of 32)")
+    ap.add_argument("--quant-formats", type=_weight_list, default="f16,q8_0,q4_0",
+                    metavar="LIST", help="the weight formats of the quantized part")
+    ap.add_argument("--vs-ggml", action="store_true",
+                    help="also run ggml's Vulkan MUL_MAT on the quantized part's shapes "
+                         "(a subprocess) and print its figures beside coopmat's")
+    ap.add_argument("--ggml", metavar="PATH", help="ggml's test-backend-ops for --vs-ggml: "
+                    "the binary, its unpacked folder or test-backend-ops-vulkan.tar.xz "
+                    "(default: where ../shared/peers/ggml-vulkan's run.sh and stage.sh "
+                    "put it)")
     ap.add_argument("--fused", type=int, default=4096)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: decode, "
                     "quantized, fused")
@@ -285,16 +357,37 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     skip = set(args.skip.split(","))
     ms = [int(v) for v in args.rows.split(",") if v]
+    K, N = args.quant_shape
+    cases = ggml_peer.matmul_cases(args.quant_formats,
+                                   [int(v) for v in args.quant_rows.split(",") if v], K, N)
+    binary = None
+    if args.vs_ggml:  # before any device work: a missing peer is a one-line usage error
+        if "quantized" in skip:
+            ap.error("--vs-ggml compares the quantized part, which --skip leaves out")
+        try:
+            binary = ggml_peer.find_binary(args.ggml, (Path.cwd(), _CHECKOUT))
+        except ggml_peer.PeerError as exc:
+            ap.exit(2, f"{ap.prog}: error: --vs-ggml: {exc}\n")
+    out: dict[str, Any] = {"device": "", "rows": rows}
+    rc = 0
     if "decode" not in skip:
         decode(rows, ms, args.shapes)
+    times: dict[MatMulCase, float] = {}
     if "quantized" not in skip:
-        quantized(rows, [int(v) for v in args.quant_rows.split(",") if v], *args.quant_shape)
+        times = quantized(rows, cases)
+    if binary is not None:
+        try:
+            out["ggml"] = vs_ggml(rows, binary, cases, times)
+        except ggml_peer.PeerError as exc:  # coopmat's figures are kept
+            print(f"error: --vs-ggml: {exc}", flush=True)
+            out["ggml"] = {"binary": str(binary), "error": str(exc)}
+            rc = 1
     if "fused" not in skip:
         fused(rows, args.fused)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(
-            {"device": runtime().device.info.name, "rows": rows}, indent=1))
-    return 0
+        out["device"] = runtime().device.info.name
+        Path(args.json_path).write_text(json.dumps(out, indent=1))
+    return rc
 
 
 if __name__ == "__main__":

@@ -142,6 +142,49 @@ def test_inference_bench_rejects_bad_shapes(capsys):
         assert words in capsys.readouterr().err
 
 
+def test_vs_ggml_without_the_binary_is_one_line_before_device_work(tmp_path, monkeypatch,
+                                                                   capsys):
+    """--vs-ggml with no ggml binary to be found (or a --ggml path holding none) ends at
+    once with a one-line usage error saying where it looked and what to pass."""
+    from coopmat.tools import bench, bench_infer, ggml_peer
+    monkeypatch.setattr(ggml_peer, "UNPACKED", tmp_path / "unpacked")
+    monkeypatch.setattr(bench_infer, "_CHECKOUT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for extra, words in (([], "--ggml PATH"), (["--ggml", str(tmp_path / "none")], "none")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--inference", "--vs-ggml", *extra])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "--vs-ggml" in err and words in err, err
+
+
+def test_vs_ggml_runs_ggml_beside_coopmat(live_device_info, tmp_path, capsys):
+    """`--inference --vs-ggml` on a tiny q4_0 product: ggml's test-backend-ops (a
+    subprocess on the same device) and coopmat's kernel timed on one case table; both
+    columns present, positive, consistent with the case's FLOPs and with each other."""
+    from coopmat.tools import bench, ggml_peer
+    try:
+        ggml_peer.find_binary(None, [ROOT])
+    except ggml_peer.PeerError as exc:
+        pytest.skip(f"ggml peer absent: {exc}")
+    out = tmp_path / "vs.json"
+    assert bench.main(["--inference", "--vs-ggml", "--skip", "decode,fused",
+                       "--quant-rows", "1", "--quant-shape", "64x48", "--quant-formats", "q4_0",
+                       "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["ggml"]["device"] == data["device"] == live_device_info.name
+    row = {r["case"]: r for r in data["rows"]}["vs-ggml q4_0 1x64 @ (48x64)^T"]
+    flops = 2 * 1 * 48 * 64
+    for who in ("coopmat", "ggml"):
+        assert 0 < row[f"{who}_us"] < 1e6, row
+        assert row[f"{who}_TFLOPs"] * 1e12 * row[f"{who}_us"] * 1e-6 == pytest.approx(flops)
+    assert row["speedup"] == pytest.approx(row["ggml_us"] / row["coopmat_us"])
+    assert row["ggml_case"] == "test-file" and row["ggml_runs"] > 0
+    quant = {r["case"]: r for r in data["rows"]}["quantized 1x64 @ (48x64)^T"]
+    assert row["coopmat_us"] == quant["q4_0_kernel_us"]
+    assert "vs ggml: " + live_device_info.name in capsys.readouterr().out
+
+
 def test_accumulator_rows_are_labelled_apart(live_device_info, tmp_path, capsys):
     """`--dtypes f16:f16:f16,f16:f16`: the float16-accumulated row and the default one
     (float32 accumulation) each carry their accumulator, asked and measured, in the table
