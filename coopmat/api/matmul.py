@@ -39,6 +39,7 @@ from coopmat.common.enums import ComponentType
 from coopmat.common.errors import DeviceMismatchError
 from coopmat.common.lru import Lru
 from coopmat.dispatch import pipeline
+from coopmat.dispatch.act_quant import q8_1_plan
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.gemm import GemmResult, Plan, check_fits, device_plan, plan_fits
 from coopmat.dispatch.host import KeptGemm, kept_gemm, run_gemm
@@ -54,6 +55,7 @@ from coopmat.dispatch.staging import (
     matrix_operand,
 )
 from coopmat.policy import TypePair, current_options, resolve, result_pairs
+from coopmat.policy.act_quant import check_name as check_activation_quant
 
 # Kernel families that take a quantized B.
 WEIGHT_FAMILIES = (None, "khr", "gemv")
@@ -280,7 +282,7 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
            out: Any = None, dtype: Any = None, accumulator: Any = None,
            device: DeviceArg = None, family: str | None = None,
            out_dtype: Any = None, bias: Any = None, activation: Any = None,
-           residual: Any = None) -> Any:
+           residual: Any = None, activation_quant: str | None = None) -> Any:
     """alpha * (a @ b) + beta * c on the GPU, with numpy.matmul's shape rules; with a fused
     epilogue, act(alpha * (a @ b) + beta * c + bias) + residual.
 
@@ -320,10 +322,16 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     - Quantized weights: b may be w.T for a coopmat.QuantizedArray w (GGUF q8_0/q4_0
       blocks, N x K) and a float16 (or bfloat16) x of shape (..., K): a linear layer,
       dequantized inside the GEMM (coopmat.api.quantized).
+    - activation_quant: None (the default: x exact), or 'q8_1' (opt-in, a q4_0 or q8_0
+      weight and float16 x): x quantized to 8-bit blocks of 32 with a float32 scale, as
+      llama.cpp's q8_1, by a pass of its own, then multiplied in integers; each result
+      is off by up to the sum over K of |w| times half a step of x's block (docs/guide.md,
+      Quantized weights).
     """
     key = None
     if c is None and out is None and device is None and out_dtype is None and \
-            bias is None and activation is None and residual is None:
+            bias is None and activation is None and residual is None and \
+            activation_quant is None:
         key = _key(a, b, alpha, beta, dtype, accumulator, family)
         if key is not None:
             recipe = _recipes.get(key)
@@ -332,6 +340,11 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
                 if done is not None:
                     return done
     A, B = describe(a), describe(b)
+    if activation_quant is not None:
+        check_activation_quant(activation_quant)
+        if B.kind is not Kind.WEIGHT:
+            raise ValueError(f"matmul: activation_quant={activation_quant!r} multiplies a "
+                             f"quantized weight (b = w.T of a coopmat.QuantizedArray w)")
     if A.kind is Kind.WEIGHT:
         raise TypeError(f"matmul: a quantized weight cannot be operand 0 (A); {USE_WEIGHT}")
     if B.kind is Kind.WEIGHT and not B.value.transposed:
@@ -343,7 +356,7 @@ def matmul(a: Any, b: Any, *, c: Any = None, alpha: float | int = 1, beta: float
     if A.on_device or B.on_device or any(x is not None and x.on_device for x in extras):
         return _device_product(A, B, *extras, alpha=alpha, beta=beta, dtype=dtype,
                                accumulator=accumulator, device=device, family=family,
-                               ops=ops, key=key)
+                               ops=ops, key=key, activation_quant=activation_quant)
     return _host_product(A.value, B.value, c, alpha, beta, out, dtype, accumulator, device,
                          family, bias, residual, ops, key)
 
@@ -615,7 +628,8 @@ class _Call:
 def _device_product(A: Operand, B: Operand, C: Operand | None, out: Operand | None,
                     bias: Operand | None, residual: Operand | None, *, alpha: Any, beta: Any,
                     dtype: Any, accumulator: Any, device: DeviceArg, family: str | None,
-                    ops: EpilogueOps | None, key: tuple[Any, ...] | None) -> Array:
+                    ops: EpilogueOps | None, key: tuple[Any, ...] | None,
+                    activation_quant: str | None = None) -> Array:
     weight = B.kind is Kind.WEIGHT
     residents = [x.value for x in (A, B, C, out, bias, residual)
                  if x is not None and x.kind is Kind.DEVICE]
@@ -709,7 +723,9 @@ def _device_product(A: Operand, B: Operand, C: Operand | None, out: Operand | No
         bias_op = call.vector(bias, result_dtype, math.prod(bias.shape)) \
             if bias is not None else None
         res_op = call.vector(residual, result_dtype, N) if residual is not None else None
-        plan = device_plan(rt, pair, a_op, b_op, c_op, gemm, alpha, beta, options, ops)
+        plan = q8_1_plan(rt, pair, a_op, b_op, gemm, alpha, options, ops) \
+            if activation_quant is not None else \
+            device_plan(rt, pair, a_op, b_op, c_op, gemm, alpha, beta, options, ops)
         numpy_operand = not (A.on_device and B.on_device)
         host_copy = result.offset_bytes == 0 and host_copy_wanted(
             result._storage.nbytes, numpy_operand, rt.pool.unified)

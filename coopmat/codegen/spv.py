@@ -56,6 +56,7 @@ class Op(enum.IntEnum):
     CompositeConstruct = 80
     CompositeExtract = 81
     ConvertFToU = 109
+    ConvertFToS = 110
     ConvertSToF = 111
     ConvertUToF = 112
     UConvert = 113
@@ -85,6 +86,7 @@ class Op(enum.IntEnum):
     ULessThanEqual = 178
     FOrdEqual = 180
     FOrdLessThan = 184
+    FOrdGreaterThanEqual = 190
     ShiftRightLogical = 194
     ShiftRightArithmetic = 195
     ShiftLeftLogical = 196
@@ -105,6 +107,10 @@ class Op(enum.IntEnum):
     ReturnValue = 254
     GroupNonUniformShuffleXor = 346
     GroupNonUniformFAdd = 350
+    # SPV_KHR_integer_dot_product (core in SPIR-V 1.6)
+    SDot = 4450
+    UDot = 4451
+    SUDot = 4452
     # SPV_KHR_cooperative_matrix
     TypeCooperativeMatrixKHR = 4456
     CooperativeMatrixLoadKHR = 4457
@@ -163,6 +169,8 @@ class Capability(enum.IntEnum):
     CooperativeMatrixTensorAddressingNV = 5433
     CooperativeMatrixBlockLoadsNV = 5434
     TensorAddressingNV = 5439
+    DotProductInput4x8BitPacked = 6018
+    DotProduct = 6019
     CooperativeMatrixKHR = 6022
     SubgroupMatrixMultiplyAccumulateINTEL = 6236
 
@@ -170,6 +178,9 @@ class Capability(enum.IntEnum):
 class GLSLstd450(enum.IntEnum):
     """Instructions of the GLSL.std.450 extended instruction set (its spec's numbers)."""
 
+    Trunc = 3
+    FAbs = 4
+    FSign = 6
     Tanh = 21
     Exp = 27
     Exp2 = 29
@@ -183,6 +194,12 @@ class OpenCLstd(enum.IntEnum):
     """Instructions of the OpenCL.std extended instruction set (its spec's numbers)."""
 
     u_min = 159
+
+
+class PackedVectorFormat(enum.IntEnum):
+    """How OpSDot/OpUDot/OpSUDot read 32-bit scalar operands (SPV_KHR_integer_dot_product)."""
+
+    PackedVectorFormat4x8Bit = 0
 
 
 class AddressingModel(enum.IntEnum):

@@ -48,6 +48,8 @@ def vulkan_features(caps: set[Capability]) -> tuple[str, ...]:
         Capability.Float8CooperativeMatrixEXT: "shaderFloat8CooperativeMatrix",
         Capability.VulkanMemoryModel: "vulkanMemoryModel",
         Capability.CooperativeMatrixKHR: "cooperativeMatrix",
+        Capability.DotProduct: "shaderIntegerDotProduct",
+        Capability.DotProductInput4x8BitPacked: "shaderIntegerDotProduct",
         Capability.CooperativeMatrixTensorAddressingNV: "cooperativeMatrixTensorAddressing",
         Capability.CooperativeMatrixPerElementOperationsNV:
             "cooperativeMatrixPerElementOperations",

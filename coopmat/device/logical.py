@@ -26,7 +26,8 @@ OPTIONAL_FEATURES = (
     "vulkanMemoryModelDeviceScope", "shaderFloat16", "shaderInt8", "shaderInt16",
     "storageBuffer16BitAccess", "storageBuffer8BitAccess",
     "shaderBFloat16Type", "shaderBFloat16CooperativeMatrix",
-    "shaderFloat8", "shaderFloat8CooperativeMatrix", *COOPMAT2_FEATURES,
+    "shaderFloat8", "shaderFloat8CooperativeMatrix", "shaderIntegerDotProduct",
+    *COOPMAT2_FEATURES,
     *PIPELINE_STATS_FEATURES, *PIPELINE_ROBUSTNESS_FEATURES,
 )
 OPTIONAL_EXTENSIONS = ("VK_NV_cooperative_matrix2", "VK_KHR_shader_bfloat16",
@@ -130,6 +131,7 @@ def create_device(info: PhysicalDeviceInfo, physical: Any) -> Device:
     f13 = new_struct("VkPhysicalDeviceVulkan13Features", 53)
     f13.subgroupSizeControl = True
     f13.computeFullSubgroups = True
+    f13.shaderIntegerDotProduct = "shaderIntegerDotProduct" in enable
     coopmat = new_struct("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
                          v.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR)
     coopmat.cooperativeMatrix = True

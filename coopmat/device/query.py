@@ -25,7 +25,8 @@ CORE_FEATURES = {
         "shaderFloat16", "shaderInt8", "storageBuffer8BitAccess",
         "vulkanMemoryModel", "vulkanMemoryModelDeviceScope",
     ),
-    "VkPhysicalDeviceVulkan13Features": ("subgroupSizeControl", "computeFullSubgroups"),
+    "VkPhysicalDeviceVulkan13Features": ("subgroupSizeControl", "computeFullSubgroups",
+                                         "shaderIntegerDotProduct"),
 }
 COOPMAT_FEATURES = ("cooperativeMatrix", "cooperativeMatrixRobustBufferAccess")
 COOPMAT2_FEATURES = (
