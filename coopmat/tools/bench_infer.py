@@ -38,6 +38,7 @@ from coopmat.tools.cli import prog
 from coopmat.tools.ggml_peer import MatMulCase
 
 REPEAT = 20
+nan = float("nan")
 
 
 def _kernel_ms(g: PreparedGemm, repeat: int = REPEAT) -> float:
@@ -143,17 +144,22 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
                 _emit(rows, row)
 
 
-def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase]) -> dict[MatMulCase, float]:
+def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase],
+              activation_quant: str | None = None
+              ) -> tuple[dict[MatMulCase, float], dict[MatMulCase, float]]:
     """x @ w.T for each case's N x K weight (float16 or a GGUF format), x a device array:
     the policy's kernel time from timestamps (the quantized bytes read per second follow
     from it) and the wall time per call of products queued back to back, beside torch's
-    dequantize + matmul (GPU time of back-to-back launches). One row per row count M;
-    returns each case's kernel time in milliseconds."""
+    dequantize + matmul (GPU time of back-to-back launches); with activation_quant
+    ('q8_1'), a quantized weight's integer path too (its quantizing pass and kernel, one
+    time). One row per row count M; returns each case's kernel time in milliseconds, and
+    the integer path's where timed."""
     from coopmat.api.array import asarray, empty
     from coopmat.api.quantized import quantize
     torch = cuda_torch()
     rng = np.random.default_rng(1)
     times: dict[MatMulCase, float] = {}
+    int_times: dict[MatMulCase, float] = {}
     for K, N in dict.fromkeys((c.k, c.outputs) for c in cases):
         w = rng.standard_normal((N, K), dtype=np.float32)
         shaped = [c for c in cases if (c.k, c.outputs) == (K, N)]
@@ -173,21 +179,30 @@ def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase]) -> dict[MatMu
                 row[f"{c.weight}_kernel_us"] = 1e3 * t
                 row[f"{c.weight}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
                 row[f"{c.weight}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
+                if activation_quant is not None and c.weight != "f16":
+                    t, row[f"{c.weight}_{activation_quant}_kernel"] = _weight_kernel_ms(
+                        x, wq, d, activation_quant)
+                    int_times[c] = t
+                    row[f"{c.weight}_{activation_quant}_kernel_us"] = 1e3 * t
             if torch is not None:
                 row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(
                     torch, x.numpy(), N, K)
             _emit(rows, row)
-    return times
+    return times, int_times
 
 
 _BYTES_PER_WEIGHT = {"q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
 def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
-            coopmat_ms: dict[MatMulCase, float]) -> dict[str, Any]:
+            coopmat_ms: dict[MatMulCase, float],
+            int_ms: dict[MatMulCase, float] | None = None) -> dict[str, Any]:
     """ggml's kernel time for each case (a subprocess, after coopmat's timings), one row
     per case beside coopmat's: microseconds, TFLOP/s and speedup = ggml / coopmat time
-    (above 1: coopmat faster). Returns what the JSON keeps of ggml's run."""
+    (above 1: coopmat faster); where `int_ms` has the case, coopmat's integer path
+    (activation_quant='q8_1', ggml's own arithmetic) and its speedup too. Returns what
+    the JSON keeps of ggml's run."""
+    int_ms = int_ms or {}
     peer = ggml_peer.run(binary, cases, runtime().device.info.index)
     if peer.device and peer.device != runtime().device.info.name:
         print(f"warning: ggml ran on {peer.device!r}, coopmat on "
@@ -195,7 +210,8 @@ def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
     table = [f"vs ggml: {peer.device or '?'} ({peer.matrix_cores or '?'}), ggml build "
              f"{peer.build_commit or '?'}; kernel us and TFLOP/s, speedup = ggml / coopmat time",
              f"{'weight':>6} {'rows':>5} {'K':>6} {'N':>6} {'coopmat us':>11} {'TFLOP/s':>8} "
-             f"{'ggml us':>10} {'TFLOP/s':>8} {'speedup':>8}"]
+             f"{'ggml us':>10} {'TFLOP/s':>8} {'speedup':>8}"
+             + (f" {'q8_1 us':>9} {'speedup':>8}" if int_ms else "")]
     for c in cases:
         row: dict[str, Any] = {"case": f"vs-ggml {c.label()}"}
         t = coopmat_ms.get(c, float("nan"))
@@ -208,9 +224,16 @@ def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
             row["ggml_us"], row["ggml_TFLOPs"] = got.us, got.tflops
             row["speedup"] = got.us / (1e3 * t)
             row["ggml_case"], row["ggml_runs"] = got.source, got.runs
+        if c in int_ms:
+            row["coopmat_q8_1_us"] = 1e3 * int_ms[c]
+            if got is not None:
+                row["speedup_q8_1"] = got.us / row["coopmat_q8_1_us"]
         _emit(rows, row)
         theirs = f"{got.us:10.1f} {got.tflops:8.2f} {row['speedup']:8.2f}" if got else \
             f"{'not supported':>28}"
+        if int_ms:
+            theirs += f" {row['coopmat_q8_1_us']:9.1f} {row.get('speedup_q8_1', nan):8.2f}" \
+                if c in int_ms else f" {'-':>9} {'-':>8}"
         table.append(f"{c.weight:>6} {c.rows:>5} {c.k:>6} {c.outputs:>6} "
                      f"{row['coopmat_us']:11.1f} {row['coopmat_TFLOPs']:8.2f} {theirs}")
     print("\n".join(table), flush=True)
@@ -218,17 +241,21 @@ def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
             "build_commit": peer.build_commit}
 
 
-def _weight_kernel_ms(x: Any, w: Any, d: Any) -> tuple[float, str]:
+def _weight_kernel_ms(x: Any, w: Any, d: Any,
+                      activation_quant: str | None = None) -> tuple[float, str]:
     """(GPU milliseconds, the kernel's name) per x @ w.T (x an M x K Array, w an N x K
-    Array or QuantizedArray, d an M x N float16 Array), the policy's plan run REPEAT times
-    back to back."""
+    Array or QuantizedArray, d an M x N float16 Array), the policy's plan (with
+    activation_quant, the integer path's: its quantizing pass and kernel) run REPEAT
+    times back to back."""
     from coopmat.api.matmul import device_operand
+    from coopmat.dispatch.act_quant import q8_1_plan
     from coopmat.dispatch.gemm import device_plan, plan_serial_seconds
     rt = runtime()
     (M, K), N = x.shape, w.shape[0]
     a, out, b = device_operand(x, 0), device_operand(d, 2), device_operand(w.T, 1)
-    plan = device_plan(rt, resolve(rt.device.info, x.dtype, x.dtype), a, b, None,
-                       (1, M, N, K), 1, 0, Options())
+    pair = resolve(rt.device.info, x.dtype, x.dtype)
+    plan = q8_1_plan(rt, pair, a, b, (1, M, N, K), 1, Options()) if activation_quant \
+        else device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, Options())
     plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag
     t = plan_serial_seconds(rt, plan, a, b, out, REPEAT)
     return (1e3 * t if t is not None else float("nan")), plan.traits.describe()
@@ -342,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the quantized weight's K x N (K a multiple of 32)")
     ap.add_argument("--quant-formats", type=_weight_list, default="f16,q8_0,q4_0",
                     metavar="LIST", help="the weight formats of the quantized part")
+    ap.add_argument("--activation-quant", choices=["q8_1"], default=None,
+                    help="also time the quantized weights' integer path (x quantized to "
+                         "q8_1 blocks first: matmul's activation_quant)")
     ap.add_argument("--vs-ggml", action="store_true",
                     help="also run ggml's Vulkan MUL_MAT on the quantized part's shapes "
                          "(a subprocess) and print its figures beside coopmat's")
@@ -373,11 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" not in skip:
         decode(rows, ms, args.shapes)
     times: dict[MatMulCase, float] = {}
+    int_times: dict[MatMulCase, float] = {}
     if "quantized" not in skip:
-        times = quantized(rows, cases)
+        times, int_times = quantized(rows, cases, args.activation_quant)
     if binary is not None:
         try:
-            out["ggml"] = vs_ggml(rows, binary, cases, times)
+            out["ggml"] = vs_ggml(rows, binary, cases, times, int_times)
         except ggml_peer.PeerError as exc:  # coopmat's figures are kept
             print(f"error: --vs-ggml: {exc}", flush=True)
             out["ggml"] = {"binary": str(binary), "error": str(exc)}
