@@ -110,7 +110,7 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
         return a, b
 
     # -- arithmetic ---------------------------------------------------------------------
-    def _accumulate_blocks(self, accs: list[list[int]], loaded: _Loaded) -> None:  # type: ignore[override]
+    def _accumulate_blocks(self, accs: list[list[int]], loaded: _Loaded) -> None:
         """accs[r][j] += dw_j * (dx_r * sum(w_j * qx_r)) (q4_0: minus 8 s_r inside)."""
         s, f = self.s, self.s.f
         a_units, blocks = loaded
@@ -141,6 +141,7 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
                     part = f.op(dot, self.i32, xw[xi], w,
                                 PackedVectorFormat.PackedVectorFormat4x8Bit)
                     total = part if total is None else f.op(Op.IAdd, self.i32, total, part)
+                assert total is not None
                 v = f.op(Op.FMul, self.f32, dx, f.op(Op.ConvertSToF, self.f32, total))
                 if s8 is not None:
                     v = f.op(Op.FSub, self.f32, v, s8)

@@ -118,8 +118,8 @@ def _emit() -> bytes:
         for u in range(BLOCK_ELEMS // 8):
             unit = s.buffer_load(src, s.add(first, s.c(u)))
             for lo in (0, 2):
-                words = f.op(Op.VectorShuffle, uvec2, unit, unit, lo, lo + 1)
-                xs.append(f.op(Op.FConvert, vec4, f.op(Op.Bitcast, h4, words)))
+                pair = f.op(Op.VectorShuffle, uvec2, unit, unit, lo, lo + 1)
+                xs.append(f.op(Op.FConvert, vec4, f.op(Op.Bitcast, h4, pair)))
         amax4 = ext(GLSLstd450.FAbs, vec4, xs[0])
         for x in xs[1:]:
             amax4 = ext(GLSLstd450.FMax, vec4, amax4, ext(GLSLstd450.FAbs, vec4, x))
@@ -133,7 +133,8 @@ def _emit() -> bytes:
         half, zero4 = splat(vec4, mb.constant(f32, 0.5)), mb.const_null(vec4)
         low8 = splat(uvec4, s.c(0xFF))
         shifts = mb.const_composite(uvec4, [s.c(8 * i) for i in range(4)])
-        words, total = [], None
+        words: list[int] = []
+        total: int | None = None
         for x in xs:
             t = f.op(Op.VectorTimesScalar, vec4, x, inv)
             whole = ext(GLSLstd450.Trunc, vec4, t)
