@@ -322,6 +322,13 @@ class GemvEmitter:
                                       self.element_ops, row, col)
         s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(row, P["ldd"]), col)), value)
 
+    def _lane_sum(self, acc: int) -> int:
+        """One lane's part of a result: the sum of its vec4 accumulator."""
+        f = self.s.f
+        parts = [f.op(Op.CompositeExtract, self.f32, acc, i) for i in range(4)]
+        return f.op(Op.FAdd, self.f32, f.op(Op.FAdd, self.f32, parts[0], parts[1]),
+                    f.op(Op.FAdd, self.f32, parts[2], parts[3]))
+
     def _reduce_and_store(self) -> None:
         s, f, t = self.s, self.s.f, self.t
         accs = self._load_accs()
@@ -329,10 +336,7 @@ class GemvEmitter:
             row = s.add(self.m0, s.c(r))
             for j in range(t.cols):
                 col = s.add(self.col0, s.c(j))
-                acc = accs[r][j]
-                parts = [f.op(Op.CompositeExtract, self.f32, acc, i) for i in range(4)]
-                lane_sum = f.op(Op.FAdd, self.f32, f.op(Op.FAdd, self.f32, parts[0], parts[1]),
-                                f.op(Op.FAdd, self.f32, parts[2], parts[3]))
+                lane_sum = self._lane_sum(accs[r][j])
                 total = f.op(Op.GroupNonUniformFAdd, self.f32, s.c(Scope.Subgroup),
                              GroupOperation.Reduce, lane_sum)
                 owner = (r * t.cols + j) % t.subgroup_size

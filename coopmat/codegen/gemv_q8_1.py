@@ -34,10 +34,8 @@ from coopmat.codegen.quant import funnel, read_words, scale
 from coopmat.codegen.quant_q8_1 import A_BLOCK_UNITS, A_READ_UNITS
 from coopmat.codegen.spv import (
     Capability,
-    GroupOperation,
     Op,
     PackedVectorFormat,
-    Scope,
 )
 from coopmat.codegen.traits import GemmTraits, GemvTraits
 from coopmat.codegen.types import vulkan_features
@@ -151,23 +149,8 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
     def _load_accs(self) -> list[list[int]]:
         return [[self.s.f.op(Op.Load, self.f32, var) for var in row] for row in self.acc_vars]
 
-    def _reduce_and_store(self) -> None:
-        s, f, t = self.s, self.s.f, self.t
-        accs = self._load_accs()
-        for r in range(t.rows):
-            row = s.add(self.m0, s.c(r))
-            for j in range(t.cols):
-                col = s.add(self.col0, s.c(j))
-                total = f.op(Op.GroupNonUniformFAdd, self.f32, s.c(Scope.Subgroup),
-                             GroupOperation.Reduce, accs[r][j])
-                owner = (r * t.cols + j) % t.subgroup_size
-                ok = s.and_(f.op(Op.IEqual, s.bool, self.lane, s.c(owner)),
-                            s.and_(s.lt(row, self.P["M"]), s.lt(col, self.P["N"])))
-
-                def store(row: int = row, col: int = col, total: int = total) -> None:
-                    self._store(row, col, total)
-
-                f.if_(ok, store)
+    def _lane_sum(self, acc: int) -> int:
+        return acc  # a float32 already
 
     def build(self) -> bytes:
         self._declare()

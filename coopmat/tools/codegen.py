@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from coopmat.codegen.cache import build_gemm
 from coopmat.codegen.tools import OPENCL_TARGET_ENV, disassemble, validate
@@ -66,17 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = _variants(args.properties)
     if args.family:
         variants = [t for t in variants if t.family == args.family]
-    if args.list:
-        for t in variants:
-            print(t.describe())
-        return 0
-    if args.dump:
-        match = [t for t in variants if t.describe() == args.dump]
-        if not match:
-            print(f"no variant named {args.dump!r}; see --list", file=sys.stderr)
-            return 2
-        print(disassemble(build_gemm(match[0]).spirv), end="")
-        return 0
+    if args.list or args.dump:
+        return _list_or_dump(args, variants, lambda t: build_gemm(t).spirv)
 
     passed = failed = 0
     for t in variants:
@@ -92,6 +85,21 @@ def main(argv: list[str] | None = None) -> int:
             print("    " + msg.replace("\n", "\n    "))
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def _list_or_dump(args: argparse.Namespace, variants: Sequence[Any],
+                  spirv: Callable[[Any], bytes]) -> int:
+    """--list (every variant's name) or --dump VARIANT (its disassembly)."""
+    if args.list:
+        for t in variants:
+            print(t.describe())
+        return 0
+    match = [t for t in variants if t.describe() == args.dump]
+    if not match:
+        print(f"no variant named {args.dump!r}; see --list", file=sys.stderr)
+        return 2
+    print(disassemble(spirv(match[0])), end="")
+    return 0
 
 
 def _intel_record(path: str) -> bool:
@@ -124,17 +132,8 @@ def intel_main(args: argparse.Namespace) -> int:
             variants += [t for t in intel_variants(d) if t not in variants]
     else:
         variants = intel_variants()
-    if args.list:
-        for t in variants:
-            print(t.describe())
-        return 0
-    if args.dump:
-        match = [t for t in variants if t.describe() == args.dump]
-        if not match:
-            print(f"no variant named {args.dump!r}; see --list", file=sys.stderr)
-            return 2
-        print(disassemble(build_intel(match[0]).spirv), end="")
-        return 0
+    if args.list or args.dump:
+        return _list_or_dump(args, variants, lambda t: build_intel(t).spirv)
     if args.emit:
         out = Path(args.emit)
         out.mkdir(parents=True, exist_ok=True)
