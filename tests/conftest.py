@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import atexit
+import inspect
 import json
 import os
 import shutil
@@ -21,13 +22,30 @@ def pytest_configure(config: pytest.Config) -> None:
     COOPMAT_CACHE_DIR is set: each kernel is then built once per session, and no test
     reads the user's ~/.cache/coopmat, whose tuning file would change the policy's choices
     and whose SPIR-V would hide a change to the generator's inputs outside codegen/.
-    Child processes the tests start inherit it."""
+    Child processes the tests start inherit it, and so do pytest-xdist's workers (this runs
+    in the controlling process first): the workers share one cache."""
     if os.environ.get(CACHE_ENV) is not None:
         return
     root = tempfile.mkdtemp(prefix="coopmat-tests-")
     os.environ[CACHE_ENV] = root
     # Registered before any pipeline cache's save, so it runs after them at exit.
     atexit.register(shutil.rmtree, root, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's --dist loadgroup (scripts/test) tests go to the workers one by
+    one, except that the tests of a module using one of its module- or class-scope
+    fixtures with a teardown (a Dask cluster, a server, a child process) stay on one
+    worker, so that fixture starts once, as in one process."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in item.fixturenames if info is not None else ():
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope in ("module", "class", "package") \
+                    and inspect.isgeneratorfunction(defs[-1].func):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+                break
 
 
 def load_record(name: str) -> dict[str, Any]:

@@ -179,87 +179,49 @@ LAYOUTS = list(itertools.product(Layout, Layout))
 
 def case_id(config: tuple[CT, CT], layouts: tuple[Layout, Layout], has_c: bool,
             *rest: object) -> str:
-    names = {False: "general", True: "aligned"}
-    more = [names[x] if isinstance(x, bool) else
-            f"buf{x}" if isinstance(x, int) else "buf{}-M{}-N{}".format(*x) for x in rest]
+    more = [f"buf{x}" if isinstance(x, int) else str(x) for x in rest]
     return "-".join([param_id(config), param_id(layouts), "c" if has_c else "noc", *more])
 
 
-# The sweeps below are covering samples (tests/support/sampling.py): every config, layout
-# pair, C, edge handling and buffering, and every pair of them, at least once. Every
-# variant of lavapipe's list runs in the interpreter (tests/interpreter).
-VARIANT_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [False, True])
-BUFFERING_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [False, True], [3, 4, 5])
-EXACT_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], [1, 2, 3, 4, 5])
-CLAMPS = [(1, 40, 96), (2, 8, 96), (3, 40, 88), (4, 8, 88), (5, 64, 88)]  # buffering, M, N
-CLAMPED_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], CLAMPS)
+# Edge handling: bounds checks everywhere (general), no checks inside aligned operands,
+# none at all on whole tiles (exact), or the exact variant with clamped rows and/or columns.
+EDGES = ["general", "aligned", "exact", "clamped"]
+# Clamped cases' M and N, by buffering: M or N ending inside the last block of a 32 x 32
+# tile (8 rows: inside the first; 88 columns: 24 into the third), rows, columns or both.
+CLAMPED_MN = {1: (40, 96), 2: (8, 96), 3: (40, 88), 4: (8, 88), 5: (64, 88)}
+# A covering sample of the variants (tests/support/sampling.py): every config, layout pair,
+# C, edge handling and buffering, and every pair of them, at least once, in one sweep (a
+# kernel each: seconds of lavapipe's compile). Every variant of lavapipe's list runs in
+# the interpreter (tests/interpreter).
+VARIANT_CASES = pairwise(CONFIGS, LAYOUTS, [False, True], EDGES, [1, 2, 3, 4, 5])
 
 
-@pytest.mark.parametrize("config,layouts,has_c,aligned", VARIANT_CASES,
+@pytest.mark.parametrize("config,layouts,has_c,edges,buffering", VARIANT_CASES,
                          ids=[case_id(*c) for c in VARIANT_CASES])
-def test_every_variant(runner: KernelRunner, config: tuple[CT, CT], layouts: tuple[Layout, Layout],
-                       has_c: bool, aligned: bool) -> None:
-    """lavapipe's configs x layouts x C x edge handling, with edges in M, N and K."""
+def test_variants(runner: KernelRunner, config: tuple[CT, CT], layouts: tuple[Layout, Layout],
+                  has_c: bool, edges: str, buffering: int) -> None:
+    """lavapipe's configs x layouts x C x edge handling x buffering (one shared stage, two,
+    streamed B fragments, two register sets). General and aligned: edges in M, N and K, K
+    an odd number of steps, so stages and register sets alternate and wrap. Exact and
+    clamped: whole K tiles, several workgroups each way, padded strides and a broadcast
+    batch; the padding of A and B is NaN and D's gaps are checked, so a read of a row or
+    column past the matrix, or a store of one, shows."""
     ab, res = config
-    tr = traits(ab, res, *layouts, has_c, aligned)
     alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
-    if aligned:  # inner dims and strides multiples of 16 elements; M, N, K off the tile
-        case = Case(48, 80, 48, pad=16, alpha=alpha, beta=beta)
-    else:  # primes, odd strides
-        case = Case(37, 29, 53, pad=3, alpha=alpha, beta=beta)
-    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c)) % 1000)
-
-
-@pytest.mark.parametrize("config,layouts,has_c,aligned,buffering", BUFFERING_CASES,
-                         ids=[case_id(*c) for c in BUFFERING_CASES])
-def test_every_variant_buffering(runner: KernelRunner, config: tuple[CT, CT],
-                                 layouts: tuple[Layout, Layout], has_c: bool, aligned: bool,
-                                 buffering: int) -> None:
-    """test_every_variant with two shared stages (buffering 3), with streamed B fragments
-    (buffering 4) and with two register sets (buffering 5); K spans an odd number of
-    steps, so the stages and register sets alternate and wrap."""
-    ab, res = config
-    tr = traits(ab, res, *layouts, has_c, aligned, Tile(32, 32, 16, 2, 2, buffering))
-    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
-    if aligned:
+    tr = traits(ab, res, *layouts, has_c, edges != "general", Tile(32, 32, 16, 2, 2, buffering))
+    if edges == "general":  # primes, odd strides
+        case = Case(37, 29, 71, pad=3, alpha=alpha, beta=beta)
+    elif edges == "aligned":  # inner dims and strides multiples of 16 elements; M, N off the tile
         case = Case(48, 80, 80, pad=16, alpha=alpha, beta=beta)
     else:
-        case = Case(37, 29, 71, pad=3, alpha=alpha, beta=beta)
-    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
+        M, N = (64, 96) if edges == "exact" else CLAMPED_MN[buffering]
+        tr = replace(tr, exact=True, clamp_rows=M % 32 != 0, clamp_cols=N % 32 != 0)
+        case = Case(M, N, 80, batch=2, pad=16, broadcast="b", alpha=alpha, beta=beta)
+    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, edges, buffering)) % 1000)
 
 
-@pytest.mark.parametrize("config,layouts,has_c,buffering", EXACT_CASES,
-                         ids=[case_id(*c) for c in EXACT_CASES])
-def test_exact_variant(runner: KernelRunner, config: tuple[CT, CT],
-                       layouts: tuple[Layout, Layout], has_c: bool, buffering: int) -> None:
-    """The exact variant (no bounds checks, no edge epilogue) on whole tiles: several
-    workgroups each way, several K steps, padded strides and a broadcast batch."""
-    ab, res = config
-    tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
-                 exact=True)
-    alpha, beta = (0.5, -1.5) if res.is_float else (3, -2)
-    run_case(runner, tr, Case(64, 96, 80, batch=2, pad=16, broadcast="b", alpha=alpha,
-                              beta=beta), seed=hash((ab, res, layouts, has_c, buffering)) % 1000)
-
-
-@pytest.mark.parametrize("config,layouts,has_c,clamp", CLAMPED_CASES,
-                         ids=[case_id(*c) for c in CLAMPED_CASES])
-def test_clamped_variant(runner: KernelRunner, config: tuple[CT, CT],
-                         layouts: tuple[Layout, Layout], has_c: bool,
-                         clamp: tuple[int, int, int]) -> None:
-    """The exact variant with clamped rows and/or columns: K whole tiles, M or N ending
-    inside the last block of a 32 x 32 tile (8 rows: inside the first; 88 columns: 24
-    into the third). The padding of A and B is NaN and D's gaps are checked, so a read
-    of a row or column past the matrix, or a store of one, shows."""
-    ab, res = config
-    buffering, M, N = clamp
-    tr = replace(traits(ab, res, *layouts, has_c, True, Tile(32, 32, 16, 2, 2, buffering)),
-                 exact=True, clamp_rows=M % 32 != 0, clamp_cols=N % 32 != 0)
-    case = Case(M, N, 80, batch=2, pad=16, broadcast="b", alpha=0.5 if res.is_float else 3,
-                beta=-1.5 if res.is_float else -2)
-    run_case(runner, tr, case, seed=hash((ab, res, layouts, has_c, buffering, M, N)) % 1000)
-
-
+# Many cases of few kernels: on one xdist worker, so that each kernel compiles once.
+@pytest.mark.xdist_group("test_sizes_general")
 @pytest.mark.parametrize("size", [(1, 1, 1), (1, 19, 3), (23, 1, 7), (8, 8, 8), (9, 7, 1),
                                   (32, 32, 16), (33, 31, 17), (5, 70, 40), (64, 3, 100)],
                          ids=lambda s: "x".join(map(str, s)))
@@ -275,6 +237,7 @@ def test_sizes_general(runner: KernelRunner, size: tuple[int, int, int],
         run_case(runner, staged, Case(*size, alpha=1.0, beta=1.0))
 
 
+@pytest.mark.xdist_group("test_batch_with_broadcast")  # as test_sizes_general
 @pytest.mark.parametrize("config", CONFIGS[1:3], ids=param_id)
 @pytest.mark.parametrize("broadcast", ["a", "b", "c", "ab"])
 @pytest.mark.parametrize("buffering", [2, 3], ids=lambda b: f"buf{b}")
@@ -294,23 +257,24 @@ def test_batch_aligned(runner: KernelRunner, buffering: int) -> None:
     run_case(runner, tr, Case(40, 24, 32, batch=2, pad=16, broadcast="b", alpha=-1, beta=2))
 
 
-OTHER_TILES = [Tile(8, 8, 8, 1, 1, 1), Tile(16, 32, 8, 1, 2, 1),
-               Tile(64, 16, 32, 4, 1, 2), Tile(24, 40, 24, 1, 1, 2),
-               Tile(8, 8, 8, 1, 1, 3), Tile(16, 32, 8, 1, 2, 3),
-               Tile(64, 16, 32, 4, 1, 3), Tile(24, 40, 24, 1, 1, 3),
-               Tile(32, 64, 16, 2, 2, 3), Tile(16, 32, 8, 1, 2, 4),
-               Tile(64, 16, 32, 4, 1, 4), Tile(32, 64, 16, 2, 2, 4),
+# Tiles other than the default, each with one buffering and one edge handling: every
+# buffering meets both edge handlings, and every tile shape runs (the default tile's
+# variants: test_variants above, and every one in the interpreter). The odd tile (3 x 5 x
+# 3 fragments on one subgroup) runs once: its kernel is the slowest to compile.
+OTHER_TILES = [(Tile(8, 8, 8, 1, 1, 1), False), (Tile(16, 32, 8, 1, 2, 1), True),
+               (Tile(64, 16, 32, 4, 1, 2), False),
+               (Tile(8, 8, 8, 1, 1, 3), False), (Tile(16, 32, 8, 1, 2, 3), True),
+               (Tile(64, 16, 32, 4, 1, 3), False), (Tile(24, 40, 24, 1, 1, 3), True),
+               (Tile(32, 64, 16, 2, 2, 3), False), (Tile(16, 32, 8, 1, 2, 4), True),
+               (Tile(64, 16, 32, 4, 1, 4), False), (Tile(32, 64, 16, 2, 2, 4), True),
                # tiles.filling_ladder's shapes at lavapipe's 8 x 8 x 8
-               Tile(32, 32, 64, 2, 2, 2), Tile(16, 32, 64, 1, 2, 2),
-               Tile(8, 16, 64, 1, 2, 1)]
+               (Tile(32, 32, 64, 2, 2, 2), False), (Tile(16, 32, 64, 1, 2, 2), True),
+               (Tile(8, 16, 64, 1, 2, 1), False)]
 
 
-# Each tile once, general and aligned by turns: both edge handlings meet every buffering
-# (the default tile's variants: test_every_variant above, and every one in the interpreter).
-@pytest.mark.parametrize("tile,aligned", [(t, i % 2 == 1) for i, t in enumerate(OTHER_TILES)],
-                         ids=[t.describe().replace(" ", "-") + ("-aligned" if i % 2 else
-                                                                "-general")
-                              for i, t in enumerate(OTHER_TILES)])
+@pytest.mark.parametrize("tile,aligned", OTHER_TILES,
+                         ids=[t.describe().replace(" ", "-") + ("-aligned" if a else "-general")
+                              for t, a in OTHER_TILES])
 def test_other_tiles(runner: KernelRunner, tile: Tile, aligned: bool) -> None:
     tr = traits(CT.FLOAT16, CT.FLOAT32, Layout.COLUMN_MAJOR, Layout.ROW_MAJOR, True, aligned,
                 tile)

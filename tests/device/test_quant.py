@@ -303,18 +303,20 @@ ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
 
 # Tiles of more than SMALL_M rows stage with the magic as a literal, fewer-row tiles with
 # it held in a register (quant.held_constant; KhrTraits.b_quant_held_magic, as the policy
-# chooses): both forms on this device.
-TALL_TILE_CASES = [("q4_0", 2, "general", 8), ("q8_0", 2, "general", 32)]
+# chooses): both forms on this device. The form is the traits' switch whatever the tile's
+# height, so the literal one runs on the 64-row tile too: a 128-row tile's kernel takes
+# lavapipe minutes to compile.
+LITERAL_MAGIC_CASES = [("q4_0", 2, "general", 8), ("q8_0", 2, "general", 32)]
 
 
-@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k,tile_m",
-                         [(*c, 64, None) for c in VARIANT_CASES]
-                         + [(*c, 32, None) for c in ODD_STEP_CASES]
-                         + [(*c, 64, 128) for c in TALL_TILE_CASES])
-def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, tile_m):
+@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k,held_magic",
+                         [(*c, 64, True) for c in VARIANT_CASES]
+                         + [(*c, 32, True) for c in ODD_STEP_CASES]
+                         + [(*c, 64, False) for c in LITERAL_MAGIC_CASES])
+def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, held_magic):
     """Buffering modes, variants and unit sizes the policy does not pick on this device,
-    with a tile 64 deep (two blocks per K step) or 32 (one), or 128 rows tall; edge tiles
-    for the checked variants."""
+    with a tile 64 deep (two blocks per K step) or 32 (one), the magic held or a literal;
+    edge tiles for the checked variants."""
     from coopmat.codegen import GemmParams, Layout, build_gemm
     from coopmat.dispatch.executor import Dispatch
     from coopmat.policy import choose
@@ -327,15 +329,14 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, tile_m):
     problem = Problem(pair, M, N, K, OperandLayout(Layout.ROW_MAJOR, K),
                       OperandLayout(Layout.COLUMN_MAJOR, K), b_quant=fmt)
     base = choose(info, problem).traits
-    tile = replace(base.tile, tile_k=tile_k, buffering=buffering,
-                   tile_m=tile_m or base.tile.tile_m)
+    tile = replace(base.tile, tile_k=tile_k, buffering=buffering)
     # Enough units of B for every invocation: a 64-column tile one block deep has only 64
     # whole-block units, fewer than a GPU's 128 invocations.
     invocations = tile.subgroups_m * tile.subgroups_n * base.subgroup_size
     if (tile.tile_n * tile_k // unit) % invocations:
         tile = replace(tile, tile_n=invocations * unit // tile_k)
     traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
-                     exact=variant == "exact", specialized=(), b_quant_held_magic=not tile_m)
+                     exact=variant == "exact", specialized=(), b_quant_held_magic=held_magic)
     choice = choose(info, problem, traits=traits)
     w = exact_weight(fmt, N, K)
     x = small_x((M, K))

@@ -276,6 +276,7 @@ CASES = [pytest.param(info, t, id=f"{name}-{t.describe()}")
          for name, info in DEVICES for t in _sampled(name, info)]
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("info,traits", CASES)
 def test_variant_matches_numpy(info: PhysicalDeviceInfo, traits: KhrTraits) -> None:
     assert traits.subgroup_size == khr_subgroup_size(info.limits)  # the size kernels require
@@ -317,6 +318,7 @@ def _filling_cases() -> list[Any]:
     return cases
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("info,traits", _filling_cases())
 def test_filling_tiles_match_numpy(info: PhysicalDeviceInfo, traits: KhrTraits) -> None:
     it = Interpreter(build_gemm(traits).spirv, subgroup_size=traits.subgroup_size,

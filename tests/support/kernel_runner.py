@@ -226,7 +226,9 @@ class KernelRunner:
         vk.vkEndCommandBuffer(cmd)
         fence = vk.vkCreateFence(dev, vk.VkFenceCreateInfo(), None)
         vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], fence)
-        vk.vkWaitForFences(dev, 1, [fence], vk.VK_TRUE, 120 * 10**9)
+        # lavapipe compiles the kernel here, in its queue's thread: minutes for the largest
+        # tiles on a loaded machine.
+        vk.vkWaitForFences(dev, 1, [fence], vk.VK_TRUE, 900 * 10**9)
         _, mem, size = made[2]
         out = bytes(vk.vkMapMemory(dev, mem, 0, size, 0))
         vk.vkUnmapMemory(dev, mem)

@@ -158,6 +158,7 @@ def test_float16_results_without_a_listed_matrix() -> None:
 
 
 @needs_spirv_tools
+@pytest.mark.sweep
 @pytest.mark.parametrize("traits", _variants(H200) + _variants(LAVAPIPE) + _float8_variants()
                          + _element_store_variants(), ids=lambda t: t.describe())
 def test_spirv_val(traits: KhrTraits) -> None:
@@ -166,6 +167,7 @@ def test_spirv_val(traits: KhrTraits) -> None:
 
 
 @needs_spirv_tools
+@pytest.mark.sweep
 @pytest.mark.parametrize("traits", _staged_variants(H200), ids=lambda t: t.describe())
 def test_spirv_val_staged(traits: KhrTraits) -> None:
     """Buffering 3 (two shared stages) and 4 (streamed B fragments) on the H200's configs."""

@@ -191,6 +191,7 @@ def test_variant_count() -> None:
 
 
 @needs_spirv_tools
+@pytest.mark.sweep
 @pytest.mark.parametrize("traits", _nv2_variants(), ids=lambda t: t.describe())
 def test_spirv_val(traits: Nv2Traits) -> None:
     result = validate(build_gemm(traits).spirv)
@@ -209,6 +210,7 @@ def _candidate_traits() -> list[Nv2Traits]:
 
 
 @needs_spirv_tools
+@pytest.mark.sweep
 @pytest.mark.parametrize("traits", _candidate_traits(), ids=lambda t: t.describe())
 def test_spirv_val_tuning_candidates(traits: Nv2Traits) -> None:
     result = validate(build_gemm(traits).spirv)
