@@ -93,7 +93,7 @@ def shader_copy_fits(c: Copy) -> bool:
     """Whether a download is recorded as the copy kernel (codegen.copy) instead of a copy
     command: device memory into host memory, at most SHADER_COPY_MAX_BYTES, on 16-byte
     boundaries, the whole units it writes within both buffers. On the H200 the kernel
-    took about half the copy command's GPU time for a small result (docs/arrays.md)."""
+    took about half the copy command's GPU time for a small result (lab/notebook/arrays.md)."""
     units = -(-c.nbytes // COPY_UNIT) * COPY_UNIT
     return (c.dst.kind is Kind.DOWNLOAD and c.src.kind is not Kind.DOWNLOAD
             and 0 < c.nbytes <= SHADER_COPY_MAX_BYTES

@@ -172,7 +172,7 @@ class PreparedGemm:
         # grid: the plan and the buffers, in the order they were taken, fix the rest. A
         # later GEMM of the same plan that gets the same pooled buffers reuses the
         # recording: on the H200 recording cost about 300 us, most of a 256^3 call
-        # (docs/arrays.md).
+        # (lab/notebook/arrays.md).
         self._name = ("prepared", plan.serial, *(buf.addr for buf in self._acquired))
         # D where the host reads it, for a small problem (read()); made on first use.
         self._d_view: np.ndarray | None = None

@@ -169,7 +169,7 @@ class MemoryPool:
         reads it in device memory without a copy command: SHARED memory on unified
         devices, MAPPED where device-local memory is host-visible; None: stage it in
         UPLOAD memory and copy. On the H200 a 128 KiB x went 11 us sooner through the
-        GPU in MAPPED memory than copied from UPLOAD memory (docs/arrays.md)."""
+        GPU in MAPPED memory than copied from UPLOAD memory (lab/notebook/arrays.md)."""
         if self.unified:
             return Kind.SHARED
         return Kind.MAPPED if self.device_mapped else None

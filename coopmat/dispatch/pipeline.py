@@ -20,7 +20,7 @@ device offers:
 - Copy queues without such memory (COOPMAT_COPY_QUEUES=1): B and the A_i go up through
   staging on one copy queue, D_i come back over the lanes on another, the GEMMs run on
   the compute queue between them, tied by the streams' timeline semaphores. On the H200
-  this measured slower than the unpipelined path (docs/arrays.md): the host's copies into
+  this measured slower than the unpipelined path (lab/notebook/arrays.md): the host's copies into
   staging bound it.
 
       upload lanes   | B ........ | A_0 | A_1 | A_2 | ... |
@@ -90,7 +90,7 @@ def way(mapped: bool, copy_engines: bool, a_kept: bool, force: bool = False) -> 
     imported goes up in one device copy at 55 GB/s, faster than the pipeline's writes
     (about 30 GB/s), so it stays unpipelined: on the H200 at 8192^3 with A and B kept and
     out= kept, 12.3 ms unpipelined against 13.4-13.8 pipelined (an earlier version of
-    the pipeline, with D copied at the end; docs/arrays.md)."""
+    the pipeline, with D copied at the end; lab/notebook/arrays.md)."""
     if mapped:
         return None if a_kept else "mapped"
     return "copy-queues" if copy_engines or force else None
@@ -199,7 +199,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: in
     array: np.ndarray | None = None
     # D's copies on a copy queue, beside the kernels, where the device was opened with
     # them (COOPMAT_COPY_QUEUES=1): about 5% faster at 8192^3 with a new A and a kept B
-    # on the H200, within the noise with both new (docs/arrays.md).
+    # on the H200, within the noise with both new (lab/notebook/arrays.md).
     down = rt.down if rt.copy_engines else None
     try:
         a_buf = pool.acquire(Kind.MAPPED, sa.nbytes + margins[0])
@@ -249,7 +249,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: in
                 # D_i goes back as soon as it is done, while the host writes later
                 # blocks. That slows the writes (device -> host copies share the link),
                 # but D left to the end cost more: new A and B at 8192^3 on the H200,
-                # 13.1-13.5 ms against 11.8-11.9 (docs/arrays.md).
+                # 13.1-13.5 ms against 11.8-11.9 (lab/notebook/arrays.md).
                 copy = [Copy(d_buf, dest[0], rows * row_d, r0 * row_d, dest[1] + r0 * row_d)
                         ] if dest is not None else []
                 ticket = enqueue_plan(rt, plans[rows], a_i, b_op, None, d_i, bias=bias,

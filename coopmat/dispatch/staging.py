@@ -31,7 +31,7 @@ def bindable_offset(offset: int) -> bool:
 
 # Problems moving at most this many bytes between host and device skip the device-local
 # copies on discrete GPUs (PreparedGemm): each workgroup's reads then cross PCIe, which
-# pays only for small problems (docs/arrays.md). Numpy operands of a device product up to
+# pays only for small problems (lab/notebook/arrays.md). Numpy operands of a device product up to
 # this size go over in the product's own submission.
 DIRECT_MAX_BYTES = 128 * 1024
 # Problems moving at most this many bytes (and more than DIRECT_MAX_BYTES) write their

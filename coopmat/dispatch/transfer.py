@@ -14,7 +14,7 @@ for it only once: in mode 'auto' (the default) a large contiguous array that own
 memory goes through the lanes its first two times, its pages are imported in the
 background after the second, and while the array lives every later transfer from or
 into it is one device copy (_HostPin). Mode 'staging' uses the lanes only; 'import'
-imports every array for every transfer (docs/arrays.md has the measurements). Both fall
+imports every array for every transfer (lab/notebook/arrays.md has the measurements). Both fall
 back to the lanes where the device lacks the extension or the array is not contiguous.
 
 On unified-memory devices (lavapipe, integrated GPUs) device buffers are host-visible and

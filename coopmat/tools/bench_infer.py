@@ -86,7 +86,7 @@ def hot(run: Callable[[], object], seconds: float) -> None:
 def hold_clock() -> None:
     """Make the peers' CUDA context now, where torch has CUDA: a process holding one keeps
     the GPU's clock up even idle, while light Vulkan work alone lets it fall within
-    seconds (docs/benchmarks.md). So every case, the first included, runs under the clock
+    seconds (lab/notebook/benchmarks.md). So every case, the first included, runs under the clock
     the peers' cases get."""
     torch = cuda_torch()
     if torch is not None:

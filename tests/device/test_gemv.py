@@ -249,7 +249,7 @@ def test_default_rule_picks_gemv_for_few_rows(monkeypatch: pytest.MonkeyPatch) -
     assert choose(H200, _problem(most)).traits.family == "gemv"
     assert choose(H200, _problem(most + 1)).traits.family == "khr"
     assert choose(H200, _problem(16)).traits.family == "khr"
-    # Against 8192 columns or more, gemv for one row only (docs/kernels.md, "Clamped rows").
+    # Against 8192 columns or more, gemv for one row only (lab/notebook/kernels.md, "Clamped rows").
     assert policy_kernel.gemv_max_m(None, 14336) == 1
     assert choose(H200, _problem(1, N=14336)).traits.family == "gemv"
     assert choose(H200, _problem(2, N=14336)).traits.family == "khr"

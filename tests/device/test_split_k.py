@@ -117,7 +117,7 @@ def test_rule_on_h200_decode_shapes() -> None:
     from coopmat.policy import tuning
 
     tuned = tuning.choices(replace(H200, device_id=0x2335))  # the shipped table
-    want = {  # (M, N, K): S, as docs/kernels.md's split-K table measured it best
+    want = {  # (M, N, K): S, as lab/notebook/kernels.md's split-K table measured it best
         (8, 4096, 4096): 8, (16, 4096, 4096): 8, (8, 4096, 14336): 8, (16, 4096, 14336): 8,
         (16, 14336, 4096): 1,  # exact: unsplit, on the 256-deep step
         (8, 14336, 4096): 1, (12, 14336, 4096): 1,  # exact with clamped rows: the same
@@ -133,7 +133,7 @@ def test_rule_on_h200_decode_shapes() -> None:
     deep = choose(H200, decode(H200, 16, 14336, 4096), Options(), tuned).traits
     assert deep.tile.tile_k == 256 and deep.exact, deep
     # A row-major B's deeper step does not fit the H200's 48 KiB, so the exact kernel
-    # splits as the others do (docs/kernels.md, "Clamped rows": 35.2 against 39.4 us).
+    # splits as the others do (lab/notebook/kernels.md, "Clamped rows": 35.2 against 39.4 us).
     for M in (1, 8, 16):
         p = Problem(resolve(H200, F16, F16), M, 14336, 4096,
                     OperandLayout(Layout.ROW_MAJOR, 4096), OperandLayout(Layout.ROW_MAJOR, 14336))
@@ -171,7 +171,7 @@ def test_covering_tiles_specialize_large_products() -> None:
 
 
 def test_rolled_loops_and_unchecked_storage_on_h200() -> None:
-    """On the H200 (docs/kernels.md, "The driver's machine code"): few-row products whose
+    """On the H200 (lab/notebook/kernels.md, "The driver's machine code"): few-row products whose
     workgroups take ROLLED_MIN_K_STEPS K steps or more keep the K loop rolled, except a
     bounds-checked kernel on a covering tile; exact kernels run without the driver's
     storage checks, quantized ones only with the loop rolled; bounds-checked ones keep

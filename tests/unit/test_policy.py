@@ -309,7 +309,7 @@ def test_every_choice_fits_the_device(name: str) -> None:
             choice = choose(info, row_major(M, N, K, pair), Options(tuning=False))
             t = choice.traits
             # khr by default: the rows family runs only when forced or tuned (measured
-            # slower on the H200, docs/kernels.md).
+            # slower on the H200, lab/notebook/kernels.md).
             assert t.family == "khr" and choice.why == "default"
             assert lim.min_subgroup_size <= t.subgroup_size <= lim.max_subgroup_size
             plan = RowsPlan(t) if isinstance(t, RowsTraits) else plan_kernel(t)

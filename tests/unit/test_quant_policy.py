@@ -202,8 +202,8 @@ def test_gemv_quant_default_rule(h200, lavapipe, monkeypatch: pytest.MonkeyPatch
         assert 1 <= wide <= most and rule(h200, _problem(h200, wide, 14336, 4096, fmt))
         assert not rule(h200, _problem(h200, wide + 1, 14336, 4096, fmt))
         assert not rule(lavapipe, _problem(lavapipe, 1, 4096, 4096, fmt))  # a CPU driver
-    # The measured crossovers (docs/quantized.md, docs/kernels.md "Clamped rows"): khr's
-    # few-row tile from 5 rows, from 4 against 8192 columns or more.
+    # The measured crossovers (lab/notebook/quantized.md, lab/notebook/kernels.md "Clamped
+    # rows"): khr's few-row tile from 5 rows, from 4 against 8192 columns or more.
     assert policy_kernel.GEMV_QUANT_MAX_M == {"q8_0": 4, "q4_0": 4}
     for fmt in FORMATS:
         assert rule(h200, _problem(h200, 4, 4096, 4096, fmt))
