@@ -386,21 +386,21 @@ def _pipelined_to_host(a: Any, b: Any, kwargs: dict[str, Any]) -> np.ndarray | N
     rt = b.runtime
     M, K = a.shape
     N = b.shape[1]
+    bias = kwargs.get("bias")
     options = current_options().with_family(kwargs.get("family"))
+    if M * N * K == 0 or not a.flags.c_contiguous or \
+            bias is not None and type(bias) is not np.ndarray or \
+            options.pipeline == "auto" and pipeline.mapped(rt):
+        # On host-mapped memory the mapped way's writes of x measured no faster than the
+        # plain product (docs/design.md, "Dask tasks"): only the copy queues' way, or when
+        # asked.
+        return None
     dtype = rules.result_dtype_arg(kwargs.get("dtype"), kwargs.get("out_dtype"))
     pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, kwargs.get("accumulator"))
     result_dtype = numpy_dtype(pair.stored)
     alpha, _ = rules.scalars(pair.result.is_float, kwargs.get("alpha", 1), 0)
-    ops = ops_of(kwargs.get("bias"), kwargs.get("activation"), None)
+    ops = ops_of(bias, kwargs.get("activation"), None)
     rules.check_activation(ops, pair.result.is_float, dtype_name(result_dtype))
-    bias = kwargs.get("bias")
-    if M * N * K == 0 or not a.flags.c_contiguous or \
-            bias is not None and type(bias) is not np.ndarray:
-        return None
-    if options.pipeline == "auto" and pipeline.mapped(rt):
-        # The mapped way's writes of x measured no faster than the plain product there
-        # (docs/design.md, "Dask tasks"): only the copy queues' way, or when asked.
-        return None
     a3 = a.reshape(1, M, K)
     call = _Call(rt)
     try:

@@ -75,6 +75,8 @@ def q8_1_traits(gemv: GemvTraits) -> GemvQ8_1Traits:
 
 
 class Q8_1GemvEmitter(QuantGemvEmitter):
+    a_units = A_READ_UNITS
+
     def _declare(self) -> None:
         super()._declare()
         self.s.mb.capability(*sorted(DOT_CAPABILITIES))
@@ -97,14 +99,6 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
                  for words, sh in b]
             a = [[s.select(self.uvec4, valid, x, self.zero_unit) for x in units]
                  for units in a]
-        return a, b
-
-    def _unflat(self, values: list[int]) -> _Loaded:
-        n_a = self.t.rows * A_READ_UNITS
-        a = [values[i:i + A_READ_UNITS] for i in range(0, n_a, A_READ_UNITS)]
-        per = self.block_words + 1
-        b = [(values[i:i + per - 1], values[i + per - 1])
-             for i in range(n_a, len(values), per)]
         return a, b
 
     # -- arithmetic ---------------------------------------------------------------------

@@ -127,9 +127,12 @@ class QuantGemvEmitter(GemvEmitter):
         return ([(self.uvec4, x) for units in a for x in units]
                 + [(s.u32, x) for words, sh in b for x in (*words, sh)])
 
+    # 16-byte units of A each row loads per block (a variant with its own A sets its own).
+    a_units = _A_UNITS
+
     def _unflat(self, values: list[int]) -> _Loaded:
-        n_a = self.t.rows * _A_UNITS
-        a = [values[i:i + _A_UNITS] for i in range(0, n_a, _A_UNITS)]
+        n_a = self.t.rows * self.a_units
+        a = [values[i:i + self.a_units] for i in range(0, n_a, self.a_units)]
         per = self.block_words + 1
         b = [(values[i:i + per - 1], values[i + per - 1])
              for i in range(n_a, len(values), per)]
