@@ -6,9 +6,10 @@ problem's sizes.
   operand type (float16 or bfloat16), the subgroup size the khr kernels require.
 - A subgroup owns m query rows (one row of accumulators); lanes share a row of the
   softmax where the subgroup has more lanes than rows (32 lanes, 16 rows: 2 a row).
-- Prefill: 4 subgroups a workgroup on a GPU (64 rows where m is 16), 2 on a CPU driver;
-  the key step is the largest of 64, 32, 16 (multiples of the matrices' n and k) whose
-  tiles fit the device's shared memory.
+- Prefill: up to 4 subgroups a workgroup on a GPU (64 rows where m is 16; fewer where
+  the rows of a kv head need fewer), 2 on a CPU driver; the key step is the largest of
+  64, 32, 16 (multiples of the matrices' n and k) whose tiles fit the device's shared
+  memory; decode prefers 32.
 - Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
@@ -16,9 +17,10 @@ problem's sizes.
   PREFETCH_REGISTERS of them (prefill's tiles; decode's single subgroup loads too much a
   lane and relies on many workgroups instead).
   A caller may force the slice count (Options.attention_splits; 1: no split).
-- The family: khr everywhere until measurements say otherwise; nv2 (row reductions,
-  per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2)
-  where the device offers them and the matrices' n equals k, when asked.
+- The family: nv2 (row reductions, per-element operations and accumulator -> A
+  conversions of VK_NV_cooperative_matrix2) on a GPU that offers them, where the
+  matrices' n equals k (measured faster than khr for prefill and no slower for decode:
+  docs/design.md, Attention); khr elsewhere.
 - A caller may replace fields of the chosen tile, for measuring others
   (Options.attention_tile, COOPMAT_ATTENTION_TILE):
   "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,family=nv2" (any of them).
@@ -47,6 +49,8 @@ MIN_SPLIT_STEPS = 2
 # most this many 32-bit registers an invocation; more would spill.
 PREFETCH_REGISTERS = 64
 KEY_STEPS = (64, 32, 16)
+# Decode's one subgroup streams K and V: 32 keys a step measured faster than 64.
+DECODE_KEY_STEPS = (32, 64, 16)
 GPU_SUBGROUPS = 4
 CPU_SUBGROUPS = 2
 
@@ -144,17 +148,24 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
     rows = cfg.M
     lanes = sg // rows if sg > rows else 1
     # A CPU driver takes one tile for every call (few kernels to compile, and small).
-    subgroups = CPU_SUBGROUPS if is_cpu(info) else 1 if decode else GPU_SUBGROUPS
+    if is_cpu(info):
+        subgroups = CPU_SUBGROUPS
+    elif decode:
+        subgroups = 1
+    else:  # no idle subgroups where the rows of a kv head fill fewer than GPU_SUBGROUPS
+        subgroups = min(GPU_SUBGROUPS, -(-p.rows // rows))
     step = math.lcm(cfg.N, cfg.K)
-    steps = [c for c in KEY_STEPS if c % step == 0 and c % lanes == 0] or [step * lanes]
+    order = DECODE_KEY_STEPS if decode else KEY_STEPS
+    steps = [c for c in order if c % step == 0 and c % lanes == 0] or [step * lanes]
     if is_cpu(info):  # the smallest step: lavapipe's compile time grows with the tile
         steps = [step * lanes]
+    family = "nv2" if not is_cpu(info) and nv2_offered(info) and cfg.N == cfg.K else "khr"
     unit = 8 if p.aligned and p.head_dim % 8 == 0 and p.value_dim % 8 == 0 else 1
     choice = None
     for keys in steps:
         t = AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
                             sg, rows=rows, subgroups=subgroups, keys=keys, lanes_per_row=lanes,
-                            unit=unit, mask=p.mask, prefetch=True)
+                            unit=unit, mask=p.mask, prefetch=True, family=family)
         t = replace(t, prefetch=prefetch_registers(t) <= PREFETCH_REGISTERS)
         if _fits(t, info):
             choice = t

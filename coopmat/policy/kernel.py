@@ -37,8 +37,9 @@ The rules (their measurements: docs/design.md, Policy):
   dispatch, the last workgroup of each tile summing the float32 partials and applying
   the epilogue, KhrTraits.split_k): forced by Options.split_k where
   `split_k_violation` allows it (else unsplit); else, while SPLIT_K_DEFAULT is on,
-  `split_k_for`: a GPU, the khr family, M <= SMALL_M, batch 1, S by the tile's rows and
-  unsplit grid (SPLIT_K_BY_TILE_ROWS) or by its workgroup count.
+  `split_k_for`: a GPU, the khr family, batch 1; M <= SMALL_M: S by the tile's rows and
+  unsplit grid (SPLIT_K_BY_TILE_ROWS) or by its workgroup count; more rows (a float B):
+  `mid_split_k`, S that fills the GPU with the general tile where K is long.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from coopmat.policy.gemv_tiles import gemv_traits
 from coopmat.policy.options import Options
 from coopmat.policy.rows_tiles import rows_traits
 from coopmat.policy.tiles import (
+    FILL_GROUPS,
     SMALL_M,
     filling_tile,
     khr_covering_tile,
@@ -161,6 +163,11 @@ SPLIT_K_DEFAULT = True
 SPLIT_K_TARGET_GROUPS = 256
 SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
+# Products of more than SMALL_M rows split K (mid_split_k) into at most MID_SPLIT_MAX
+# slices of at least MID_SPLIT_MIN_SLICE each: shorter slices measured no faster than the
+# filling tile unsplit.
+MID_SPLIT_MAX = 8
+MID_SPLIT_MIN_SLICE = 1792
 # Slices shorter than this leave each workgroup too little of K to stream.
 SPLIT_K_MIN_SLICE = 512
 
@@ -659,7 +666,8 @@ def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str
 def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
                 deepens: bool = True) -> int:
     """The split-K rule (applied while SPLIT_K_DEFAULT is on): on a GPU, for the khr
-    family, M <= SMALL_M, batch 1, unsplit grid G workgroups: on a tile of
+    family, batch 1; more than SMALL_M rows: mid_split_k; else, unsplit grid G
+    workgroups: on a tile of
     SPLIT_K_BY_TILE_ROWS' rows, that table's S for G; otherwise, where G <=
     SPLIT_K_MAX_GROUPS, S = the power of two of SPLIT_K_CHOICES nearest ceil(
     SPLIT_K_TARGET_GROUPS / G) (on a log scale: powers of two are geometric; ties go to
@@ -669,8 +677,10 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
     K step (_deep_traits), which the table's entries for an exact kernel of a float B
     count on (a row-major B's deeper tile does not fit 48 KiB of shared memory)."""
     p = problem
-    if is_cpu(info) or not isinstance(traits, KhrTraits) or p.M > SMALL_M or p.batch != 1:
+    if is_cpu(info) or not isinstance(traits, KhrTraits) or p.batch != 1:
         return 1
+    if p.M > SMALL_M:
+        return mid_split_k(info, p)
     t = traits.tile
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
     table = SPLIT_K_BY_TILE_ROWS.get(t.tile_m)
@@ -686,6 +696,27 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
     while S > 1 and (p.K % (S * t.tile_k) or p.K // S < SPLIT_K_MIN_SLICE):
         S //= 2  # fewer, longer slices where K does not make S whole ones
     return S if S > 1 and split_k_violation(info, p, S) is None else 1
+
+
+def mid_split_k(info: PhysicalDeviceInfo, problem: Problem) -> int:
+    """The split-K of a product of more than SMALL_M rows (float B) whose general tile's
+    grid G leaves the GPU part idle (G < FILL_GROUPS): the smallest power of two S with
+    G S >= FILL_GROUPS, each slice at least MID_SPLIT_MIN_SLICE deep and whole K steps;
+    1 (unsplit: the filling tile runs it) where no such S exists. Split, the slices keep
+    the general tile, which outruns the smaller filling tiles on long K (docs/design.md,
+    Policy)."""
+    p = problem
+    cfg = config_for(info, p.pair)
+    if cfg is None or p.b_quant is not None:
+        return 1
+    t = _default_tile(cfg, info.limits, False, False)
+    groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
+    if groups >= FILL_GROUPS:
+        return 1
+    S = 1 << max(0, math.ceil(math.log2(FILL_GROUPS / groups)))
+    if S > MID_SPLIT_MAX or p.K % (S * t.tile_k) or p.K // S < MID_SPLIT_MIN_SLICE:
+        return 1
+    return S if split_k_violation(info, p, S) is None else 1
 
 
 def slice_problem(problem: Problem, S: int) -> Problem:

@@ -32,7 +32,7 @@ from coopmat.codegen.variants import is_cpu
 from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
-from coopmat.policy import Options, resolve
+from coopmat.policy import current_options, resolve
 from coopmat.tools import ggml_peer
 from coopmat.tools.cli import prog
 from coopmat.tools.ggml_peer import MatMulCase
@@ -123,7 +123,8 @@ def decode(rows: list[dict[str, Any]], ms: list[int], shapes: list[tuple[int, in
             pair = resolve(rt.device.info, x.dtype, w.dtype)
             for layout, b in (("KxN", w), ("NxK^T", wt.T)):
                 row: dict[str, Any] = {"case": f"decode {M}x{K} @ {K}x{N} ({layout})"}
-                for label, opts in (("policy", Options()), ("khr", Options(family="khr"))):
+                policy = current_options()  # the process's options: COOPMAT_* apply
+                for label, opts in (("policy", policy), ("khr", policy.with_family("khr"))):
                     g = PreparedGemm(rt, pair, x[None], b[None], None, 1, 1, 0, options=opts)
                     try:
                         t = _kernel_ms(g)
@@ -254,8 +255,8 @@ def _weight_kernel_ms(x: Any, w: Any, d: Any,
     (M, K), N = x.shape, w.shape[0]
     a, out, b = device_operand(x, 0), device_operand(d, 2), device_operand(w.T, 1)
     pair = resolve(rt.device.info, x.dtype, x.dtype)
-    plan = q8_1_plan(rt, pair, a, b, (1, M, N, K), 1, Options()) if activation_quant \
-        else device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, Options())
+    plan = q8_1_plan(rt, pair, a, b, (1, M, N, K), 1, current_options()) if activation_quant \
+        else device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, current_options())
     plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag
     t = plan_serial_seconds(rt, plan, a, b, out, REPEAT)
     return (1e3 * t if t is not None else float("nan")), plan.traits.describe()

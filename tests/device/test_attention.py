@@ -188,7 +188,7 @@ def test_additive_masks(rt) -> None:
 
 # -- decode: the split kernel and its merge -----------------------------------------------
 @pytest.mark.parametrize("Lq,Lk,causal", [(1, 257, False), (8, 100, False), (5, 257, True),
-                                          (1, 33, False)])
+                                          (1, 33, False), (1, 130, False)])
 def test_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
     """Keys in slices (COOPMAT_ATTENTION_SPLITS), merged by the second pass; grouped
     heads (8 q heads on 2 kv heads) as rows of one tile; slices past a causal row's last

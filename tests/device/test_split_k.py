@@ -147,6 +147,21 @@ def test_rule_on_h200_decode_shapes() -> None:
     assert choose(H200, decode(H200, 16, 4096, 512), Options(), tuned).split_k == 1
 
 
+def test_mid_size_products_split_on_the_general_tile() -> None:
+    """More than SMALL_M rows (prefill-sized products) whose general tile's grid leaves a
+    GPU part idle split K until the grid fills it, the slices on the general tile; K too
+    short for MID_SPLIT_MIN_SLICE slices, a full grid, a batch or a CPU driver: unsplit."""
+    general = choose(H200, decode(H200, 8192, 8192, 8192), Options()).traits.tile
+    for M, K, S in ((128, 14336, 8), (256, 14336, 4), (512, 14336, 2), (512, 4096, 2),
+                    (1024, 14336, 1), (512, 2048, 1), (128, 4096, 1), (2048, 14336, 1)):
+        choice = choose(H200, decode(H200, M, 4096, K), Options())
+        assert choice.split_k == S, (M, K)
+        assert S == 1 or choice.traits.tile == general, (M, K)
+    assert choose(H200, decode(H200, 512, 4096, 14336, batch=2), Options()).split_k == 1
+    assert choose(LAVAPIPE, decode(LAVAPIPE, 512, 4096, 14336), Options()).split_k == 1
+    assert choose(H200, decode(H200, 512, 4096, 14336), Options(split_k=1)).split_k == 1
+
+
 def test_covering_tiles_specialize_large_products() -> None:
     """On the H200, 17-64 rows run a covering tile (32 or 64 rows in one row block), and
     such products of SPECIALIZE_COVERING_MIN_OPS or more get their sizes compiled in,
@@ -462,6 +477,17 @@ def test_exact_results(live_device_info, monkeypatch, S, M, K, out, b_col) -> No
     assert ran_split() == S
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_array_equal(d, ref.astype(out))  # exact sums, one rounding
+
+
+def test_many_row_blocks(live_device_info, monkeypatch) -> None:
+    """A split of a prefill-sized product (mid_split_k's case): several row and column
+    blocks, M and N ragged, each tile finished by its own last arrival."""
+    forced(monkeypatch, 2)
+    M, N, K = 70, 40, 256
+    a, w = small_ints(M, K), small_ints(N, K)
+    d = coopmat.matmul(a, w.T, dtype=F32)
+    assert ran_split() == 2
+    np.testing.assert_array_equal(d, a.astype(np.float64) @ w.T.astype(np.float64))
 
 
 @pytest.mark.parametrize("S", [2, 4])

@@ -120,6 +120,29 @@ def test_h200_choices() -> None:
     assert forced.splits == 1 and not forced.traits.split
 
 
+def test_choices_where_nv2_is_offered() -> None:
+    """A GPU offering the nv2 features takes the nv2 family (n = k); rows that need fewer
+    than four subgroups get no idle ones; decode steps 32 keys at a time."""
+    from coopmat.codegen.attention import NV2_FEATURES
+    from coopmat.policy.attention import DECODE_KEY_STEPS, GPU_SUBGROUPS, nv2_offered
+    nv2 = dataclasses.replace(H200, features={**H200.features,
+                                              **dict.fromkeys(NV2_FEATURES, True)})
+    assert nv2_offered(nv2) and not nv2_offered(H200)
+    prefill = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
+                                                     4096, 32)).traits
+    assert (prefill.family, prefill.subgroups) == ("nv2", GPU_SUBGROUPS)
+    assert choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
+                                                   4096, 32)).traits.family == "khr"
+    for rows, subgroups in ((17, 2), (32, 2), (33, 3), (48, 3), (65, 4)):
+        t = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, rows,
+                                                   32768, 8)).traits
+        assert t.subgroups == subgroups, rows
+    decode = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                    32768, 8))
+    assert decode.traits.subgroups == 1 and decode.traits.keys == DECODE_KEY_STEPS[0]
+    assert decode.traits.family == "nv2" and decode.splits > 1
+
+
 @needs_spirv_val
 def test_instruction_numbers() -> None:
     """The opcodes and capabilities the attention kernel adds to coopmat.codegen.spv,
