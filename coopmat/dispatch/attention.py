@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from coopmat.codegen import attention as attn
 from coopmat.codegen.attention import AttentionTraits
-from coopmat.codegen.attention_combine import CombineKernel, combine_kernel
+from coopmat.codegen.attention_combine import CombineKernel, combine_kernel, workgroup_count
 from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer
@@ -127,7 +127,7 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
                      kernel.workgroups(sizes.rows, sizes.z, choice.splits), tuple(offsets))
     ck = combine_kernel(t.out)
     start, base = o.bound
-    count = sizes.z * sizes.rows * t.value_dim
+    count = workgroup_count(sizes.z * sizes.rows, t.value_dim)
     push = CombineKernel.push_constants({
         "count": count, "value_dim": t.value_dim, "ws_ld": t.value_dim_padded,
         "Lq": sizes.Lq, "groups": sizes.groups, "kv_heads": sizes.kv_heads,
