@@ -8,12 +8,13 @@ and O_s (the sum of those weights times V's rows). The merged row is
 
 (0 where l is 0: no key was seen, a fully masked row), rounded once to the result type.
 
-One workgroup merges COLS consecutive elements of one row, so that its work does not
-grow a dependent load per slice: its invocations read the slices' (m, l) a slice each
-and reduce m and l through shared memory (no subgroup operations: any device runs it);
-then, CHUNK slices at a time, they put w_s in shared memory and each sums O_s w_s over
-every SLICE_LANES-th slice of the chunk for one element, UNROLL loads in flight; the
-SLICE_LANES partial sums of an element meet in shared memory.
+One workgroup (traits.invocations of them) merges COLS consecutive elements of one row,
+so that its time does not grow a dependent load per slice: its invocations read the
+slices' (m, l) a slice each and reduce m and l through shared memory (no subgroup
+operations: any device runs it); then, as many slices at a time as it has invocations,
+they put w_s in shared memory and each sums O_s w_s for one element over every
+slice_lanes-th slice of them, UNROLL loads in flight; the slice_lanes partial sums of an
+element meet in shared memory.
 
 Bindings: 0 = the partial O (float32, per slot (kv head, slice) rows_pad rows of ws_ld
 elements), 1 = (m, l) per slot and row, 2 = o.
@@ -37,12 +38,10 @@ from coopmat.common.enums import ComponentType
 
 PUSH_FIELDS = ("count", "groups_x", "value_dim", "ws_ld", "Lq", "groups", "kv_heads",
                "rows_pad", "splits", "o_base", "o_ld", "o_outer", "o_head")
-GROUP = 256
 COLS = 32  # elements of a row one workgroup merges: one 128-byte line of a slice's O
-SLICE_LANES = GROUP // COLS  # invocations that share an element, each every SLICE_LANES-th slice
-CHUNK = GROUP  # slices whose weights sit in shared memory at once
+INVOCATIONS = (1024, 512, 256)  # workgroup sizes offered, the largest a device allows taken
 UNROLL = 8  # independent loads of O an invocation keeps in flight
-FOLD = 16  # the (m, l) reductions fold GROUP values in two steps of FOLD
+FOLD = 32  # the (m, l) reductions fold a workgroup's values in FOLD groups, then FOLD values
 MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
 BINDING_PARTIAL, BINDING_ML, BINDING_OUT = 0, 1, 2
 
@@ -50,9 +49,15 @@ BINDING_PARTIAL, BINDING_ML, BINDING_OUT = 0, 1, 2
 @dataclass(frozen=True)
 class CombineTraits:
     out: ComponentType
+    invocations: int = 256  # one of INVOCATIONS; also the slices weighed at once
 
     def describe(self) -> str:
-        return f"attn-combine-out{element(self.out).short}"
+        return f"attn-combine-out{element(self.out).short}-i{self.invocations}"
+
+    @property
+    def slice_lanes(self) -> int:
+        """Invocations that share an element, each every slice_lanes-th slice."""
+        return self.invocations // COLS
 
     @property
     def storage_checks(self) -> bool:
@@ -62,6 +67,13 @@ class CombineTraits:
 def _capabilities(out: ComponentType) -> set[Capability]:
     return {Capability.Shader, Capability.VulkanMemoryModel,
             *type_capabilities(out, in_storage_buffer=True)}
+
+
+def combine_invocations(max_invocations: int, max_size_x: int) -> int:
+    """The largest of INVOCATIONS a device's maxComputeWorkGroupInvocations and
+    maxComputeWorkGroupSize[0] allow (256 at least, as before)."""
+    return next((n for n in INVOCATIONS if n <= min(max_invocations, max_size_x)),
+                INVOCATIONS[-1])
 
 
 def workgroup_count(rows: int, value_dim: int) -> int:
@@ -74,11 +86,17 @@ class CombineKernel:
     traits: CombineTraits
     spirv: bytes
     features: tuple[str, ...]
-    local_size: tuple[int, int, int] = (GROUP, 1, 1)
     push_constant_size: int = 4 * len(PUSH_FIELDS)
     required_subgroup_size: int | None = None
-    shared_memory_bytes: int = 4 * (CHUNK + 2 * GROUP + FOLD)
     bindings: tuple[int, ...] = (BINDING_PARTIAL, BINDING_ML, BINDING_OUT)
+
+    @property
+    def local_size(self) -> tuple[int, int, int]:
+        return (self.traits.invocations, 1, 1)
+
+    @property
+    def shared_memory_bytes(self) -> int:
+        return 4 * (3 * self.traits.invocations + FOLD)
 
     @staticmethod
     def workgroups(count: int) -> tuple[int, int, int]:
@@ -106,16 +124,17 @@ def _emit(traits: CombineTraits) -> bytes:
     ml = s.storage_buffer(BINDING_ML, f32, 4, True, "ml", restrict=True)
     out = s.storage_buffer(BINDING_OUT, out_el, element(traits.out).itemsize, False, "o",
                            restrict=True)
-    weights = s.shared_array(f32, CHUNK, "weights")
-    sums = s.shared_array(f32, GROUP, "sums")  # the SLICE_LANES partial sums of each element
-    fold = s.shared_array(f32, GROUP, "fold")
+    group, lanes = traits.invocations, traits.slice_lanes
+    weights = s.shared_array(f32, group, "weights")
+    sums = s.shared_array(f32, group, "sums")  # the partial sums of each element
+    fold = s.shared_array(f32, group, "fold")
     folded = s.shared_array(f32, FOLD, "folded")
     s.push_constants(PUSH_FIELDS, [s.u32] * len(PUSH_FIELDS))
     P = {name: s.param(name) for name in PUSH_FIELDS}
     wg = s.builtin(BuiltIn.WorkgroupId, mb.type_vector(s.u32, 3))
     tid = s.builtin(BuiltIn.LocalInvocationIndex, s.u32)
     wx, wy = (f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(2))
-    group = s.add(s.mul(wy, P["groups_x"]), wx)
+    wg_index = s.add(s.mul(wy, P["groups_x"]), wx)
     neg_inf, zero = mb.constant(f32, float("-inf")), mb.constant(f32, 0.0)
 
     def fop(op: Op, *args: int) -> int:
@@ -149,10 +168,10 @@ def _emit(traits: CombineTraits) -> bytes:
         s.barrier(Scope.Workgroup)
 
         def first() -> None:
-            acc = s.shared_load(fold, s.mul(tid, s.c(GROUP // FOLD)))
-            for k in range(1, GROUP // FOLD):
-                acc = combine(acc, s.shared_load(fold, s.add(s.mul(tid, s.c(GROUP // FOLD)),
-                                                             s.c(k))))
+            base = s.mul(tid, s.c(group // FOLD))
+            acc = s.shared_load(fold, base)
+            for k in range(1, group // FOLD):
+                acc = combine(acc, s.shared_load(fold, s.add(base, s.c(k))))
             s.shared_store(folded, tid, acc)
 
         f.if_(s.lt(tid, s.c(FOLD)), first)
@@ -164,7 +183,7 @@ def _emit(traits: CombineTraits) -> bytes:
 
     def body() -> None:
         blocks = s.udiv(s.add(P["value_dim"], s.c(COLS - 1)), s.c(COLS))
-        rest, col = s.udiv(group, blocks), s.umod(group, blocks)
+        rest, col = s.udiv(wg_index, blocks), s.umod(wg_index, blocks)
         lane, slice_lane = s.umod(tid, s.c(COLS)), s.udiv(tid, s.c(COLS))
         d = s.add(s.mul(col, s.c(COLS)), lane)
         rows = s.mul(P["groups"], P["Lq"])
@@ -177,7 +196,7 @@ def _emit(traits: CombineTraits) -> bytes:
         o_step = s.mul(P["rows_pad"], P["ws_ld"])
 
         m_var = f.local(f32, neg_inf)
-        count_loop(tid, lambda i: s.lt(i, splits), GROUP, lambda i: f.emit(
+        count_loop(tid, lambda i: s.lt(i, splits), group, lambda i: f.emit(
             Op.Store, m_var, fmax(load(m_var), s.buffer_load(ml, s.add(ml_at, s.mul(i, ml_step))))))
         m = reduce(load(m_var), fmax)
         m_use = s.select(f32, f.op(Op.FOrdEqual, s.bool, m, neg_inf), zero, m)
@@ -199,35 +218,29 @@ def _emit(traits: CombineTraits) -> bytes:
             f.if_(s.lt(sl, splits), weigh)
             s.barrier(Scope.Workgroup)
             left = f.op(Op.ISub, s.u32, splits, c0)
-            n = s.select(s.u32, s.lt(left, s.c(CHUNK)), left, s.c(CHUNK))
+            n = s.select(s.u32, s.lt(left, s.c(group)), left, s.c(group))
 
-            def terms(j: int, k: int) -> None:  # slices j, j + SLICE_LANES, ... (k of them)
-                js = [s.add(j, s.c(u * SLICE_LANES)) for u in range(k)]
+            def terms(j: int) -> None:
+                """Slices j, j + lanes, ... (UNROLL of them) of the chunk; those past its
+                end read slice j again and add nothing, so that every pass keeps UNROLL
+                loads in flight."""
+                js = [s.add(j, s.c(u * lanes)) for u in range(UNROLL)]
+                inside = [s.lt(ju, n) for ju in js]
+                js = [j] + [s.select(s.u32, ok, ju, j) for ok, ju in zip(inside[1:], js[1:],
+                                                                          strict=True)]
                 o_s = [s.buffer_load(partial, s.add(o_at, s.mul(s.add(c0, ju), o_step)))
                        for ju in js]
                 for u, ju in enumerate(js):
-                    w = s.shared_load(weights, ju)
-                    f.emit(Op.Store, accs[u], fadd(load(accs[u]), fop(Op.FMul, o_s[u], w)))
+                    term = fop(Op.FMul, o_s[u], s.shared_load(weights, ju))
+                    if u:
+                        term = s.select(f32, inside[u], term, zero)
+                    f.emit(Op.Store, accs[u], fadd(load(accs[u]), term))
 
-            def sums_of_chunk() -> None:
-                j_var = f.local(s.u32)
-                f.emit(Op.Store, j_var, slice_lane)
-                span = s.c((UNROLL - 1) * SLICE_LANES)
-                f.while_(lambda: s.lt(s.add(f.op(Op.Load, s.u32, j_var), span), n),
-                         lambda: terms(f.op(Op.Load, s.u32, j_var), UNROLL),
-                         lambda: f.emit(Op.Store, j_var, s.add(f.op(Op.Load, s.u32, j_var),
-                                                               s.c(UNROLL * SLICE_LANES))),
-                         LoopControl.DontUnroll)
-                f.while_(lambda: s.lt(f.op(Op.Load, s.u32, j_var), n),
-                         lambda: terms(f.op(Op.Load, s.u32, j_var), 1),
-                         lambda: f.emit(Op.Store, j_var, s.add(f.op(Op.Load, s.u32, j_var),
-                                                               s.c(SLICE_LANES))),
-                         LoopControl.DontUnroll)
-
-            f.if_(d_ok, sums_of_chunk)
+            f.if_(d_ok, lambda: count_loop(slice_lane, lambda j: s.lt(j, n), UNROLL * lanes,
+                                           terms))
             s.barrier(Scope.Workgroup)  # the next chunk's weights replace these
 
-        count_loop(s.c(0), lambda c0: s.lt(c0, splits), CHUNK, chunk)
+        count_loop(s.c(0), lambda c0: s.lt(c0, splits), group, chunk)
         l_val = reduce(load(l_var), fadd)
         acc = load(accs[0])
         for a in accs[1:]:
@@ -237,7 +250,7 @@ def _emit(traits: CombineTraits) -> bytes:
 
         def write() -> None:
             o_sum = s.shared_load(sums, lane)
-            for g in range(1, SLICE_LANES):
+            for g in range(1, lanes):
                 o_sum = fadd(o_sum, s.shared_load(sums, s.add(lane, s.c(g * COLS))))
             seen = f.op(Op.FOrdLessThan, s.bool, zero, l_val)
             value = s.select(f32, seen, fop(Op.FDiv, o_sum, l_val), zero)
@@ -253,13 +266,16 @@ def _emit(traits: CombineTraits) -> bytes:
 
         f.if_(s.and_(s.lt(tid, s.c(COLS)), d_ok), write)
 
-    f.if_(s.lt(group, P["count"]), body)  # uniform in a workgroup: its barriers are safe
-    return s.compute_module(GROUP)
+    f.if_(s.lt(wg_index, P["count"]), body)  # uniform in a workgroup: its barriers are safe
+    return s.compute_module(group)
 
 
 @functools.cache
-def combine_kernel(out: ComponentType) -> CombineKernel:
-    traits = CombineTraits(out)
+def combine_kernel(out: ComponentType, invocations: int = 256) -> CombineKernel:
+    """The merge rounding to `out`, in workgroups of `invocations` (one of INVOCATIONS)."""
+    if invocations not in INVOCATIONS:
+        raise ValueError(f"attention merge: {invocations} invocations is none of {INVOCATIONS}")
+    traits = CombineTraits(out, invocations)
     caps = _capabilities(out)
     return CombineKernel(traits, _emit(traits),
                          tuple(sorted(set(vulkan_features(caps)) | set(element(out).features)
