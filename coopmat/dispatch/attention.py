@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 from coopmat.codegen import attention as attn
 from coopmat.codegen.attention import AttentionTraits
-from coopmat.codegen.attention_combine import CombineKernel, combine_kernel
+from coopmat.codegen.attention_combine import (
+    CombineKernel,
+    combine_invocations,
+    combine_kernel,
+    workgroup_count,
+)
 from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer
@@ -125,9 +130,11 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
     first = Dispatch(rt.pipelines.get(kernel), buffers,
                      kernel.push_constants({**common, **values}),
                      kernel.workgroups(sizes.rows, sizes.z, choice.splits), tuple(offsets))
-    ck = combine_kernel(t.out)
+    lim = rt.device.info.limits
+    ck = combine_kernel(t.out, combine_invocations(lim.max_compute_work_group_invocations,
+                                                   lim.max_compute_work_group_size[0]))
     start, base = o.bound
-    count = sizes.z * sizes.rows * t.value_dim
+    count = workgroup_count(sizes.z * sizes.rows, t.value_dim)
     push = CombineKernel.push_constants({
         "count": count, "value_dim": t.value_dim, "ws_ld": t.value_dim_padded,
         "Lq": sizes.Lq, "groups": sizes.groups, "kv_heads": sizes.kv_heads,

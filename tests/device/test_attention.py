@@ -203,6 +203,71 @@ def test_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
     check(got, q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("invocations", [256, 1024])
+def test_split_merge_many_slices(rt, invocations) -> None:
+    """The merge alone on a made-up workspace, against float64 numpy: more slices than
+    the kernel weighs at once (its invocations), a value dimension that is no
+    multiple of a workgroup's COLS, empty slices (m = -inf, l = 0), one fully masked row
+    (0), padding rows and columns of NaN that no merged element may read."""
+    from coopmat.codegen import attention_combine as ac
+    from coopmat.common.enums import ComponentType
+    from coopmat.dispatch.executor import Dispatch
+
+    batch, kv, groups, Lq, Dv, ws_ld, splits = 2, 2, 3, 2, 40, 48, 1024 + 45
+    rows, rows_pad = groups * Lq, 8
+    shape = (batch * kv, splits, rows_pad)
+    m = RNG.standard_normal(shape) * 4
+    sums = RNG.uniform(0.5, 5.0, shape)
+    part = RNG.standard_normal((*shape, ws_ld)) * sums[..., None]
+    empty = RNG.random(shape) < 0.2
+    empty[3, :, 4] = True  # a fully masked row
+    m[empty], sums[empty], part[empty] = -np.inf, 0.0, 0.0
+    m[:, :, rows:], sums[:, :, rows:], part[:, :, rows:], part[..., Dv:] = (np.nan,) * 4
+    top = m[:, :, :rows].max(axis=1, keepdims=True)
+    w = np.exp2(m[:, :, :rows] - np.where(np.isinf(top), 0.0, top))
+    total = (sums[:, :, :rows] * w).sum(axis=1)
+    terms = part[:, :, :rows, :Dv] * w[..., None]
+    seen = total[..., None] > 0
+    ref = np.where(seen, terms.sum(axis=1) / np.where(seen, total[..., None], 1), 0.0)
+    mass = np.abs(terms).sum(axis=1) / np.where(seen, total[..., None], 1)
+    tol = 2 * (splits + 50) * 2.0 ** -24 * (mass + np.abs(ref))
+
+    lim = rt.device.info.limits
+    if invocations > min(lim.max_compute_work_group_invocations,
+                         lim.max_compute_work_group_size[0]):
+        pytest.skip(f"the device takes fewer than {invocations} invocations a workgroup")
+    ck = ac.combine_kernel(ComponentType.FLOAT32, invocations)
+    ws = coopmat.asarray(part.astype(np.float32).reshape(-1))
+    ml = coopmat.asarray(np.stack([m, sums], axis=-1).astype(np.float32).reshape(-1))
+    o = coopmat.zeros((batch, kv * groups, Lq, Dv), np.float32)
+    count = ac.workgroup_count(batch * kv * rows, Dv)
+    push = ac.CombineKernel.push_constants({
+        "count": count, "value_dim": Dv, "ws_ld": ws_ld, "Lq": Lq, "groups": groups,
+        "kv_heads": kv, "rows_pad": rows_pad, "splits": splits, "o_base": 0, "o_ld": Dv,
+        "o_outer": kv * groups * Lq * Dv, "o_head": Lq * Dv})
+    rt.stream.wait()
+    rt.executor.run([], [Dispatch(rt.pipelines.get(ck), {0: ws.buffer, 1: ml.buffer,
+                                                          2: o.buffer},
+                                  push, ac.CombineKernel.workgroups(count))], [])
+    got = o.numpy().reshape(batch * kv, rows, Dv).astype(np.float64)
+    assert not np.isnan(got).any(), "a padding row or column was read"
+    assert not got[3, 4].any()
+    err = np.abs(got - ref)
+    assert (err <= tol).all(), f"worst {err.max():.3g} against {tol[err > tol].min():.3g}"
+
+
+def test_split_decode_many_slices(rt, monkeypatch) -> None:
+    """Far more slices than a workgroup's invocations, the last one ragged, through the
+    front (float64 numpy softmax attention)."""
+    coopmat.set_options(attention_splits=10_000)
+    q, k, v = qkv((1, 4, 1, 32), (1, 2, 300 * 16 + 5, 32))
+    got = coopmat.attention(q, k, v)
+    choice = front.last_attention_choice()
+    assert choice is not None and choice.traits.split and choice.splits > 256
+    assert (choice.splits - 1) * choice.split_keys < k.shape[2]
+    check(got, q, k, v)
+
+
 # -- dtypes and errors --------------------------------------------------------------------
 def test_bfloat16_where_offered(rt) -> None:
     from coopmat.common.enums import ComponentType

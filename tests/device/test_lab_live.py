@@ -26,6 +26,14 @@ def test_profile_small_runs(live_device_info):
         assert section in out, out
 
 
+def test_attention_merge_runs_and_checks(live_device_info):
+    """Each slice count and workgroup size prints its time and its error against numpy."""
+    out = run_probe("lab/attention_merge.py", "--splits", "3", "--invocations", "256",
+                    "--kv", "2", "--value-dim", "40", "--reps", "1")
+    line = next(x for x in out.splitlines() if "invocations   256" in x)
+    assert float(line.split("relative error ")[1].rstrip(")")) < 1e-5, out
+
+
 def test_epilogue_cost_runs_and_checks(live_device_info):
     """Each case prints its kernel (with the epilogue it asked for) and, for relu, the
     largest error against numpy's float64 product."""

@@ -16,7 +16,7 @@ from coopmat.codegen.attention import (
     AttentionTraits,
     MaskKind,
 )
-from coopmat.codegen.attention_combine import combine_kernel
+from coopmat.codegen.attention_combine import combine_invocations, combine_kernel
 from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.codegen.tools import find_tool, validate
 from coopmat.common.enums import ComponentType as CT
@@ -98,7 +98,11 @@ def test_policy_kernels_validate(name) -> None:
             validate(attention_kernel(t).spirv)
             if c.splits > 1:
                 assert c.split_keys % t.keys == 0 and (c.splits - 1) * c.split_keys < p.Lk
-                validate(combine_kernel(p.out).spirv)
+                lim = info.limits
+                n = combine_invocations(lim.max_compute_work_group_invocations,
+                                        lim.max_compute_work_group_size[0])
+                assert n <= lim.max_compute_work_group_invocations
+                validate(combine_kernel(p.out, n).spirv)
 
 
 def test_h200_choices() -> None:
