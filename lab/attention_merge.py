@@ -4,7 +4,7 @@ size? GPU time of the merge dispatch on a made-up workspace of decode's shape (k
 q heads a kv head x Lq rows of value_dim elements), each result checked against float64
 numpy.
 
-    python lab/attention_merge.py [--splits 64,128,256,512] [--invocations 1024,256]
+    python lab/attention_merge.py [--splits 64,128,256,512] [--invocations 512,256]
         [--kv 8] [--groups 4] [--lq 1] [--value-dim 128] [--rows-pad 16] [--reps 20]
 """
 

@@ -39,7 +39,9 @@ from coopmat.common.enums import ComponentType
 PUSH_FIELDS = ("count", "groups_x", "value_dim", "ws_ld", "Lq", "groups", "kv_heads",
                "rows_pad", "splits", "o_base", "o_ld", "o_outer", "o_head")
 COLS = 32  # elements of a row one workgroup merges: one 128-byte line of a slice's O
-INVOCATIONS = (1024, 512, 256)  # workgroup sizes offered, the largest a device allows taken
+# Workgroup sizes offered, the largest a device allows taken: 1024 measured slower than
+# 512 on a GPU for 64 to 1024 slices (docs/design.md, Attention).
+INVOCATIONS = (512, 256)
 UNROLL = 8  # independent loads of O an invocation keeps in flight
 FOLD = 32  # the (m, l) reductions fold a workgroup's values in FOLD groups, then FOLD values
 MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees

@@ -9,7 +9,7 @@ problem's sizes.
 - Prefill: up to 4 subgroups a workgroup on a GPU (64 rows where m is 16; fewer where
   the rows of a kv head need fewer), 2 on a CPU driver; the key step is the largest of
   64, 32, 16 (multiples of the matrices' n and k) whose tiles fit the device's shared
-  memory; decode prefers 32.
+  memory; 32 first where one workgroup holds the rows of a kv head (decode).
 - Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
@@ -49,7 +49,8 @@ MIN_SPLIT_STEPS = 2
 # most this many 32-bit registers an invocation; more would spill.
 PREFETCH_REGISTERS = 64
 KEY_STEPS = (64, 32, 16)
-# Decode's one subgroup streams K and V: 32 keys a step measured faster than 64.
+# Where one workgroup holds all the rows of a kv head (decode: it streams K and V, split
+# over many workgroups), 32 keys a step measured faster than 64.
 DECODE_KEY_STEPS = (32, 64, 16)
 GPU_SUBGROUPS = 4
 CPU_SUBGROUPS = 2
@@ -155,7 +156,7 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
     else:  # no idle subgroups where the rows of a kv head fill fewer than GPU_SUBGROUPS
         subgroups = min(GPU_SUBGROUPS, -(-p.rows // rows))
     step = math.lcm(cfg.N, cfg.K)
-    order = DECODE_KEY_STEPS if decode else KEY_STEPS
+    order = DECODE_KEY_STEPS if p.rows <= subgroups * rows else KEY_STEPS
     steps = [c for c in order if c % step == 0 and c % lanes == 0] or [step * lanes]
     if is_cpu(info):  # the smallest step: lavapipe's compile time grows with the tile
         steps = [step * lanes]

@@ -164,9 +164,8 @@ SPLIT_K_TARGET_GROUPS = 256
 SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
 # Products of more than SMALL_M rows split K (mid_split_k) into at most MID_SPLIT_MAX
-# slices of at least MID_SPLIT_MIN_SLICE each: shorter slices measured no faster than the
-# filling tile unsplit.
-MID_SPLIT_MAX = 8
+# slices of at least MID_SPLIT_MIN_SLICE each: more or shorter slices measured slower.
+MID_SPLIT_MAX = 4
 MID_SPLIT_MIN_SLICE = 1792
 # Slices shorter than this leave each workgroup too little of K to stream.
 SPLIT_K_MIN_SLICE = 512
@@ -701,10 +700,11 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
 def mid_split_k(info: PhysicalDeviceInfo, problem: Problem) -> int:
     """The split-K of a product of more than SMALL_M rows (float B) whose general tile's
     grid G leaves the GPU part idle (G < FILL_GROUPS): the smallest power of two S with
-    G S >= FILL_GROUPS, each slice at least MID_SPLIT_MIN_SLICE deep and whole K steps;
-    1 (unsplit: the filling tile runs it) where no such S exists. Split, the slices keep
-    the general tile, which outruns the smaller filling tiles on long K (docs/design.md,
-    Policy)."""
+    G S >= FILL_GROUPS, at most MID_SPLIT_MAX, each slice at least MID_SPLIT_MIN_SLICE
+    deep and whole K steps; else 1 (unsplit: the filling tile runs it). The slices take
+    the tile the batch of S slices gets (tiles.filling_tile): the general tile where
+    G S fills the GPU, which outruns the smaller filling tiles on long K
+    (docs/design.md, Policy)."""
     p = problem
     cfg = config_for(info, p.pair)
     if cfg is None or p.b_quant is not None:
@@ -713,8 +713,8 @@ def mid_split_k(info: PhysicalDeviceInfo, problem: Problem) -> int:
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
     if groups >= FILL_GROUPS:
         return 1
-    S = 1 << max(0, math.ceil(math.log2(FILL_GROUPS / groups)))
-    if S > MID_SPLIT_MAX or p.K % (S * t.tile_k) or p.K // S < MID_SPLIT_MIN_SLICE:
+    S = min(MID_SPLIT_MAX, 1 << max(0, math.ceil(math.log2(FILL_GROUPS / groups))))
+    if p.K % (S * t.tile_k) or p.K // S < MID_SPLIT_MIN_SLICE:
         return 1
     return S if split_k_violation(info, p, S) is None else 1
 

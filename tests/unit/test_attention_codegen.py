@@ -141,6 +141,9 @@ def test_choices_where_nv2_is_offered() -> None:
         t = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, rows,
                                                    32768, 8)).traits
         assert t.subgroups == subgroups, rows
+        small = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 64, 64, rows,
+                                                       32768, 8)).traits
+        assert small.keys == (DECODE_KEY_STEPS[0] if rows <= 64 else 64), rows
     decode = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                     32768, 8))
     assert decode.traits.subgroups == 1 and decode.traits.keys == DECODE_KEY_STEPS[0]
