@@ -18,6 +18,12 @@ Per block, column and row, with the weight's scale dw, its quants w and x's (dx,
 The integer sums are exact (|sum| <= 32 * 127 * 127); each block then costs one
 conversion and three or four float32 operations a row, and the sums are float32 scalars.
 Needs the device feature shaderIntegerDotProduct (core in Vulkan 1.3, required there).
+
+The fused variant (GemvQ8_1Traits.fused_quant) needs no quantizing pass: A is the float16
+x itself, read as gemv_quant.py's kernel reads it (4 units of 16 bytes a block and row),
+and the lane that loaded a block quantizes it in registers with the pass's own code
+(quant_q8_1.quantize_block: the same bits as the pass's blocks), once per row and block,
+before the block's products with all C columns the lane multiplies.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from coopmat.codegen.gemv import required_capabilities
 from coopmat.codegen.gemv_quant import QuantGemvEmitter
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.quant import funnel, read_words, scale
-from coopmat.codegen.quant_q8_1 import A_BLOCK_UNITS, A_READ_UNITS
+from coopmat.codegen.quant_q8_1 import A_READ_UNITS, quantize_block
 from coopmat.codegen.spv import (
     Capability,
     Op,
@@ -53,9 +59,11 @@ _Loaded = tuple[list[list[int]], list[tuple[list[int], int]]]
 @dataclass(frozen=True)
 class GemvQ8_1Traits(GemvTraits):
     """GemvTraits of the integer kernel: A the q8_1 blocks of a float16 x, B a q4_0 or
-    q8_0 weight (b_quant); a_type/b_type float16 (the x the quantizing pass reads)."""
+    q8_0 weight (b_quant); a_type/b_type float16 (the x the quantizing pass reads).
+    fused_quant: A is x itself (float16), quantized in registers by the kernel."""
 
     family: ClassVar[str] = "gemv_q8_1"
+    fused_quant: bool = False
 
     def check_tile(self) -> None:
         super().check_tile()
@@ -66,40 +74,30 @@ class GemvQ8_1Traits(GemvTraits):
             raise ValueError("the q8_1 integer kernel quantizes float16 activations")
 
     def describe(self) -> str:
-        return super().describe() + f"-a{ACTIVATION_QUANT}"
+        return super().describe() + f"-a{ACTIVATION_QUANT}" + ("f" if self.fused_quant else "")
 
 
-def q8_1_traits(gemv: GemvTraits) -> GemvQ8_1Traits:
-    """`gemv` (a quantized B's gemv traits) as the integer kernel's."""
-    return GemvQ8_1Traits(**{f.name: getattr(gemv, f.name) for f in fields(gemv)})
+def q8_1_traits(gemv: GemvTraits, fused_quant: bool = False) -> GemvQ8_1Traits:
+    """`gemv` (a quantized B's gemv traits) as the integer kernel's (fused_quant: the
+    variant quantizing x itself)."""
+    return GemvQ8_1Traits(**{f.name: getattr(gemv, f.name) for f in fields(gemv)},
+                          fused_quant=fused_quant)
 
 
 class Q8_1GemvEmitter(QuantGemvEmitter):
-    a_units = A_READ_UNITS
+    """Loads are gemv_quant.py's: of the q8_1 blocks' 4 units a row the first
+    A_READ_UNITS, of a float16 x (fused_quant) all 4."""
+
+    def __init__(self, t: GemvQ8_1Traits) -> None:
+        super().__init__(t)
+        self.fused = t.fused_quant
+        if not self.fused:
+            self.a_units = A_READ_UNITS
 
     def _declare(self) -> None:
         super()._declare()
         self.s.mb.capability(*sorted(DOT_CAPABILITIES))
         self.i32 = self.s.mb.type_int(32, True)
-
-    # -- loads --------------------------------------------------------------------------
-    def _blocks(self, block: int, valid: int | None) -> _Loaded:
-        """Block `block` of every column of B and row of A; where `valid` is false, block 0
-        is read, A's units are zero (qx, dx and s: no contribution) and so is B's scale."""
-        s = self.s
-        if valid is not None:
-            block = s.select(s.u32, valid, block, s.c(0))
-        b_at = s.mul(block, s.c(self.fmt.block_bytes))
-        b = [read_words(s, self.B, s.add(col, b_at), self.block_words) for col in self.b_col]
-        a_at = s.mul(block, s.c(A_BLOCK_UNITS))
-        a = [[s.buffer_load(self.A, s.add(row, s.add(a_at, s.c(i))))
-              for i in range(A_READ_UNITS)] for row in self.a_row]
-        if valid is not None:
-            b = [([s.select(s.u32, valid, words[0], s.c(0)), *words[1:]], sh)
-                 for words, sh in b]
-            a = [[s.select(self.uvec4, valid, x, self.zero_unit) for x in units]
-                 for units in a]
-        return a, b
 
     # -- arithmetic ---------------------------------------------------------------------
     def _accumulate_blocks(self, accs: list[list[int]], loaded: _Loaded) -> None:
@@ -109,12 +107,9 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
         nibbles = self.fmt.nibbles
         rows = []  # per row: x's 8 qs words, dx, and 8 s (q4_0)
         for units in a_units:
-            words = [f.op(Op.CompositeExtract, s.u32, units[i // 4], i % 4) for i in range(8)]
-            dx = f.op(Op.Bitcast, self.f32, f.op(Op.CompositeExtract, s.u32, units[2], 0))
-            s8 = None
-            if nibbles:
-                sx = f.op(Op.Bitcast, self.f32, f.op(Op.CompositeExtract, s.u32, units[2], 1))
-                s8 = f.op(Op.FMul, self.f32, sx, s.mb.constant(self.f32, 8.0))
+            words, dx, sx = self._x_block(units, nibbles)
+            s8 = None if sx is None else f.op(Op.FMul, self.f32, sx,
+                                                s.mb.constant(self.f32, 8.0))
             rows.append((words, dx, s8))
         for j, (words, sh) in enumerate(blocks):
             dw = scale(s, words[0], sh)
@@ -138,6 +133,20 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
                 if s8 is not None:
                     v = f.op(Op.FSub, self.f32, v, s8)
                 accs[r][j] = f.op(Op.FAdd, self.f32, accs[r][j], f.op(Op.FMul, self.f32, dw, v))
+
+    def _x_block(self, units: list[int], with_sum: bool) -> tuple[list[int], int, int | None]:
+        """One row's block of x as (its 8 qs words, d, s where with_sum): the pass's
+        values as loaded, or (fused_quant) x's 32 float16 elements quantized here, once
+        for all the columns of the lane."""
+        s, f = self.s, self.s.f
+        if self.fused:
+            q = quantize_block(s, [vec for unit in units for vec in self._widen(unit)])
+            return q.words, q.d, q.s if with_sum else None
+        words = [f.op(Op.CompositeExtract, s.u32, units[i // 4], i % 4) for i in range(8)]
+        d = f.op(Op.Bitcast, self.f32, f.op(Op.CompositeExtract, s.u32, units[2], 0))
+        sx = f.op(Op.Bitcast, self.f32, f.op(Op.CompositeExtract, s.u32, units[2], 1)) \
+            if with_sum else None
+        return words, d, sx
 
     # -- float32 scalar sums (the float kernels keep vec4s) --------------------------------
     def _load_accs(self) -> list[list[int]]:

@@ -112,7 +112,7 @@ class QuantGemvEmitter(GemvEmitter):
         b_at = s.mul(block, s.c(self.fmt.block_bytes))
         b = [read_words(s, self.B, s.add(col, b_at), self.block_words) for col in self.b_col]
         a_at = s.mul(block, s.c(_A_UNITS))
-        a = [[s.buffer_load(self.A, s.add(row, s.add(a_at, s.c(i)))) for i in range(_A_UNITS)]
+        a = [[s.buffer_load(self.A, s.add(row, s.add(a_at, s.c(i)))) for i in range(self.a_units)]
              for row in self.a_row]
         if valid is not None:
             b = [([s.select(s.u32, valid, words[0], s.c(0)), *words[1:]], sh)

@@ -84,26 +84,87 @@ class QuantizeQ8_1Kernel(HelperKernel):
         return struct.pack("<4I", K, M, lda, QuantizeQ8_1Kernel.workgroups(M, K)[0])
 
 
-def _emit() -> bytes:
-    s = ShaderContext()
+@dataclass(frozen=True)
+class QuantizedBlock:
+    """One block of x as q8_1 values (ids): its qs as 8 words (elements 4i .. 4i + 3 in
+    the bytes of word i), d and s (float32)."""
+
+    words: list[int]
+    d: int
+    s: int
+
+
+def quantize_block(s: ShaderContext, xs: list[int]) -> QuantizedBlock:
+    """Emit the q8_1 quantization of one block, its 32 elements as 8 float32 vec4s (vec4 i:
+    elements 4i .. 4i + 3): amax by FMax, d = amax / 127, qs = roundf(x * (1 / d)) (0
+    where d = 0) as int8 packed 4 to a word, s = d * sum(qs). The pass below and the
+    integer gemv kernel quantizing in registers (gemv_q8_1.py) both emit it, so their
+    blocks are the same bits."""
     mb, f = s.mb, s.f
-    mb.capability(Capability.Float16)
     glsl = mb.ext_inst_import("GLSL.std.450")
-    f32, f16 = mb.type_float(32), mb.type_float(16)
+    f32 = mb.type_float(32)
     i32 = mb.type_int(32, True)
     vec4, uvec4, ivec4 = (mb.type_vector(t, 4) for t in (f32, s.u32, i32))
-    uvec2, h4, bvec4 = mb.type_vector(s.u32, 2), mb.type_vector(f16, 4), \
-        mb.type_vector(s.bool, 4)
-    src = s.storage_buffer(0, uvec4, 16, True, "x", restrict=True)
-    dst = s.storage_buffer(1, uvec4, 16, False, "blocks", restrict=True)
-    s.push_constants(PUSH_FIELDS, [s.u32] * len(PUSH_FIELDS))
-    P = {name: s.param(name) for name in PUSH_FIELDS}
+    bvec4 = mb.type_vector(s.bool, 4)
 
     def ext(inst: GLSLstd450, ty: int, *args: int) -> int:
         return f.op(Op.ExtInst, ty, glsl, inst, *args)
 
     def splat(ty: int, value: int) -> int:
         return mb.const_composite(ty, [value] * 4)
+
+    amax4 = ext(GLSLstd450.FAbs, vec4, xs[0])
+    for x in xs[1:]:
+        amax4 = ext(GLSLstd450.FMax, vec4, amax4, ext(GLSLstd450.FAbs, vec4, x))
+    parts = [f.op(Op.CompositeExtract, f32, amax4, i) for i in range(4)]
+    amax = ext(GLSLstd450.FMax, f32, ext(GLSLstd450.FMax, f32, parts[0], parts[1]),
+               ext(GLSLstd450.FMax, f32, parts[2], parts[3]))
+    zero, one = mb.constant(f32, 0.0), mb.constant(f32, 1.0)
+    d = f.op(Op.FDiv, f32, amax, mb.constant(f32, float(QMAX)))
+    inv = s.select(f32, f.op(Op.FOrdLessThan, s.bool, zero, d),
+                   f.op(Op.FDiv, f32, one, d), zero)
+    half, zero4 = splat(vec4, mb.constant(f32, 0.5)), mb.const_null(vec4)
+    low8 = splat(uvec4, s.c(0xFF))
+    shifts = mb.const_composite(uvec4, [s.c(8 * i) for i in range(4)])
+    words: list[int] = []
+    total: int | None = None
+    for x in xs:
+        t = f.op(Op.VectorTimesScalar, vec4, x, inv)
+        whole = ext(GLSLstd450.Trunc, vec4, t)
+        up = f.op(Op.FOrdGreaterThanEqual, bvec4,
+                  ext(GLSLstd450.FAbs, vec4, f.op(Op.FSub, vec4, t, whole)), half)
+        r = f.op(Op.FAdd, vec4, whole,
+                 s.select(vec4, up, ext(GLSLstd450.FSign, vec4, t), zero4))
+        q = f.op(Op.ConvertFToS, ivec4, r)
+        total = q if total is None else f.op(Op.IAdd, ivec4, total, q)
+        byte = f.op(Op.ShiftLeftLogical, uvec4,
+                    f.op(Op.BitwiseAnd, uvec4, f.op(Op.Bitcast, uvec4, q), low8), shifts)
+        c = [f.op(Op.CompositeExtract, s.u32, byte, i) for i in range(4)]
+        words.append(f.op(Op.BitwiseOr, s.u32, f.op(Op.BitwiseOr, s.u32, c[0], c[1]),
+                          f.op(Op.BitwiseOr, s.u32, c[2], c[3])))
+    assert total is not None
+    sums = [f.op(Op.CompositeExtract, i32, total, i) for i in range(4)]
+    qsum = f.op(Op.IAdd, i32, f.op(Op.IAdd, i32, sums[0], sums[1]),
+                f.op(Op.IAdd, i32, sums[2], sums[3]))
+    return QuantizedBlock(words, d, f.op(Op.FMul, f32, d, f.op(Op.ConvertSToF, f32, qsum)))
+
+
+def _emit() -> bytes:
+    s = ShaderContext()
+    mb, f = s.mb, s.f
+    mb.capability(Capability.Float16)
+    # The types quantize_block uses, declared up front: the module's ids then do not
+    # depend on where the block is emitted.
+    mb.ext_inst_import("GLSL.std.450")
+    f32, f16 = mb.type_float(32), mb.type_float(16)
+    i32 = mb.type_int(32, True)
+    vec4, uvec4, _ = (mb.type_vector(t, 4) for t in (f32, s.u32, i32))
+    uvec2, h4 = mb.type_vector(s.u32, 2), mb.type_vector(f16, 4)
+    mb.type_vector(s.bool, 4)
+    src = s.storage_buffer(0, uvec4, 16, True, "x", restrict=True)
+    dst = s.storage_buffer(1, uvec4, 16, False, "blocks", restrict=True)
+    s.push_constants(PUSH_FIELDS, [s.u32] * len(PUSH_FIELDS))
+    P = {name: s.param(name) for name in PUSH_FIELDS}
 
     wg = s.builtin(BuiltIn.WorkgroupId, mb.type_vector(s.u32, 3))
     tid = s.builtin(BuiltIn.LocalInvocationIndex, s.u32)
@@ -120,46 +181,13 @@ def _emit() -> bytes:
             for lo in (0, 2):
                 pair = f.op(Op.VectorShuffle, uvec2, unit, unit, lo, lo + 1)
                 xs.append(f.op(Op.FConvert, vec4, f.op(Op.Bitcast, h4, pair)))
-        amax4 = ext(GLSLstd450.FAbs, vec4, xs[0])
-        for x in xs[1:]:
-            amax4 = ext(GLSLstd450.FMax, vec4, amax4, ext(GLSLstd450.FAbs, vec4, x))
-        parts = [f.op(Op.CompositeExtract, f32, amax4, i) for i in range(4)]
-        amax = ext(GLSLstd450.FMax, f32, ext(GLSLstd450.FMax, f32, parts[0], parts[1]),
-                   ext(GLSLstd450.FMax, f32, parts[2], parts[3]))
-        zero, one = mb.constant(f32, 0.0), mb.constant(f32, 1.0)
-        d = f.op(Op.FDiv, f32, amax, mb.constant(f32, float(QMAX)))
-        inv = s.select(f32, f.op(Op.FOrdLessThan, s.bool, zero, d),
-                       f.op(Op.FDiv, f32, one, d), zero)
-        half, zero4 = splat(vec4, mb.constant(f32, 0.5)), mb.const_null(vec4)
-        low8 = splat(uvec4, s.c(0xFF))
-        shifts = mb.const_composite(uvec4, [s.c(8 * i) for i in range(4)])
-        words: list[int] = []
-        total: int | None = None
-        for x in xs:
-            t = f.op(Op.VectorTimesScalar, vec4, x, inv)
-            whole = ext(GLSLstd450.Trunc, vec4, t)
-            up = f.op(Op.FOrdGreaterThanEqual, bvec4,
-                      ext(GLSLstd450.FAbs, vec4, f.op(Op.FSub, vec4, t, whole)), half)
-            r = f.op(Op.FAdd, vec4, whole,
-                     s.select(vec4, up, ext(GLSLstd450.FSign, vec4, t), zero4))
-            q = f.op(Op.ConvertFToS, ivec4, r)
-            total = q if total is None else f.op(Op.IAdd, ivec4, total, q)
-            byte = f.op(Op.ShiftLeftLogical, uvec4,
-                        f.op(Op.BitwiseAnd, uvec4, f.op(Op.Bitcast, uvec4, q), low8), shifts)
-            c = [f.op(Op.CompositeExtract, s.u32, byte, i) for i in range(4)]
-            words.append(f.op(Op.BitwiseOr, s.u32, f.op(Op.BitwiseOr, s.u32, c[0], c[1]),
-                              f.op(Op.BitwiseOr, s.u32, c[2], c[3])))
-        assert total is not None
-        sums = [f.op(Op.CompositeExtract, i32, total, i) for i in range(4)]
-        qsum = f.op(Op.IAdd, i32, f.op(Op.IAdd, i32, sums[0], sums[1]),
-                    f.op(Op.IAdd, i32, sums[2], sums[3]))
-        s_ = f.op(Op.FMul, f32, d, f.op(Op.ConvertSToF, f32, qsum))
+        q = quantize_block(s, xs)
         out = s.mul(block, s.c(A_BLOCK_UNITS))
         for u in range(2):
             s.buffer_store(dst, s.add(out, s.c(u)),
-                           f.op(Op.CompositeConstruct, uvec4, *words[4 * u:4 * u + 4]))
-        ds = f.op(Op.CompositeConstruct, uvec4, f.op(Op.Bitcast, s.u32, d),
-                  f.op(Op.Bitcast, s.u32, s_), s.c(0), s.c(0))
+                           f.op(Op.CompositeConstruct, uvec4, *q.words[4 * u:4 * u + 4]))
+        ds = f.op(Op.CompositeConstruct, uvec4, f.op(Op.Bitcast, s.u32, q.d),
+                  f.op(Op.Bitcast, s.u32, q.s), s.c(0), s.c(0))
         s.buffer_store(dst, s.add(out, s.c(2)), ds)
 
     f.if_(s.lt(m, P["M"]), body)

@@ -1,6 +1,7 @@
-"""The plan of the opt-in integer product (matmul's activation_quant="q8_1"): x quantized to
-q8_1 blocks by a pass of its own into a temporary buffer, then the integer gemv kernel
-reading those blocks as its A (policy/act_quant.py chooses the kernel).
+"""The plan of the opt-in integer product (matmul's activation_quant="q8_1"): the integer
+gemv kernel quantizing x itself (one dispatch), or x quantized to q8_1 blocks by a pass
+of its own into a temporary buffer, then the kernel reading those blocks as its A
+(policy/act_quant.py chooses).
 
 The pass is the plan's pack step on operand 0, as an 8-bit repack is: plan_dispatches
 runs it into a buffer of plan_temps and binds that buffer as the GEMM's A, so prepared,
@@ -27,9 +28,11 @@ _plans: Lru[Plan] = Lru(PLAN_CACHE)
 
 def q8_1_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
               shape: tuple[int, int, int, int], alpha: float | int, options: Options,
-              ops: EpilogueOps | None = None) -> Plan:
-    """The plan of a @ b with a (M x K float16, row-major) quantized to q8_1 first and b a
-    quantized weight's transpose; ValueError where the integer product cannot run it."""
+              ops: EpilogueOps | None = None, fused: bool | None = None) -> Plan:
+    """The plan of a @ b with a (M x K float16, row-major) quantized to q8_1 and b a
+    quantized weight's transpose; ValueError where the integer product cannot run it.
+    fused: quantize x inside the kernel (True) or in a pass first (False); None: the
+    policy's choice."""
     batch, M, N, K = shape
     why = q8_1_violation(rt.device.info, pair, b.staged.quant, K)
     if why is None and (batch != 1 or a.staged.layout is not Layout.ROW_MAJOR):
@@ -40,7 +43,10 @@ def q8_1_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
         raise ValueError(f"activation_quant='q8_1' cannot run this {M}x{N}x{K} product: "
                          f"{why}")
     assert b.staged.quant is not None
-    traits = q8_1_kernel(rt.device.info, pair, M, N, K, b.staged.quant, ops)
+    traits = q8_1_kernel(rt.device.info, pair, M, N, K, b.staged.quant, ops, fused)
+    if traits.fused_quant:
+        return plan_of(rt, pair, a.staged, b.staged, None, shape, alpha, 0, traits, options,
+                       ops=ops)
     blocks = Staged(Layout.ROW_MAJOR, quantized_lda(K), 0, quantized_bytes(M, K))
     gemm = plan_of(rt, pair, blocks, b.staged, None, shape, alpha, 0, traits, options, ops=ops)
     key = (id(rt), gemm.serial, a.staged)

@@ -1,11 +1,19 @@
 """The opt-in integer product of a quantized weight (matmul's activation_quant="q8_1"):
 whether it can run, and its kernel.
 
-x is quantized to q8_1 blocks by a pass of its own (codegen/quant_q8_1.py) and multiplied
-by the q4_0 / q8_0 weight in 8-bit integer dot products (codegen/gemv_q8_1.py): the gemv
-kernel's few-row structure on the quantized B's default gemv tile (policy/gemv_tiles.py),
-any number of rows (more than GEMV_MAX_ROWS in further row blocks). Never chosen by
-default: the result differs from the float product by the quantization of x.
+x is quantized to q8_1 blocks and multiplied by the q4_0 / q8_0 weight in 8-bit integer
+dot products (codegen/gemv_q8_1.py): the gemv kernel's few-row structure on the quantized
+B's default gemv tile (policy/gemv_tiles.py), any number of rows (more than GEMV_MAX_ROWS
+in further row blocks). Never chosen by default: the result differs from the float
+product by the quantization of x.
+
+Up to FUSED_MAX_ROWS rows the kernel quantizes x itself, in registers (fused_quant: one
+dispatch); beyond, a pass of its own writes the blocks first (codegen/quant_q8_1.py, two
+dispatches). Both give the same bits. The fused kernel quantizes each block of x once per
+workgroup (every strip of columns again) and holds a row's 32 elements as float32 while
+it does, so its extra work and registers grow with the rows, while the pass quantizes
+each block once and its second dispatch (a few microseconds with its barrier) is the
+same cost at any row count: the fused kernel pays at few rows, the pass at many.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from coopmat.policy.types import TypePair
 
 ACTIVATION_QUANTS = (ACTIVATION_QUANT,)
 WEIGHTS = ("q4_0", "q8_0")  # the weight formats the integer kernel reads
+FUSED_MAX_ROWS = 4  # rows up to which the kernel quantizes x itself (see above)
 
 
 def check_name(name: str) -> None:
@@ -52,10 +61,18 @@ def q8_1_violation(info: PhysicalDeviceInfo, pair: TypePair, b_quant: str | None
     return None
 
 
+def fuses_quant(M: int) -> bool:
+    """Whether the integer product of M rows quantizes x inside its kernel (one
+    dispatch) rather than in a pass of its own first."""
+    return M <= FUSED_MAX_ROWS
+
+
 def q8_1_kernel(info: PhysicalDeviceInfo, pair: TypePair, M: int, N: int, K: int,
-                b_quant: str, ops: EpilogueOps | None = None) -> GemvQ8_1Traits:
-    """The integer kernel for M x K q8_1 blocks against an N x K weight of format
-    b_quant: the quantized B's default gemv tile for M rows."""
+                b_quant: str, ops: EpilogueOps | None = None,
+                fused: bool | None = None) -> GemvQ8_1Traits:
+    """The integer kernel for an M x K x against an N x K weight of format b_quant: the
+    quantized B's default gemv tile for M rows, reading x itself where `fused` (None:
+    fuses_quant(M)), else its q8_1 blocks."""
     gemv = gemv_traits(pair.operand, pair.result, info.limits, False, M, out_type=pair.out,
                        ops=ops, b_quant=b_quant, K=K, N=N)
-    return q8_1_traits(gemv)
+    return q8_1_traits(gemv, fuses_quant(M) if fused is None else fused)

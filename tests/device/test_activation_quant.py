@@ -135,3 +135,38 @@ def test_refusals(rt):
         import ml_dtypes
         with pytest.raises(ValueError, match="float16 activations"):
             coopmat.matmul(x.astype(ml_dtypes.bfloat16), q.T, activation_quant="q8_1")
+
+
+# (format, M, K, N, epilogue): a full K step and a remainder of blocks (lavapipe's 8-lane
+# subgroups take 32 blocks a step of one q4_0 row, 8 of q8_0's); N not whole tiles.
+FUSED_CASES = [("q4_0", 1, 1120, 36, False), ("q8_0", 3, 352, 20, False),
+               ("q4_0", 1, 256, 36, True)]
+
+
+@pytest.mark.parametrize("fmt,M,K,N,epilogue", FUSED_CASES)
+def test_fused_quantization_matches_the_pass(rt, monkeypatch, fmt, M, K, N, epilogue):
+    """The kernel quantizing x itself (the default at few rows) gives the bits of the
+    quantizing pass's two dispatches, on Gaussian x (every rounding path taken) with a
+    zero block (d = 0)."""
+    from coopmat.policy import act_quant
+    w = RNG.standard_normal((N, K)).astype(np.float32)
+    x = RNG.standard_normal((M, K)).astype(np.float16)
+    x[-1, 32:64] = 0
+    q = coopmat.quantize(w, fmt)
+    bias = RNG.uniform(-4, 4, N).astype(np.float16) if epilogue else None
+
+    def run() -> tuple[np.ndarray, str]:
+        y = coopmat.linear(x, q, bias, "relu" if epilogue else None,
+                           activation_quant="q8_1", dtype=np.float32).numpy()
+        return y, last_kernel_traits().describe()
+
+    fused, name = run()
+    assert name.endswith("-aq8_1f"), name
+    monkeypatch.setattr(act_quant, "FUSED_MAX_ROWS", 0)
+    passed, name = run()
+    assert name.endswith("-aq8_1"), name
+    np.testing.assert_array_equal(fused, passed)
+    wd = oracle(fmt, w)
+    y = np.maximum(x.astype(np.float64) @ wd.T + (0 if bias is None else bias), 0) \
+        if epilogue else x.astype(np.float64) @ wd.T
+    assert np.all(np.abs(fused - y) <= error_bound(x, wd, 2.0 ** -20) + 2.0 ** -20 * np.abs(y))

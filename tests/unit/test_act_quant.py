@@ -27,7 +27,12 @@ from coopmat.codegen.quant_q8_1 import (  # noqa: E402
 )
 from coopmat.common.enums import ComponentType as CT  # noqa: E402
 from coopmat.device.record import load_records  # noqa: E402
-from coopmat.policy.act_quant import check_name, q8_1_kernel, q8_1_violation  # noqa: E402
+from coopmat.policy.act_quant import (  # noqa: E402
+    FUSED_MAX_ROWS,
+    check_name,
+    q8_1_kernel,
+    q8_1_violation,
+)
 from coopmat.policy.gemv_tiles import gemv_traits  # noqa: E402
 from coopmat.policy.types import resolve  # noqa: E402
 
@@ -75,12 +80,39 @@ def test_kernels_validate():
     assert tools.validate(quantize_q8_1_kernel().spirv).ok
     lavapipe = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
     for fmt in ("q4_0", "q8_0"):
-        for M in (1, 8):
+        for M, fused in ((1, False), (8, False), (1, True), (3, True), (8, True)):
             t = q8_1_traits(gemv_traits(CT.FLOAT16, CT.FLOAT32, lavapipe.limits, False, M,
-                                        out_type=CT.FLOAT16, b_quant=fmt, K=256, N=64))
+                                        out_type=CT.FLOAT16, b_quant=fmt, K=256, N=64),
+                            fused)
             k = build_gemm(t)
             assert tools.validate(k.spirv).ok, t.describe()
             assert "shaderIntegerDotProduct" in k.features
+
+
+@pytest.mark.parametrize("fmt,M", [("q4_0", 1), ("q8_0", 3)])
+def test_fused_kernel_quantizes_each_block_once_for_all_columns(fmt, M):
+    """The fused kernel's module holds the quantization (one 1 / d, OpFDiv) once per row
+    and block a lane loads, in the main loop and the remainder: rows x unroll + rows
+    divisions by d, and as many by 127; the integer dot products are those of the pass's
+    kernel, each quantized block used for all C columns."""
+    from coopmat.codegen.spv import Op
+    lavapipe = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
+    g = gemv_traits(CT.FLOAT16, CT.FLOAT32, lavapipe.limits, False, M, out_type=CT.FLOAT16,
+                    b_quant=fmt, K=4096, N=4096)
+
+    def count(spirv: bytes, op: int) -> int:
+        words = np.frombuffer(spirv, np.uint32)[5:]
+        n, i = 0, 0
+        while i < len(words):
+            n += int(words[i] & 0xFFFF) == op
+            i += int(words[i] >> 16)
+        return n
+
+    fused, passed = (build_gemm(q8_1_traits(g, f)).spirv for f in (True, False))
+    blocks = M * (g.unroll + 1)  # a lane's blocks: unroll in a full step, 1 in the remainder
+    assert count(fused, Op.FDiv) == 2 * blocks and count(passed, Op.FDiv) == 0
+    dots = Op.SUDot if fmt == "q4_0" else Op.SDot
+    assert count(fused, dots) == count(passed, dots) == 8 * blocks * g.cols
 
 
 def test_traits_name_and_refuse():
@@ -91,6 +123,8 @@ def test_traits_name_and_refuse():
     assert isinstance(t, GemvQ8_1Traits) and t.family == "gemv_q8_1"
     assert t.describe() == base.describe().replace("gemv", "gemv_q8_1", 1) + "-aq8_1"
     assert t != base  # its own kernel, never the float one's cache entry
+    fused = q8_1_traits(base, fused_quant=True)
+    assert fused.describe() == t.describe() + "f" and fused != t
     with pytest.raises(ValueError, match="q4_0 or q8_0"):
         q8_1_traits(replace(base, b_quant=None, tile=gemv_traits(
             CT.FLOAT16, CT.FLOAT32, lavapipe.limits, False, 1).tile)).check_tile()
@@ -118,3 +152,8 @@ def test_policy_refusals():
         check_name("q4_0")
     t = q8_1_kernel(h200, pair, 1, 4096, 14336, "q4_0")
     assert t.b_quant == "q4_0" and t.rows == 1 and t.out_type == CT.FLOAT16
+    # x quantized inside the kernel at few rows, by the pass beyond; either on request.
+    assert t.fused_quant and q8_1_kernel(h200, pair, FUSED_MAX_ROWS, 4096, 14336,
+                                         "q8_0").fused_quant
+    assert not q8_1_kernel(h200, pair, FUSED_MAX_ROWS + 1, 4096, 14336, "q4_0").fused_quant
+    assert not q8_1_kernel(h200, pair, 1, 4096, 14336, "q4_0", fused=False).fused_quant
