@@ -36,7 +36,7 @@ from coopmat.codegen.family import register_family
 from coopmat.codegen.gemv import required_capabilities
 from coopmat.codegen.gemv_quant import QuantGemvEmitter
 from coopmat.codegen.kernel import Kernel
-from coopmat.codegen.quant import funnel, read_words, scale
+from coopmat.codegen.quant import funnel, scale
 from coopmat.codegen.quant_q8_1 import A_READ_UNITS, quantize_block
 from coopmat.codegen.spv import (
     Capability,

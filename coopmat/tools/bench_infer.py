@@ -152,9 +152,11 @@ def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase],
     the policy's kernel time from timestamps (the quantized bytes read per second follow
     from it) and the wall time per call of products queued back to back, beside torch's
     dequantize + matmul (GPU time of back-to-back launches); with activation_quant
-    ('q8_1'), a quantized weight's integer path too (its quantizing pass and kernel, one
-    time). One row per row count M; returns each case's kernel time in milliseconds, and
-    the integer path's where timed."""
+    ('q8_1'), a quantized weight's integer path too (the policy's: one kernel quantizing
+    x itself at few rows, else the quantizing pass and the kernel, one time; both ways'
+    times beside it, ..._fused_kernel_us and ..._2pass_kernel_us). One row per
+    row count M; returns each case's kernel time in milliseconds, and the integer path's
+    where timed."""
     from coopmat.api.array import asarray, empty
     from coopmat.api.quantized import quantize
     torch = cuda_torch()
@@ -185,6 +187,9 @@ def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase],
                         x, wq, d, activation_quant)
                     int_times[c] = t
                     row[f"{c.weight}_{activation_quant}_kernel_us"] = 1e3 * t
+                    for fused, name in ((True, "fused"), (False, "2pass")):
+                        t, _ = _weight_kernel_ms(x, wq, d, activation_quant, fused=fused)
+                        row[f"{c.weight}_{activation_quant}_{name}_kernel_us"] = 1e3 * t
             if torch is not None:
                 row["torch_dequant_matmul_us"] = 1e3 * torch_dequant_matmul_ms(
                     torch, x.numpy(), N, K)
@@ -242,12 +247,12 @@ def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
             "build_commit": peer.build_commit}
 
 
-def _weight_kernel_ms(x: Any, w: Any, d: Any,
-                      activation_quant: str | None = None) -> tuple[float, str]:
+def _weight_kernel_ms(x: Any, w: Any, d: Any, activation_quant: str | None = None,
+                      fused: bool | None = None) -> tuple[float, str]:
     """(GPU milliseconds, the kernel's name) per x @ w.T (x an M x K Array, w an N x K
     Array or QuantizedArray, d an M x N float16 Array), the policy's plan (with
-    activation_quant, the integer path's: its quantizing pass and kernel) run REPEAT
-    times back to back."""
+    activation_quant, the integer path's, x quantized in the kernel or by a pass first
+    as `fused` says, None: as the policy chooses) run REPEAT times back to back."""
     from coopmat.api.matmul import device_operand
     from coopmat.dispatch.act_quant import q8_1_plan
     from coopmat.dispatch.gemm import device_plan, plan_serial_seconds
@@ -255,7 +260,8 @@ def _weight_kernel_ms(x: Any, w: Any, d: Any,
     (M, K), N = x.shape, w.shape[0]
     a, out, b = device_operand(x, 0), device_operand(d, 2), device_operand(w.T, 1)
     pair = resolve(rt.device.info, x.dtype, x.dtype)
-    plan = q8_1_plan(rt, pair, a, b, (1, M, N, K), 1, current_options()) if activation_quant \
+    plan = q8_1_plan(rt, pair, a, b, (1, M, N, K), 1, current_options(), fused=fused) \
+        if activation_quant \
         else device_plan(rt, pair, a, b, None, (1, M, N, K), 1, 0, current_options())
     plan_serial_seconds(rt, plan, a, b, out, REPEAT, 1)  # untimed: first runs can lag
     t = plan_serial_seconds(rt, plan, a, b, out, REPEAT)
