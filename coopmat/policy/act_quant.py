@@ -7,13 +7,12 @@ B's default gemv tile (policy/gemv_tiles.py), any number of rows (more than GEMV
 in further row blocks). Never chosen by default: the result differs from the float
 product by the quantization of x.
 
-Up to FUSED_MAX_ROWS rows the kernel quantizes x itself, in registers (fused_quant: one
-dispatch); beyond, a pass of its own writes the blocks first (codegen/quant_q8_1.py, two
-dispatches). Both give the same bits. The fused kernel quantizes each block of x once per
-workgroup (every strip of columns again) and holds a row's 32 elements as float32 while
-it does, so its extra work and registers grow with the rows, while the pass quantizes
-each block once and its second dispatch (a few microseconds with its barrier) is the
-same cost at any row count: the fused kernel pays at few rows, the pass at many.
+A pass of its own writes x's q8_1 blocks first (codegen/quant_q8_1.py), then the integer
+kernel reads them: two dispatches. A kernel that quantizes x itself, in registers
+(fused_quant, one dispatch, the same bits) exists and the benchmark times it beside the
+pass, but the policy takes it up to FUSED_MAX_ROWS rows only, now none: it quantizes each
+block once per strip of columns, and on an H100 that made it twice the pass's time at one
+row and worse beyond (docs/design.md, Quantized weights).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from coopmat.policy.types import TypePair
 
 ACTIVATION_QUANTS = (ACTIVATION_QUANT,)
 WEIGHTS = ("q4_0", "q8_0")  # the weight formats the integer kernel reads
-FUSED_MAX_ROWS = 4  # rows up to which the kernel quantizes x itself (see above)
+FUSED_MAX_ROWS = 0  # rows up to which the kernel quantizes x itself (see above)
 
 
 def check_name(name: str) -> None:

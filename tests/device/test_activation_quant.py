@@ -145,7 +145,7 @@ FUSED_CASES = [("q4_0", 1, 1120, 36, False), ("q8_0", 3, 352, 20, False),
 
 @pytest.mark.parametrize("fmt,M,K,N,epilogue", FUSED_CASES)
 def test_fused_quantization_matches_the_pass(rt, monkeypatch, fmt, M, K, N, epilogue):
-    """The kernel quantizing x itself (the default at few rows) gives the bits of the
+    """The kernel quantizing x itself (within FUSED_MAX_ROWS) gives the bits of the
     quantizing pass's two dispatches, on Gaussian x (every rounding path taken) with a
     zero block (d = 0)."""
     from coopmat.policy import act_quant
@@ -160,6 +160,7 @@ def test_fused_quantization_matches_the_pass(rt, monkeypatch, fmt, M, K, N, epil
                            activation_quant="q8_1", dtype=np.float32).numpy()
         return y, last_kernel_traits().describe()
 
+    monkeypatch.setattr(act_quant, "FUSED_MAX_ROWS", M)
     fused, name = run()
     assert name.endswith("-aq8_1f"), name
     monkeypatch.setattr(act_quant, "FUSED_MAX_ROWS", 0)

@@ -152,8 +152,8 @@ def test_policy_refusals():
         check_name("q4_0")
     t = q8_1_kernel(h200, pair, 1, 4096, 14336, "q4_0")
     assert t.b_quant == "q4_0" and t.rows == 1 and t.out_type == CT.FLOAT16
-    # x quantized inside the kernel at few rows, by the pass beyond; either on request.
-    assert t.fused_quant and q8_1_kernel(h200, pair, FUSED_MAX_ROWS, 4096, 14336,
-                                         "q8_0").fused_quant
+    # x quantized by the pass unless asked (or within FUSED_MAX_ROWS); either on request.
+    assert t.fused_quant == (1 <= FUSED_MAX_ROWS)
     assert not q8_1_kernel(h200, pair, FUSED_MAX_ROWS + 1, 4096, 14336, "q4_0").fused_quant
+    assert q8_1_kernel(h200, pair, 1, 4096, 14336, "q8_0", fused=True).fused_quant
     assert not q8_1_kernel(h200, pair, 1, 4096, 14336, "q4_0", fused=False).fused_quant
