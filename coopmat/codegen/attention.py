@@ -431,19 +431,15 @@ class AttentionEmitter:
         self.split_index = wy
         self.outer = s.udiv(wz, P["kv_heads"])
         self.kv_head = s.umod(wz, P["kv_heads"])
+        self.r0 = s.mul(wx, s.c(t.block_rows))
         self.rows_total = s.mul(P["groups"], P["Lq"])
-        self.causal = s.f.op(Op.INotEqual, s.bool,
-                             s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_CAUSAL)), s.c(0))
-        # Causal row blocks grow with their index: the longest start first, so that the
-        # grid's tail holds short ones.
-        nx = s.udiv(s.add(self.rows_total, s.c(t.block_rows - 1)), s.c(t.block_rows))
-        block = s.select(s.u32, self.causal, self._sub(self._sub(nx, s.c(1)), wx), wx)
-        self.r0 = s.mul(block, s.c(t.block_rows))
         self.k_off = s.add(P["k_base"], s.add(s.mul(self.outer, P["k_outer"]),
                                                s.mul(self.kv_head, P["k_head"])))
         self.v_off = s.add(P["v_base"], s.add(s.mul(self.outer, P["v_outer"]),
                                                s.mul(self.kv_head, P["v_head"])))
         self.sg_row = s.mul(self.sgid, s.c(t.rows))  # the subgroup's first row in the tile
+        self.causal = s.f.op(Op.INotEqual, s.bool,
+                             s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_CAUSAL)), s.c(0))
         self.neg_inf = self._fconst(float("-inf"))
         self._key_range()
 
