@@ -37,9 +37,10 @@ Causal (torch's is_causal, top-left aligned: key j is seen by query i where j <=
 fully masked tail are skipped: the key range of a workgroup ends after its last row's
 query. With a mask (traits.skip_blocks), a first pass (attention_blocks.py) marks each
 (workgroup, key step) block that has a visible score; the key loop reads its block's word
-and skips the staging, scores, softmax and P V of the others. A split kernel (decode, traits.split) runs the key range in slices, one per
-workgroup along y, and writes its unnormalised O and its rows' (m, l) to a workspace that
-a second pass (attention_combine.py) merges.
+and skips the staging, scores, softmax and P V of the others (a hidden step would change
+no row's running max, sum or O). A split kernel (decode, traits.split) runs the key range
+in slices, one per workgroup along y, and writes its unnormalised O and its rows' (m, l)
+to a workspace that a second pass (attention_combine.py) merges.
 
 Staging: q, k and v are read in units of 8 elements (16-byte vectors: traits.unit 8)
 where their dimensions, strides and offsets allow, else element by element. Every global
