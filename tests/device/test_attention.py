@@ -6,7 +6,9 @@ Kernels are few on purpose (lavapipe compiles each in 5-40 s of CPU): the policy
 kernel for E = 64 takes the shape, head, broadcasting, causal and device-array cases;
 E = 128 and an odd E (96, with Ev = 80, read through an unaligned view: the element-wise
 staging, a float32 result) one kernel each; the masks (boolean with two lanes a row, so
-the lanes' shuffles run; additive) and the split decode kernel at E = 32.
+the lanes' shuffles run; additive) and the split decode kernel at E = 32. Masks skip
+the key steps they hide whole: the block pass's words are checked against numpy's block
+reduction, and block-sparse masks through the front.
 """
 
 from __future__ import annotations
