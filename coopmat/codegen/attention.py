@@ -35,9 +35,12 @@ are plain query rows.
 
 Causal (torch's is_causal, top-left aligned: key j is seen by query i where j <= i) and a
 fully masked tail are skipped: the key range of a workgroup ends after its last row's
-query. A split kernel (decode, traits.split) runs the key range in slices, one per
-workgroup along y, and writes its unnormalised O and its rows' (m, l) to a workspace that
-a second pass (attention_combine.py) merges.
+query. With a mask (traits.skip_blocks), a first pass (attention_blocks.py) marks each
+(workgroup, key step) block that has a visible score; the key loop reads its block's word
+and skips the staging, scores, softmax and P V of the others (a hidden step would change
+no row's running max, sum or O). A split kernel (decode, traits.split) runs the key range
+in slices, one per workgroup along y, and writes its unnormalised O and its rows' (m, l)
+to a workspace that a second pass (attention_combine.py) merges.
 
 Staging: q, k and v are read in units of 8 elements (16-byte vectors: traits.unit 8)
 where their dimensions, strides and offsets allow, else element by element. Every global
@@ -72,6 +75,7 @@ LOG2_E = math.log2(math.e)
 
 # Bindings.
 BINDING_Q, BINDING_K, BINDING_V, BINDING_O, BINDING_MASK, BINDING_ML = 0, 1, 2, 3, 4, 5
+BINDING_BLOCKS = 6  # traits.skip_blocks: the words of the block pass (attention_blocks.py)
 
 # Push constants, 4 bytes each (scale a float32, the rest u32), in this order. Element
 # offsets and strides: *_base where an operand starts, *_ld between rows, *_outer between
@@ -86,6 +90,9 @@ PUSH_FIELDS = (
     "scale_log2", "flags", "split_keys", "splits", "rows_pad",
 )
 FLAG_CAUSAL = 1
+# traits.skip_blocks: the block words are the same for every z (the mask is broadcast over
+# batch and heads), so the kernel reads z 0's.
+FLAG_SHARED_BLOCKS = 2
 
 FAMILIES = ("khr", "nv2")
 # What the nv2 family needs beyond KHR (VkPhysicalDeviceCooperativeMatrix2FeaturesNV).
@@ -123,7 +130,9 @@ class AttentionTraits:
     the next step's K and V loads are issued before this step's multiplies; family:
     "khr" (row statistics through shared memory, this module) or "nv2" (row reductions,
     per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
-    attention_nv2.py)."""
+    attention_nv2.py); skip_blocks: skip the key steps whose block of scores the mask
+    hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
+    the next visible step is not known a step ahead)."""
 
     operand: ComponentType
     out: ComponentType
@@ -142,6 +151,7 @@ class AttentionTraits:
     split: bool = False
     prefetch: bool = True
     family: str = "khr"
+    skip_blocks: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -217,6 +227,8 @@ class AttentionTraits:
             name += "-pf"
         if self.family != "khr":
             name += f"-{self.family}"
+        if self.skip_blocks:
+            name += "-skip"
         return name
 
     def violation(self) -> str | None:
@@ -246,6 +258,10 @@ class AttentionTraits:
             return "a workgroup needs a subgroup"
         if self.family not in FAMILIES:
             return f"family {self.family!r} is not one of {', '.join(FAMILIES)}"
+        if self.skip_blocks and self.mask is None:
+            return "skip_blocks needs a mask"
+        if self.skip_blocks and self.prefetch:
+            return "skip_blocks prefetches nothing: prefetch must be 0"
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -296,7 +312,8 @@ class AttentionKernel:
         t = self.traits
         return (BINDING_Q, BINDING_K, BINDING_V, BINDING_O) + \
             ((BINDING_MASK,) if t.mask is not None else ()) + \
-            ((BINDING_ML,) if t.split else ())
+            ((BINDING_ML,) if t.split else ()) + \
+            ((BINDING_BLOCKS,) if t.skip_blocks else ())
 
     def workgroups(self, rows: int, z: int, splits: int = 1) -> tuple[int, int, int]:
         """The grid: row tiles of `rows` query rows (groups x Lq) along x, splits of the
@@ -410,6 +427,8 @@ class AttentionEmitter:
                                              restrict=True)
         self.ML = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True) \
             if t.split else None
+        self.blocks = s.storage_buffer(BINDING_BLOCKS, s.u32, 4, True, "blocks",
+                                       restrict=True) if t.skip_blocks else None
         self.tiles = s.shared_array(self.unit_t, t.tile_elems // t.unit, "tiles")
         self.S_sh = s.shared_array(self.f32, t.block_rows * t.scratch_stride, "scores")
         if t.family == "khr":  # nv2 keeps P and the row statistics in registers
@@ -442,6 +461,14 @@ class AttentionEmitter:
                              s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_CAUSAL)), s.c(0))
         self.neg_inf = self._fconst(float("-inf"))
         self._key_range()
+        if t.skip_blocks:
+            steps = s.udiv(s.add(P["Lk"], s.c(t.keys - 1)), s.c(t.keys))
+            row_blocks = s.udiv(s.add(self.rows_total, s.c(t.block_rows - 1)),
+                                s.c(t.block_rows))
+            shared = s.f.op(Op.INotEqual, s.bool, s.f.op(
+                Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_SHARED_BLOCKS)), s.c(0))
+            z = s.select(s.u32, shared, s.c(0), wz)
+            self.block_words = s.mul(s.add(s.mul(z, row_blocks), wx), steps)
 
     def _row_query(self, R: int) -> tuple[int, int]:
         """(q head, query index) of row R (R < groups x Lq)."""
@@ -731,8 +758,7 @@ class AttentionEmitter:
             for var, value in zip(regs, first, strict=True):
                 self._store(var, value)
 
-        def body() -> None:
-            k0 = self._load(s.u32, k_var)
+        def run(k0: int) -> None:
             self._barrier()  # the previous step's K, V and P have been read
             if t.prefetch:
                 self._kv_store([self._load(self.unit_t, v) for v in regs])
@@ -744,6 +770,18 @@ class AttentionEmitter:
                                       strict=True):
                     self._store(var, value)
             self._step(qf, rows, acc_vars, k0)
+
+        def body() -> None:
+            k0 = self._load(s.u32, k_var)
+            if not t.skip_blocks:
+                run(k0)
+                return
+            # One address for the whole workgroup: the branch, and the barriers in it,
+            # stay in uniform control flow. A hidden step would change no row's state.
+            assert self.blocks is not None
+            word = s.buffer_load(self.blocks, s.add(self.block_words,
+                                                    s.udiv(k0, s.c(t.keys))))
+            f.if_(s.f.op(Op.INotEqual, s.bool, word, s.c(0)), lambda: run(k0))
 
         def step() -> None:
             self._store(k_var, s.add(self._load(s.u32, k_var), s.c(t.keys)))

@@ -1,5 +1,6 @@
 """Run an attention choice (coopmat.policy.attention) on operands in device memory: the
-attention kernel, and for a split run its workspace and the merging pass, queued in one
+attention kernel, for a split run its workspace and the merging pass, for a kernel that
+skips masked blocks the pass marking them (before it) and its words, queued in one
 submission on the device's stream (with the call's staging copies before it and a copy
 of a small result to host-visible memory after it, as a product's).
 
@@ -14,7 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coopmat.codegen import attention as attn
-from coopmat.codegen.attention import AttentionTraits
+from coopmat.codegen.attention import AttentionTraits, MaskKind
+from coopmat.codegen.attention_blocks import (
+    HIDDEN_BF16,
+    HIDDEN_BOOL,
+    HIDDEN_F16,
+    BlockKernel,
+    block_kernel,
+)
 from coopmat.codegen.attention_combine import (
     CombineKernel,
     combine_invocations,
@@ -22,6 +30,7 @@ from coopmat.codegen.attention_combine import (
     workgroup_count,
 )
 from coopmat.codegen.attention_kernels import attention_kernel
+from coopmat.common.enums import ComponentType
 from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer
 from coopmat.dispatch.runtime import Runtime
@@ -103,28 +112,77 @@ def workspace_bytes(choice: AttentionChoice, sizes: Sizes) -> tuple[int, int]:
     return slots * t.value_dim_padded * 4, slots * 2 * 4
 
 
+def shared_blocks(mask: Operand | None) -> bool:
+    """Whether the mask is the same for every batch entry and head: one set of block
+    words serves every z."""
+    return mask is not None and mask.outer == 0 and mask.head == 0
+
+
+def block_words(choice: AttentionChoice, sizes: Sizes, mask: Operand | None) -> int:
+    """Words of the block pass (0 where the kernel skips nothing): one per (z, row
+    block, key step), z 1 where the mask is shared (shared_blocks)."""
+    t = choice.traits
+    if not t.skip_blocks:
+        return 0
+    zs = 1 if shared_blocks(mask) else sizes.z
+    return zs * -(-sizes.rows // t.block_rows) * -(-sizes.Lk // t.keys)
+
+
+def _block_pass(rt: Runtime, t: AttentionTraits, sizes: Sizes, mask: Operand,
+                words: Buffer, count: int) -> Dispatch:
+    kernel = block_kernel()
+    start, base = mask.bound
+    if t.mask is MaskKind.BOOL:
+        shift, hidden = 0, HIDDEN_BOOL
+    else:
+        shift = 1
+        hidden = HIDDEN_BF16 if t.operand == ComponentType.BFLOAT16 else HIDDEN_F16
+    push = BlockKernel.push_constants({
+        "count": count, "Lq": sizes.Lq, "Lk": sizes.Lk, "groups": sizes.groups,
+        "kv_heads": sizes.kv_heads, "block_rows": t.block_rows, "keys": t.keys,
+        "row_blocks": -(-sizes.rows // t.block_rows), "steps": -(-sizes.Lk // t.keys),
+        "m_base": base, "m_row": mask.row, "m_col": mask.col, "m_outer": mask.outer,
+        "m_head": mask.head, "elem_shift": shift, "hidden": hidden})
+    return Dispatch(rt.pipelines.get(kernel), {0: mask.buffer, 1: words}, push,
+                    BlockKernel.workgroups(count), ((0, start),) if start else ())
+
+
 def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Operand,
                          k: Operand, v: Operand, o: Operand, mask: Operand | None,
                          scale: float, causal: bool,
                          workspace: Sequence[Buffer] = ()) -> list[Dispatch]:
-    """The run's dispatches: the attention kernel and, for a split run, the merge (its
-    workspace: the two buffers of workspace_bytes, taken by the caller)."""
+    """The run's dispatches: for a kernel that skips masked blocks the block pass first,
+    the attention kernel, and for a split run the merge (the workspace, taken by the
+    caller with take_workspace: a split run's two buffers of workspace_bytes, then the
+    block words)."""
     t = choice.traits
     kernel = attention_kernel(t)
     rows_pad = -(-sizes.rows // t.block_rows) * t.block_rows
+    flags = (attn.FLAG_CAUSAL if causal else 0) | \
+        (attn.FLAG_SHARED_BLOCKS if t.skip_blocks and shared_blocks(mask) else 0)
     common = {"Lq": sizes.Lq, "Lk": sizes.Lk, "groups": sizes.groups,
               "kv_heads": sizes.kv_heads, "scale_log2": scale * attn.LOG2_E,
-              "flags": attn.FLAG_CAUSAL if causal else 0, "rows_pad": rows_pad,
+              "flags": flags, "rows_pad": rows_pad,
               "splits": choice.splits, "split_keys": choice.split_keys}
     if (mask is None) != (t.mask is None):
         raise ValueError("attention: the kernel's mask and the call's disagree")
+    before: list[Dispatch] = []
+    if t.skip_blocks:
+        assert mask is not None
+        words = workspace[-1]
+        before.append(_block_pass(rt, t, sizes, mask, words,
+                                  block_words(choice, sizes, mask)))
     if not t.split:
         buffers, offsets, values = _bindings(t, q, k, v, o, mask)
-        return [Dispatch(rt.pipelines.get(kernel), buffers,
-                         kernel.push_constants({**common, **values}),
-                         kernel.workgroups(sizes.rows, sizes.z), tuple(offsets))]
-    partial, ml = workspace
+        if t.skip_blocks:
+            buffers[attn.BINDING_BLOCKS] = words
+        return before + [Dispatch(rt.pipelines.get(kernel), buffers,
+                                  kernel.push_constants({**common, **values}),
+                                  kernel.workgroups(sizes.rows, sizes.z), tuple(offsets))]
+    partial, ml = workspace[:2]
     buffers, offsets, values = _bindings(t, q, k, v, None, mask)
+    if t.skip_blocks:
+        buffers[attn.BINDING_BLOCKS] = words
     buffers[attn.BINDING_O] = partial
     buffers[attn.BINDING_ML] = ml
     first = Dispatch(rt.pipelines.get(kernel), buffers,
@@ -142,16 +200,20 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
         "o_outer": o.outer, "o_head": o.head})
     merge = Dispatch(rt.pipelines.get(ck), {0: partial, 1: ml, 2: o.buffer}, push,
                      CombineKernel.workgroups(count), ((2, start),) if start else ())
-    return [first, merge]
+    return before + [first, merge]
 
 
-def take_workspace(rt: Runtime, choice: AttentionChoice, sizes: Sizes) -> list[Buffer]:
-    """A split run's workspace from the pool (none for an unsplit run); the caller gives
-    it back (pool.recycle) once the run is queued."""
-    if not choice.traits.split:
-        return []
+def take_workspace(rt: Runtime, choice: AttentionChoice, sizes: Sizes,
+                   mask: Operand | None = None) -> list[Buffer]:
+    """The run's workspace from the pool: a split run's two buffers (workspace_bytes),
+    then the block pass's words where the kernel skips masked blocks (none for an unsplit
+    run without them); the caller gives it back (pool.recycle) once the run is queued."""
     kind = rt.pool.kinds()[0]
-    return [rt.pool.acquire(kind, n) for n in workspace_bytes(choice, sizes)]
+    nbytes = list(workspace_bytes(choice, sizes)) if choice.traits.split else []
+    words = block_words(choice, sizes, mask)
+    if words:
+        nbytes.append(4 * words)
+    return [rt.pool.acquire(kind, n) for n in nbytes]
 
 
 def enqueue_attention(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Operand,
@@ -160,7 +222,7 @@ def enqueue_attention(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Ope
                       downloads: Sequence[Copy] = ()) -> int:
     """Queue the run after the staging copies `uploads` and before the copies
     `downloads`, in one submission; returns the stream's ticket."""
-    temps = take_workspace(rt, choice, sizes)
+    temps = take_workspace(rt, choice, sizes, mask)
     try:
         dispatches = attention_dispatches(rt, choice, sizes, q, k, v, o, mask, scale, causal,
                                           temps)
@@ -182,5 +244,5 @@ def kv_bytes(sizes: Sizes, D: int, Dv: int, itemsize: int) -> int:
     return sizes.z * sizes.Lk * (D + Dv) * itemsize
 
 
-__all__ = ["Operand", "Sizes", "attention_dispatches", "enqueue_attention", "flops",
-           "kv_bytes", "take_workspace", "workspace_bytes"]
+__all__ = ["Operand", "Sizes", "attention_dispatches", "block_words", "enqueue_attention",
+           "flops", "kv_bytes", "shared_blocks", "take_workspace", "workspace_bytes"]

@@ -21,9 +21,13 @@ problem's sizes.
   conversions of VK_NV_cooperative_matrix2) on a GPU that offers them, where the
   matrices' n equals k (measured faster than khr for prefill and no slower for decode:
   docs/design.md, Attention); khr elsewhere.
+- With a mask (either kind) and more than one key step, the kernel skips the steps whose
+  block of scores the mask hides whole (a first pass marks the blocks), on every device;
+  it then prefetches nothing.
 - A caller may replace fields of the chosen tile, for measuring others
   (Options.attention_tile, COOPMAT_ATTENTION_TILE):
-  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,family=nv2" (any of them).
+  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,skip_blocks=0,family=nv2"
+  (any of them).
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from coopmat.device.model import CooperativeMatrixProperties, PhysicalDeviceInfo
 from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
-TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "family")
+TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_blocks",
+               "family")
+BOOL_FIELDS = ("prefetch", "skip_blocks")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 512
@@ -108,7 +114,7 @@ def parse_tile(text: str) -> dict[str, int | bool | str]:
         if name == "family" and value in FAMILIES:
             out[name] = value
         elif name in TILE_FIELDS and name != "family" and value.isdigit():
-            out[name] = bool(int(value)) if name == "prefetch" else int(value)
+            out[name] = bool(int(value)) if name in BOOL_FIELDS else int(value)
         else:
             raise ValueError(f"attention tile {text!r}: expected NAME=NUMBER with NAME one "
                              f"of {', '.join(TILE_FIELDS[:-1])}, or family=khr|nv2; got "
@@ -167,7 +173,9 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
         t = AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
                             sg, rows=rows, subgroups=subgroups, keys=keys, lanes_per_row=lanes,
                             unit=unit, mask=p.mask, prefetch=True, family=family)
-        t = replace(t, prefetch=prefetch_registers(t) <= PREFETCH_REGISTERS)
+        skip = p.mask is not None and p.Lk > keys
+        t = replace(t, skip_blocks=skip,
+                    prefetch=not skip and prefetch_registers(t) <= PREFETCH_REGISTERS)
         if _fits(t, info):
             choice = t
             break
@@ -188,6 +196,8 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     traits = attention_traits(info, p, decode=decode)
     fields = parse_tile(tile)
     if fields:
+        if p.mask is None:  # nothing to skip: the field is moot
+            fields.pop("skip_blocks", None)
         traits = replace(traits, **fields)  # type: ignore[arg-type]
         why = traits.violation()
         if why is None and traits.family == "nv2" and not nv2_offered(info):

@@ -11,8 +11,11 @@ back (what a layer sees), TFLOP/s (4 Lq Lk E a head, halved where causal and Lq 
 for decode the K and V bytes read per second; torch's kernel time (CUDA events over 50
 launches), which of its backends ran (from the profiler's kernel names), and the largest
 difference between the two results. --tiles measures other tiles of the policy
-(COOPMAT_ATTENTION_TILE's syntax, ';' between tiles). --quick: tiny shapes, for a CPU
-driver.
+(COOPMAT_ATTENTION_TILE's syntax, ';' between tiles). --masked F adds each prefill case
+with a boolean mask shared by every head that is visible in a fraction F of its 64 x 64
+blocks (8 x 8 below L = 256): the kernel skips the others ("skip_blocks=0,prefetch=1" in
+--tiles times it without skipping); TFLOP/s count every score. --quick: tiny shapes, for
+a CPU driver.
 """
 
 from __future__ import annotations
@@ -63,27 +66,30 @@ def decode_list(text: str) -> list[tuple[int, ...]]:
     return _dims(text, 2, "LqxLk")
 
 
-def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int) -> tuple[float, str]:
+def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int,
+              mask: Array | None = None) -> tuple[float, str]:
     """(GPU milliseconds per run, the kernel's name) of the policy's choice for these
     device arrays, `repeat` runs back to back (serial_seconds, as torch's figures are
-    taken)."""
+    taken); a mask's block pass included."""
     rt = runtime()
-    out = attention(q, k, v, causal=causal)  # the choice, and the kernel compiled
+    out = attention(q, k, v, causal=causal, mask=mask)  # the choice, and the kernels compiled
     choice = last_attention_choice()
     assert choice is not None
-    s = rules.attention_shapes(q.shape, k.shape, v.shape)
-    ops = []
-    for x in (q, k, v):
-        walk = rules.walk(x.shape, x.element_strides, s)
+    s = rules.attention_shapes(q.shape, k.shape, v.shape,
+                               mask.shape if mask is not None else None)
+    ops: list[run.Operand] = []
+    for x in (q, k, v) + ((mask,) if mask is not None else ()):
+        walk = rules.walk(x.shape, x.element_strides, s, matrix=x is mask)
         assert walk is not None
         ops.append(run.Operand(x.buffer, x.offset_bytes, x.itemsize, *walk))
+    m_op = ops[3] if mask is not None else None
     o = run.Operand(out.buffer, out.offset_bytes, out.itemsize, s.heads * s.Lq * s.Dv,
                     s.Lq * s.Dv, s.Dv)
     sizes = run.Sizes(s.Lq, s.Lk, s.groups, s.kv_heads, s.batch)
-    temps = run.take_workspace(rt, choice, sizes)
+    temps = run.take_workspace(rt, choice, sizes, m_op)
     try:
-        dispatches = run.attention_dispatches(rt, choice, sizes, ops[0], ops[1], ops[2], o, None,
-                                              rules.scale_of(None, s.D), causal, temps)
+        dispatches = run.attention_dispatches(rt, choice, sizes, ops[0], ops[1], ops[2], o,
+                                              m_op, rules.scale_of(None, s.D), causal, temps)
         rt.executor.serial_seconds(dispatches, repeat, 1)  # untimed: first runs can lag
         t = rt.executor.serial_seconds(dispatches, repeat, 3)
     finally:
@@ -108,25 +114,35 @@ def torch_backend(torch: Any, fn: Any) -> str:
     return "math" if names else "unknown"
 
 
-def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> np.ndarray:
-    """float64 softmax attention (k and v's heads repeated for their groups of q heads)."""
+def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
+                    mask: np.ndarray | None = None) -> np.ndarray:
+    """float64 softmax attention (k and v's heads repeated for their groups of q heads; a
+    boolean mask; fully masked rows 0)."""
     g = q.shape[-3] // k.shape[-3]
     k64 = np.repeat(k.astype(np.float64), g, axis=-3)
     v64 = np.repeat(v.astype(np.float64), g, axis=-3)
     s = q.astype(np.float64) @ np.swapaxes(k64, -1, -2) / math.sqrt(q.shape[-1])
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
-    w = np.exp(s - s.max(-1, keepdims=True))
-    return (w / w.sum(-1, keepdims=True)) @ v64
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    top = s.max(-1, keepdims=True)
+    w = np.exp(s - np.where(np.isneginf(top), 0.0, top))
+    total = w.sum(-1, keepdims=True)
+    return np.where(total > 0, w / np.where(total > 0, total, 1.0), 0.0) @ v64
 
 
 def torch_sdpa(torch: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-               causal: bool) -> tuple[Any, str]:
+               causal: bool, mask: np.ndarray | None = None) -> tuple[Any, str]:
     """(a call of torch's scaled_dot_product_attention on CUDA copies, how grouped heads
     are given to it: enable_gqa where torch has it, else k and v repeated)."""
     F = torch.nn.functional
     tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
     groups = q.shape[-3] // k.shape[-3]
+    if mask is not None:  # torch takes a mask and is_causal together only as one mask
+        full = mask & np.tril(np.ones(mask.shape[-2:], bool)) if causal else mask
+        tm = torch.from_numpy(np.ascontiguousarray(full)).cuda()
+        return (lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm)), ""
     if groups == 1:
         return (lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)), ""
     try:  # torch 2.5+
@@ -139,20 +155,31 @@ def torch_sdpa(torch: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray,
             "repeat_interleave"
 
 
+def block_mask(Lq: int, Lk: int, density: float, block: int = 64) -> np.ndarray:
+    """A boolean (Lq, Lk) mask visible in a fraction `density` of its block x block blocks
+    (every row keeps its diagonal block, so no row is fully masked)."""
+    rng = np.random.default_rng(1)
+    cells = rng.random((-(-Lq // block), -(-Lk // block))) < density
+    np.fill_diagonal(cells, True)
+    return np.repeat(np.repeat(cells, block, axis=0), block, axis=1)[:Lq, :Lk]
+
+
 def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: int, Lk: int,
-         D: int, causal: bool, args: argparse.Namespace, decode: bool) -> None:
+         D: int, causal: bool, args: argparse.Namespace, decode: bool,
+         mask: np.ndarray | None = None) -> None:
     rng = np.random.default_rng(0)
     q = rng.standard_normal((B, H, Lq, D), dtype=np.float32).astype(np.float16)
     k = rng.standard_normal((B, Hkv, Lk, D), dtype=np.float32).astype(np.float16)
     v = rng.standard_normal((B, Hkv, Lk, D), dtype=np.float32).astype(np.float16)
     dq, dk, dv = asarray(q), asarray(k), asarray(v)
+    dm = asarray(mask) if mask is not None else None
     flops = 4.0 * B * H * Lq * Lk * D / (2 if causal and Lq == Lk else 1)
     kv_bytes = 2 * B * Hkv * Lk * D * 2
     torch = None if args.no_torch else cuda_torch()
     peer: dict[str, Any] = {}
     ref = None
     if torch is not None:
-        fn, gqa = torch_sdpa(torch, q, k, v, causal)
+        fn, gqa = torch_sdpa(torch, q, k, v, causal, mask)
         tt = torch_ms(torch, fn)
         peer = {"torch_us": 1e3 * tt, "torch_TFLOPs": flops / (tt * 1e-3) / 1e12,
                 "torch_backend": torch_backend(torch, fn)}
@@ -162,19 +189,19 @@ def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: i
             peer["torch_gqa"] = gqa
         ref = fn().float().cpu().numpy()
     elif q.size * Lk <= 1 << 24:  # small enough for numpy
-        ref = numpy_reference(q, k, v, causal)
+        ref = numpy_reference(q, k, v, causal, mask)
     for tile in args.tiles:
         row: dict[str, Any] = {"case": label + (f" [{tile}]" if tile else "")}
         try:
             with options(attention_tile=tile):
-                t, row["kernel"] = kernel_ms(dq, dk, dv, causal, args.repeat)
+                t, row["kernel"] = kernel_ms(dq, dk, dv, causal, args.repeat, dm)
                 row["kernel_us"] = 1e3 * t
                 row["TFLOPs"] = flops / (t * 1e-3) / 1e12
                 if decode:
                     row["kv_TBps"] = kv_bytes / (t * 1e-3) / 1e12
                 row["call_us"] = 1e3 * _array_call_ms(
-                    lambda: attention(dq, dk, dv, causal=causal), repeat=args.repeat)
-                got = attention(dq, dk, dv, causal=causal).numpy()
+                    lambda: attention(dq, dk, dv, causal=causal, mask=dm), repeat=args.repeat)
+                got = attention(dq, dk, dv, causal=causal, mask=dm).numpy()
         except Exception as exc:  # reported, and the run goes on
             _emit(rows, {**row, "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -226,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=REPEAT, help="runs back to back per timing")
     ap.add_argument("--tiles", default="", help="';'-separated COOPMAT_ATTENTION_TILE values "
                     "to measure beside the policy's tile ('' is the policy's)")
+    ap.add_argument("--masked", type=float, default=None, metavar="F",
+                    help="also each prefill case with a boolean mask visible in a fraction F "
+                         "of its 64 x 64 blocks")
     ap.add_argument("--quick", action="store_true", help="tiny shapes for a CPU driver")
     ap.add_argument("--no-torch", action="store_true", help="leave torch out")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: prefill, decode")
@@ -258,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     if "prefill" not in skip:
         for B, heads, L in prefill:
             for causal in {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]:
-                case(rows, f"prefill B{B} H{heads} L{L} E{D}" + (" causal" if causal else ""),
-                     B, heads, heads, L, L, D, causal, args, decode=False)
+                name = f"prefill B{B} H{heads} L{L} E{D}" + (" causal" if causal else "")
+                case(rows, name, B, heads, heads, L, L, D, causal, args, decode=False)
+                if args.masked is not None:
+                    case(rows, f"{name} mask{args.masked:g}", B, heads, heads, L, L, D, causal,
+                         args, decode=False,
+                         mask=block_mask(L, L, args.masked, 64 if L >= 256 else 8))
     if "decode" not in skip:
         for Lq, Lk in decode:
             case(rows, f"decode Lq{Lq} Lk{Lk} H{H}/{Hkv} E{D}", 1, H, Hkv, Lq, Lk, D, False,

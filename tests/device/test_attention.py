@@ -6,7 +6,9 @@ Kernels are few on purpose (lavapipe compiles each in 5-40 s of CPU): the policy
 kernel for E = 64 takes the shape, head, broadcasting, causal and device-array cases;
 E = 128 and an odd E (96, with Ev = 80, read through an unaligned view: the element-wise
 staging, a float32 result) one kernel each; the masks (boolean with two lanes a row, so
-the lanes' shuffles run; additive) and the split decode kernel at E = 32.
+the lanes' shuffles run; additive) and the split decode kernel at E = 32. Masks skip
+the key steps they hide whole: the block pass's words are checked against numpy's block
+reduction, and block-sparse masks through the front.
 """
 
 from __future__ import annotations
@@ -338,3 +340,142 @@ def test_nv2_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
     got = coopmat.attention(q, k, v, causal=causal)
     assert traits().family == "nv2" and traits().split
     check(got, q, k, v, causal=causal)
+
+
+# -- masks: skipping the key steps a mask hides whole --------------------------------------
+def _block_mask(shape: tuple[int, ...], cell: int = 8, p: float = 0.35) -> np.ndarray:
+    """A boolean mask visible in random cells of cell x cell (so that whole key steps
+    and row blocks of any tile are hidden), sparsely inside them: a skipped step that
+    held one visible score changes the result."""
+    *lead, Lq, Lk = shape
+    cells = RNG.random((*lead, -(-Lq // cell), -(-Lk // cell))) < p
+    full = np.repeat(np.repeat(cells, cell, axis=-2), cell, axis=-1)[..., :Lq, :Lk]
+    return full & (RNG.random(shape) < 0.4)
+
+
+def test_block_words(rt) -> None:
+    """The block pass alone against numpy's block reduction of the mask: per (z, row
+    block, key step) whether any score is visible, rows as the attention kernel walks
+    them (grouped q heads), broadcast strides, a view's offset, ragged rows and keys
+    hidden, NaN visible and -inf hidden in additive masks (float16 and bfloat16 bits)."""
+    from coopmat.codegen import attention_blocks as ab
+    from coopmat.dispatch.executor import Dispatch
+
+    def words(mask: np.ndarray, view: tuple[int, ...], Lq: int, Lk: int, groups: int,
+              kv: int, batch: int, block_rows: int, keys: int, hidden: int,
+              shared: bool) -> np.ndarray:
+        """The pass's words for `mask` (an array whose last two axes are rows and keys,
+        read through the element strides `view` = (outer, head, row, col) from element 1
+        of a device copy)."""
+        flat = np.concatenate([mask.reshape(-1)[:1], mask.reshape(-1)])
+        dev = coopmat.asarray(flat)
+        row_blocks, steps = -(-groups * Lq // block_rows), -(-Lk // keys)
+        count = (1 if shared else batch * kv) * row_blocks * steps
+        out = coopmat.zeros((count,), np.uint32)
+        k = ab.block_kernel()
+        push = ab.BlockKernel.push_constants({
+            "count": count, "Lq": Lq, "Lk": Lk, "groups": groups, "kv_heads": kv,
+            "block_rows": block_rows, "keys": keys, "row_blocks": row_blocks,
+            "steps": steps, "m_base": 1, "m_outer": view[0], "m_head": view[1],
+            "m_row": view[2], "m_col": view[3], "elem_shift": flat.itemsize // 2,
+            "hidden": hidden})
+        rt.stream.wait()
+        rt.executor.run([], [Dispatch(rt.pipelines.get(k), {0: dev.buffer, 1: out.buffer},
+                                      push, ab.BlockKernel.workgroups(count))], [])
+        return out.numpy().reshape(-1, row_blocks, steps)
+
+    def expected(visible: np.ndarray, groups: int, kv: int, block_rows: int,
+                 keys: int) -> np.ndarray:
+        """visible (batch, q heads, Lq, Lk) reduced to (batch x kv, row blocks, steps)."""
+        batch, _, Lq, Lk = visible.shape
+        rows = visible.reshape(batch * kv, groups * Lq, Lk)  # R = g Lq + i
+        pad = np.zeros((batch * kv, -(-groups * Lq // block_rows) * block_rows,
+                        -(-Lk // keys) * keys), bool)
+        pad[:, :groups * Lq, :Lk] = rows
+        return pad.reshape(batch * kv, pad.shape[1] // block_rows, block_rows,
+                           pad.shape[2] // keys, keys).any(axis=(2, 4))
+
+    batch, kv, groups, Lq, Lk = 2, 2, 4, 33, 257
+    full = _block_mask((batch, kv * groups, Lq, Lk))
+    full[1, 3, 7] = False
+    full[0, 2, :, 256] = True  # the ragged last step
+    for block_rows, keys in ((16, 8), (64, 32)):
+        got = words(full, (kv * groups * Lq * Lk, Lq * Lk, Lk, 1), Lq, Lk, groups, kv, batch,
+                    block_rows, keys, ab.HIDDEN_BOOL, False)
+        want = expected(full, groups, kv, block_rows, keys)
+        assert want.any() and not want.all()
+        np.testing.assert_array_equal(got != 0, want)
+    # shared: one (Lq, Lk) mask for every batch entry and head
+    one = full[0, 0]
+    got = words(one, (0, 0, Lk, 1), Lq, Lk, groups, kv, batch, 16, 8, ab.HIDDEN_BOOL, True)
+    want = expected(np.broadcast_to(one, full.shape), groups, kv, 16, 8)[:1]
+    np.testing.assert_array_equal(got != 0, want)
+    # a key-padding mask (batch, 1, 1, Lk): rows and heads broadcast
+    pad = full[:, :1, :1]
+    got = words(pad, (Lk, 0, 0, 1), Lq, Lk, groups, kv, batch, 16, 8, ab.HIDDEN_BOOL, False)
+    np.testing.assert_array_equal(
+        got != 0, expected(np.broadcast_to(pad, full.shape), groups, kv, 16, 8))
+    # additive, per head, transposed (keys the slow axis: m_col = Lq); float16 and bfloat16
+    for dtype, hidden in ((F16, ab.HIDDEN_F16), (BFLOAT16, ab.HIDDEN_BF16)):
+        add = np.where(full, RNG.standard_normal(full.shape), -np.inf).astype(dtype)
+        add[0, 1, 4, 100] = np.nan  # reaches the scores: visible
+        visible = full.copy()
+        visible[0, 1, 4, 100] = True
+        t = np.ascontiguousarray(np.swapaxes(add, -1, -2))
+        got = words(t, (kv * groups * Lq * Lk, Lq * Lk, 1, Lq), Lq, Lk, groups, kv, batch,
+                    16, 8, hidden, False)
+        np.testing.assert_array_equal(got != 0, expected(visible, groups, kv, 16, 8))
+
+
+def test_masks_skip_blocks(rt) -> None:
+    """Masks hiding whole key steps and row blocks (the kernel skips those steps) against
+    the oracle: ragged 33 x 257, 8 q heads on 2 kv heads, boolean and additive masks per
+    head and broadcast over heads, with causal, a fully masked row (0), a row that sees
+    only the last (ragged) key."""
+    q, k, v = qkv((1, 8, 33, 32), (1, 2, 257, 32), scale=2.0)
+    per_head = _block_mask((1, 8, 33, 257))
+    per_head[0, 5, 9] = False  # fully masked: 0
+    per_head[0, 6, 2] = False
+    per_head[0, 6, 2, 256] = True  # sees only the last key
+    shared = _block_mask((33, 257))
+    shared[:16] = False  # a whole row block hidden
+    shared[20, :] = False
+    for mask, causal in ((per_head, False), (shared, True)):
+        got = coopmat.attention(q, k, v, mask=mask, causal=causal)
+        t = traits()
+        assert t.mask is MaskKind.BOOL and t.skip_blocks and not t.prefetch
+        check(got, q, k, v, mask=mask, causal=causal)
+    assert not coopmat.attention(q, k, v, mask=per_head)[0, 5, 9].any()
+    for mask, causal in ((per_head, True), (shared, False)):
+        add = np.where(mask, RNG.standard_normal(mask.shape) * 2, -np.inf).astype(F16)
+        got = coopmat.attention(q, k, v, mask=add, causal=causal)
+        assert traits().mask is MaskKind.ADD and traits().skip_blocks
+        check(got, q, k, v, mask=add, causal=causal)
+    # one key step: nothing to skip
+    coopmat.attention(q, k[:, :, :traits().keys], v[:, :, :traits().keys], mask=add[..., :1])
+    assert not traits().skip_blocks
+
+
+def test_masks_skip_blocks_split_decode(rt) -> None:
+    """The split decode kernel with a mask: slices index the key steps globally; a slice
+    whose every step is hidden leaves l = 0 for the merge."""
+    coopmat.set_options(attention_splits=4)
+    q, k, v = qkv((2, 8, 5, 32), (2, 2, 257, 32))
+    mask = _block_mask((2, 8, 5, 257))
+    mask[..., 64:192] = False  # whole slices hidden
+    mask[1, 3, 2] = False
+    got = coopmat.attention(q, k, v, mask=mask)
+    choice = front.last_attention_choice()
+    assert choice is not None and choice.traits.split and choice.traits.skip_blocks
+    check(got, q, k, v, mask=mask)
+    assert not got[1, 3, 2].any()
+
+
+def test_nv2_masks_skip_blocks(rt, monkeypatch) -> None:
+    _nv2(rt, monkeypatch)
+    q, k, v = qkv((1, 8, 33, 32), (1, 2, 257, 32))
+    mask = _block_mask((1, 8, 33, 257))
+    mask[0, 1, 3] = False
+    got = coopmat.attention(q, k, v, mask=mask, causal=True)
+    assert traits().family == "nv2" and traits().skip_blocks
+    check(got, q, k, v, mask=mask, causal=True)

@@ -16,17 +16,19 @@ def test_attention_bench_runs_and_reports(live_device_info, tmp_path, monkeypatc
     out = tmp_path / "attention.json"
     assert bench.main(["--attention", "--quick", "--dim", "32", "--prefill", "1x2x33",
                        "--decode", "1x100,5x200", "--heads", "8", "--kv-heads", "2",
-                       "--repeat", "2", "--json", str(out)]) == 0
+                       "--repeat", "2", "--masked", "0.3", "--json", str(out)]) == 0
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
     masked = rows.pop("fully masked row", None)  # only beside torch with CUDA
     assert masked is None or masked["coopmat"] == "0"
     assert set(rows) == {"prefill B1 H2 L33 E32", "prefill B1 H2 L33 E32 causal",
+                         "prefill B1 H2 L33 E32 mask0.3", "prefill B1 H2 L33 E32 causal mask0.3",
                          "decode Lq1 Lk100 H8/2 E32", "decode Lq5 Lk200 H8/2 E32"}
     for name, row in rows.items():
         assert "error" not in row, row
         assert row["kernel_us"] > 0 and row["call_us"] > 0 and row["TFLOPs"] > 0
         err = row.get("max_diff_torch", row.get("max_err_numpy"))
         assert err is not None and err < 2e-2, row
+        assert ("mask" in name) == ("-skip" in row["kernel"]), row
         if name.startswith("decode"):
             assert row["kv_TBps"] > 0 and "-split" in row["kernel"] and "slices" in row["kernel"]
 

@@ -16,6 +16,7 @@ from coopmat.codegen.attention import (
     AttentionTraits,
     MaskKind,
 )
+from coopmat.codegen.attention_blocks import BlockKernel, block_kernel
 from coopmat.codegen.attention_combine import combine_invocations, combine_kernel
 from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.codegen.tools import find_tool, validate
@@ -96,6 +97,10 @@ def test_policy_kernels_validate(name) -> None:
             assert t.shared_memory_bytes <= info.limits.max_compute_shared_memory_size
             assert t.invocations <= info.limits.max_compute_work_group_invocations
             validate(attention_kernel(t).spirv)
+            assert t.skip_blocks == (p.mask is not None and p.Lk > t.keys)
+            if t.skip_blocks:
+                assert not t.prefetch
+                validate(block_kernel().spirv)
             if c.splits > 1:
                 assert c.split_keys % t.keys == 0 and (c.splits - 1) * c.split_keys < p.Lk
                 lim = info.limits
@@ -210,3 +215,34 @@ def test_tile_overrides() -> None:
     assert (env.attention_tile, env.attention_splits) == ("keys=16", 8)
     with pytest.raises(ValueError, match="COOPMAT_ATTENTION_SPLITS='0'"):
         Options.from_env({"COOPMAT_ATTENTION_SPLITS": "0"})
+
+
+def test_skip_blocks_traits_and_policy() -> None:
+    """skip_blocks: its name, its rules (a mask, no prefetch), its binding; the policy
+    takes it for either mask kind where the keys take more than one step, and a tile
+    override turns it off (moot without a mask)."""
+    t = dataclasses.replace(BASE, mask=MaskKind.ADD, prefetch=False, skip_blocks=True)
+    assert t.violation() is None and t.describe().endswith("-mask_add-skip")
+    assert "needs a mask" in (dataclasses.replace(t, mask=None).violation() or "")
+    assert "prefetch must be 0" in (dataclasses.replace(t, prefetch=True).violation() or "")
+    assert attention_kernel(t).bindings == (0, 1, 2, 3, 4, 6)
+    for kind in MaskKind:
+        p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32, kind)
+        c = choose_attention(H200, p).traits
+        assert c.skip_blocks and not c.prefetch and c.mask is kind
+        one = choose_attention(H200, dataclasses.replace(p, Lk=c.keys)).traits
+        assert not one.skip_blocks and one.prefetch
+        off = choose_attention(H200, p, tile="skip_blocks=0").traits
+        assert not off.skip_blocks
+        split = choose_attention(H200, dataclasses.replace(p, rows=4, Lk=32768, z=8)).traits
+        assert split.split and split.skip_blocks
+    plain = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
+    assert not choose_attention(H200, plain, tile="skip_blocks=1").traits.skip_blocks
+    k = block_kernel()
+    assert k.traits.describe() == "attn-blocks-i128" and k.push_constant_size <= 128
+    assert BlockKernel.workgroups(70000) == (65535, 2, 1)
+    with pytest.raises(ValueError, match="32-bit"):
+        BlockKernel.push_constants({"count": 1, "m_base": 1 << 32})
+    if find_tool("spirv-val") is not None:
+        validate(k.spirv)
+        validate(attention_kernel(dataclasses.replace(t, family="nv2")).spirv)
