@@ -29,7 +29,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.shader import ShaderContext, folded_grid
 from coopmat.codegen.spv import BuiltIn, Capability, LoopControl, Op, Scope
 from coopmat.codegen.types import vulkan_features
 
@@ -37,7 +37,6 @@ PUSH_FIELDS = ("count", "groups_x", "Lq", "Lk", "groups", "kv_heads", "block_row
                "row_blocks", "steps", "m_base", "m_row", "m_col", "m_outer", "m_head",
                "elem_shift", "hidden")
 LANES = 128  # a multiple of every device's maxSubgroupSize: no subgroup size is required
-MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
 BINDING_MASK, BINDING_WORDS = 0, 1
 # The bits of a masked-out element: a boolean's false, an additive mask's -inf.
 HIDDEN_BOOL, HIDDEN_F16, HIDDEN_BF16 = 0x0000, 0xFC00, 0xFF80
@@ -71,8 +70,7 @@ class BlockKernel:
     @staticmethod
     def workgroups(count: int) -> tuple[int, int, int]:
         """The grid of `count` words."""
-        x = min(count, MAX_GROUPS_X)
-        return (x, -(-count // x), 1)
+        return folded_grid(count)
 
     @staticmethod
     def push_constants(values: dict[str, int]) -> bytes:

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.shader import ShaderContext, folded_grid
 from coopmat.codegen.spv import BuiltIn, Capability, GLSLstd450, LoopControl, Op, Scope
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension, vulkan_features
 from coopmat.common.dtypes import element
@@ -44,7 +44,6 @@ COLS = 32  # elements of a row one workgroup merges: one 128-byte line of a slic
 INVOCATIONS = (512, 256)
 UNROLL = 8  # independent loads of O an invocation keeps in flight
 FOLD = 32  # the (m, l) reductions fold a workgroup's values in FOLD groups, then FOLD values
-MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
 BINDING_PARTIAL, BINDING_ML, BINDING_OUT = 0, 1, 2
 
 
@@ -103,8 +102,7 @@ class CombineKernel:
     @staticmethod
     def workgroups(count: int) -> tuple[int, int, int]:
         """The grid of `count` workgroups (workgroup_count)."""
-        x = min(count, MAX_GROUPS_X)
-        return (x, -(-count // x), 1)
+        return folded_grid(count)
 
     @staticmethod
     def push_constants(values: dict[str, int]) -> bytes:

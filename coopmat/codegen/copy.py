@@ -18,14 +18,13 @@ import struct
 from dataclasses import dataclass
 
 from coopmat.codegen.kernel import HelperKernel
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.shader import MAX_GROUPS_X, ShaderContext
 from coopmat.codegen.spv import BuiltIn, Capability, Op
 from coopmat.codegen.types import vulkan_features
 
 PUSH_FIELDS = ("count", "src0", "dst0")
 UNIT = 16  # bytes an invocation copies
 GROUP = 256
-MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
 MAX_BYTES = MAX_GROUPS_X * GROUP * UNIT
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from coopmat.codegen.kernel import HelperKernel
 from coopmat.codegen.quant import QuantReader
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.shader import ShaderContext, folded_grid
 from coopmat.codegen.spv import BuiltIn, Capability, Op
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension, vulkan_features
 from coopmat.common.enums import ComponentType
@@ -38,7 +38,6 @@ from coopmat.common.quant_formats import BLOCK_ELEMS, quant_format
 PUSH_FIELDS = ("K", "N", "ld", "groups_x")
 UNIT = 8  # weights an invocation writes: one 16-byte vector of 16-bit values
 GROUP = 256
-MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
 OPERAND_TYPES = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 
 
@@ -60,9 +59,7 @@ class DequantKernel(HelperKernel):
 
     @staticmethod
     def workgroups(K: int, N: int) -> tuple[int, int, int]:
-        groups = -(-(N * K // UNIT) // GROUP)
-        x = min(groups, MAX_GROUPS_X)
-        return (x, -(-groups // x), 1)
+        return folded_grid(-(-(N * K // UNIT) // GROUP))
 
     @staticmethod
     def push_constants(K: int, N: int, ld: int) -> bytes:

@@ -29,7 +29,7 @@ import struct
 from dataclasses import dataclass
 
 from coopmat.codegen.kernel import HelperKernel
-from coopmat.codegen.shader import ShaderContext
+from coopmat.codegen.shader import ShaderContext, folded_grid
 from coopmat.codegen.spv import BuiltIn, Capability, GLSLstd450, Op
 from coopmat.codegen.types import vulkan_features
 from coopmat.common.quant_formats import BLOCK_ELEMS
@@ -39,7 +39,6 @@ A_BLOCK_UNITS = 4  # 16-byte units a quantized block takes: 32 qs bytes, d and s
 A_READ_UNITS = 3  # of which the integer kernel reads these
 A_BLOCK_BYTES = 16 * A_BLOCK_UNITS
 GROUP = 128
-MAX_GROUPS_X = 65535  # the least maxComputeWorkGroupCount[0] Vulkan guarantees
 QMAX = 127  # the largest |q| of an 8-bit block (d = amax / QMAX)
 
 
@@ -69,9 +68,7 @@ class QuantizeQ8_1Kernel(HelperKernel):
 
     @staticmethod
     def workgroups(M: int, K: int) -> tuple[int, int, int]:
-        groups = -(-(M * (K // BLOCK_ELEMS)) // GROUP)
-        x = min(groups, MAX_GROUPS_X)
-        return (x, -(-groups // x), 1)
+        return folded_grid(-(-(M * (K // BLOCK_ELEMS)) // GROUP))
 
     @staticmethod
     def push_constants(M: int, K: int, lda: int) -> bytes:

@@ -32,6 +32,17 @@ _SHARED_STORE = MemoryAccess.MakePointerAvailable | MemoryAccess.NonPrivatePoint
 _SHARED_LOAD = MemoryAccess.MakePointerVisible | MemoryAccess.NonPrivatePointer
 
 
+# The least maxComputeWorkGroupCount[0] Vulkan guarantees: longer 1-D grids fold into y.
+MAX_GROUPS_X = 65535
+
+
+def folded_grid(groups: int) -> tuple[int, int, int]:
+    """A grid of at least `groups` workgroups, at most MAX_GROUPS_X along x (a kernel
+    numbers its workgroup y * x + x and drops those past its count)."""
+    x = min(groups, MAX_GROUPS_X)
+    return (x, -(-groups // x), 1)
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A storage buffer declared as `struct { T data[]; }`."""
