@@ -192,15 +192,21 @@ def test_int8_extremes_exact(pairs):
         np.testing.assert_array_equal(coopmat.matmul(ua, ub), reference(ua, ub, np.uint32))
 
 
-@pytest.mark.parametrize("dtype,result", [("int8", np.int32), ("uint8", np.uint32)])
-@pytest.mark.parametrize("ta", [False, True], ids=["a", "a_view"])
-@pytest.mark.parametrize("a_shape,b_shape", [
+REPACK_SHAPES = [
     ((65, 53), (53, 37)),            # K and N off every vector and tile size (byte reads)
     ((72, 53), (53, 64)),            # word reads, K off the 16-byte output vectors
     ((3, 132, 64), (64, 96)),        # batched A, one B packed once for the batch
     ((2, 100, 40), (2, 40, 300)),    # batched B, packed per batch entry
     ((64, 20), (20, 33)),            # SMALL_M rows: operands read as they are
-])
+]
+
+
+# Every shape with A as it is and as a view, and every pair of shape, A and type: the
+# signedness changes the kernel's multiply, not the packing (a kernel each: seconds of
+# lavapipe's compile).
+@pytest.mark.parametrize("a_shape,b_shape,ta,dtype,result", [
+    (*shapes, ta, *types) for shapes, ta, types in pairwise(
+        REPACK_SHAPES, [False, True], [("int8", np.int32), ("uint8", np.uint32)])])
 def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, b_shape):
     """8-bit operands that are not K-contiguous (a row-major B; a column-major A, here a
     transposed view) are repacked K-contiguous on the device for more than SMALL_M rows,
@@ -227,7 +233,10 @@ def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, 
                                   .astype(result))
 
 
-@pytest.mark.parametrize("dtype,out_dtype,result", DTYPE_CASES, ids=lambda x: str(x))
+# uint8 is left out: its kernels differ from int8's in the multiply's signedness only,
+# which test_matches_numpy_exactly runs, not in what specialization compiles in.
+@pytest.mark.parametrize("dtype,out_dtype,result",
+                         [c for c in DTYPE_CASES if c[0] != "uint8"], ids=lambda x: str(x))
 def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result):
     """COOPMAT_SPECIALIZE=1 compiles sizes and strides into the kernel (large problems get
     that by default): same results, including batches, broadcasts, C and views."""

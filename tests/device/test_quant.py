@@ -281,38 +281,31 @@ def test_from_gguf_file(rt, tmp_path):
 
 
 # -- every kernel variant, through the kernel itself --------------------------------------
-# Each buffering mode, variant, unit size and format at least twice (not their product:
-# each kernel costs lavapipe seconds to compile on a cold cache).
-VARIANT_CASES = [("q8_0", 1, "general", 8), ("q4_0", 1, "aligned", 4),
-                 ("q4_0", 2, "exact", 4), ("q8_0", 2, "exact", 8),
-                 ("q8_0", 3, "aligned", 4), ("q4_0", 3, "exact", 8),
-                 ("q8_0", 4, "general", 4), ("q4_0", 4, "aligned", 8),
-                 # whole blocks (plan.BLOCK_UNIT): raw words in registers, decoded when staged
-                 ("q8_0", 1, "general", 32), ("q4_0", 2, "exact", 32),
-                 ("q8_0", 3, "exact", 32), ("q4_0", 4, "general", 32),
-                 ("q4_0", 2, "aligned", 32), ("q8_0", 2, "general", 32),
-                 # two register sets: raw words and units, one K step further ahead
-                 ("q8_0", 5, "exact", 32), ("q4_0", 5, "general", 8),
-                 ("q4_0", 5, "exact", 4)]
-# One block per K step (tile_k 32): consecutive steps' blocks start 34 or 18 bytes apart,
-# so at bit 0 and 16 of their words in turn; with two shared stages the registers hold
-# the step after the one being multiplied.
-ODD_STEP_CASES = [("q8_0", 3, "exact", 8), ("q4_0", 3, "general", 32),
-                  ("q4_0", 2, "aligned", 4), ("q8_0", 5, "exact", 8)]
+# (fmt, buffering, variant, unit, tile_k, held_magic). Each kernel costs lavapipe 5 to 45 s
+# of CPU to compile on a cold cache, so these cases hold every value of every factor and
+# the pairs that meet in the quantized staging's own code (codegen/quant.py and
+# khr_tiled's _prefetch/_stage_quant), not the full product:
+# - every format with every unit size: the decode of part of a block (4, 8) and of whole
+#   blocks (32, plan.BLOCK_UNIT), q8_0's bytes and q4_0's nibbles;
+# - whole blocks with each way the raw words wait: loaded when staged (buffering 1), one
+#   register set (2; 4 is 2's loop with the streamed multiply), two shared stages (3), two
+#   register sets one K step further ahead (5);
+# - each variant: general and aligned read B through `inside`, exact without it, with
+#   part units and whole blocks;
+# - tile_k 32 (one block per K step, so consecutive steps' blocks start 34 or 18 bytes
+#   apart, at bit 0 and 16 of their words in turn) with the bufferings whose registers
+#   hold the next step (3, 5), both formats; 64 (two blocks a step) with 1, 2 and 4;
+# - the magic as a literal (the policy's form for tiles of more than SMALL_M rows) with
+#   both formats and both unit kinds; held in a register elsewhere (quant.held_constant).
+# The bufferings' loops themselves are the float kernels' (test_codegen_live.py).
+VARIANT_CASES = [("q8_0", 1, "general", 4, 64, True), ("q4_0", 2, "exact", 32, 64, True),
+                 ("q8_0", 3, "aligned", 32, 32, True), ("q4_0", 4, "general", 8, 64, True),
+                 ("q8_0", 5, "exact", 32, 32, True), ("q4_0", 5, "general", 4, 32, True),
+                 ("q8_0", 2, "aligned", 8, 32, False), ("q4_0", 1, "aligned", 32, 64, False),
+                 ("q4_0", 3, "exact", 8, 32, True)]
 
 
-# Tiles of more than SMALL_M rows stage with the magic as a literal, fewer-row tiles with
-# it held in a register (quant.held_constant; KhrTraits.b_quant_held_magic, as the policy
-# chooses): both forms on this device. The form is the traits' switch whatever the tile's
-# height, so the literal one runs on the 64-row tile too: a 128-row tile's kernel takes
-# lavapipe minutes to compile.
-LITERAL_MAGIC_CASES = [("q4_0", 2, "general", 8), ("q8_0", 2, "general", 32)]
-
-
-@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k,held_magic",
-                         [(*c, 64, True) for c in VARIANT_CASES]
-                         + [(*c, 32, True) for c in ODD_STEP_CASES]
-                         + [(*c, 64, False) for c in LITERAL_MAGIC_CASES])
+@pytest.mark.parametrize("fmt,buffering,variant,unit,tile_k,held_magic", VARIANT_CASES)
 def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, held_magic):
     """Buffering modes, variants and unit sizes the policy does not pick on this device,
     with a tile 64 deep (two blocks per K step) or 32 (one), the magic held or a literal;
@@ -395,8 +388,13 @@ def test_imports_without_gguf():
     assert "pip install gguf" in out
 
 
-@pytest.mark.parametrize("fmt,activation,array_x", pairwise(
-    ["q8_0", "q4_0"], [None, "relu", "gelu_tanh", "silu"], [False, True]))
+# Each activation once, and every format with x on the host and on the device: the
+# epilogue's code does not read B's format (test_epilogue.py runs every activation on
+# the float kernels), while the dequantizing kernel's epilogue and its device-array
+# path are what this checks.
+@pytest.mark.parametrize("fmt,activation,array_x", [
+    ("q8_0", None, False), ("q4_0", "relu", True), ("q8_0", "gelu_tanh", True),
+    ("q4_0", "silu", False)])
 def test_linear_with_fused_epilogue(rt, fmt, activation, array_x):
     """coopmat.linear on a quantized weight: act(x @ w.T + bias) + residual, fused into the
     dequantizing kernel, against gguf's dequantization in float64."""
@@ -539,8 +537,13 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
     return d.numpy()
 
 
-GEMV_SWEPT = [(fmt, *tile, prefetch, steps) for tile, fmt, prefetch, steps in pairwise(
-    [(1, 8, 4), (4, 2, 1), (2, 4, 2), (4, 8, 4)], ["q8_0", "q4_0"], [False, True], [0, 2])]
+# (fmt, C columns a subgroup, S subgroups, U blocks a lane and step, prefetch, whole
+# steps): each swept tile once (their C, S and U are loop counts of the one kernel
+# body; a tile of U = 4 takes lavapipe 10 to 45 s to compile), and every pair of format,
+# prefetch and whole steps, so the prefetch runs with and without steps to load ahead
+# for both formats' decode.
+GEMV_SWEPT = [("q8_0", 4, 8, 4, False, 2), ("q8_0", 1, 8, 4, True, 0),
+              ("q4_0", 2, 4, 2, False, 0), ("q4_0", 4, 2, 1, True, 2)]
 
 
 @pytest.mark.parametrize("fmt,cols,splits,unroll,prefetch,steps", GEMV_SWEPT)

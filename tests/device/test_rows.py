@@ -42,10 +42,13 @@ def weight(K, N, dtype, column_major):
 
 
 # Every M, N x K, B layout and result type, and every pair of them
-# (tests/support/sampling.py).
+# (tests/support/sampling.py). M sets the row fragments a workgroup holds (a kernel each,
+# 5 to 25 s of lavapipe's compile): one fragment, partly used (1) or whole (8), and
+# several with the last partly used (17); more rows are the same code at a larger count
+# (64 rows, the most a workgroup takes: test_more_rows_than_one_block).
 @pytest.mark.parametrize("M,N,K,column_major,out_dtype,result", [
     (M, *nk, col, *out) for M, nk, col, out in pairwise(
-        [1, 3, 8, 16, 17, 64], [(32, 64), (96, 48)], [False, True],
+        [1, 8, 17], [(32, 64), (96, 48)], [False, True],
         [(None, np.float16), (np.float32, np.float32)])])
 def test_exact(pairs, M, N, K, column_major, out_dtype, result):
     require(pairs, "float16", result)
@@ -57,9 +60,10 @@ def test_exact(pairs, M, N, K, column_major, out_dtype, result):
     np.testing.assert_array_equal(d, reference(a, b, result).astype(result))
 
 
-@pytest.mark.parametrize("column_major", [False, True], ids=["x@W", "x@w.T"])
-@pytest.mark.parametrize("out_dtype", [None, np.float32], ids=["f16", "f32"])
-@pytest.mark.parametrize("M", [5, 17])
+# Every pair of M (one row fragment or three), result type and B layout: each case is a
+# kernel with C of its own (test_exact runs them without C).
+@pytest.mark.parametrize("M,out_dtype,column_major", pairwise([5, 17], [None, np.float32],
+                                                               [False, True]))
 def test_alpha_beta_c(pairs, M, out_dtype, column_major):
     """Odd alpha and beta, general data, K = 208 (whole chunks and a partial one; a
     multiple of every listed cooperative-matrix K)."""
@@ -117,16 +121,23 @@ def test_more_rows_than_one_block(pairs):
     np.testing.assert_array_equal(d, reference(a, b, np.float16).astype(np.float16))
 
 
-@pytest.mark.parametrize("dtype,result", [("int8", np.int32), ("uint8", np.uint32)])
-def test_integers(pairs, dtype, result):
+# Each signedness once (the multiply's signedness operands, a sign- or zero-extended
+# load), one of them with C: a kernel each, 10 to 20 s of lavapipe's compile.
+@pytest.mark.parametrize("dtype,result,with_c", [("int8", np.int32, True),
+                                                 ("uint8", np.uint32, False)])
+def test_integers(pairs, dtype, result, with_c):
     require(pairs, dtype, result)
     info = np.iinfo(dtype)
     a = RNG.integers(info.min, info.max + 1, size=(7, 64), dtype=dtype)
     b = RNG.integers(info.min, info.max + 1, size=(64, 64), dtype=dtype)
-    d, _ = rows_matmul(a, b)
-    np.testing.assert_array_equal(d, reference(a, b, result))
-    d, _ = rows_matmul(a, b, c=np.ones((7, 64), result), alpha=3, beta=-2)
-    np.testing.assert_array_equal(d, (3 * reference(a, b, np.int64) - 2).astype(result))
+    if not with_c:
+        d, t = rows_matmul(a, b)
+        assert not t.has_c
+        np.testing.assert_array_equal(d, reference(a, b, result))
+    else:
+        d, t = rows_matmul(a, b, c=np.ones((7, 64), result), alpha=3, beta=-2)
+        assert t.has_c
+        np.testing.assert_array_equal(d, (3 * reference(a, b, np.int64) - 2).astype(result))
 
 
 def test_swept_tile(pairs, live_device_info):

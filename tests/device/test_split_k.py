@@ -519,8 +519,9 @@ def test_counters_return_to_zero(live_device_info, monkeypatch, S) -> None:
     np.testing.assert_array_equal(counters, 0)
 
 
-@pytest.mark.parametrize("S", [2, 4])
-@pytest.mark.parametrize("out", [F16, F32], ids=["f16", "f32"])
+# Each split and each result type once (S is a constant of the same code; a kernel
+# costs lavapipe seconds to compile).
+@pytest.mark.parametrize("S,out", [(2, F16), (4, F32)], ids=["2-f16", "4-f32"])
 def test_c_alpha_beta(live_device_info, monkeypatch, S, out) -> None:
     forced(monkeypatch, S)
     M, N, K = 5, 40, 256
@@ -531,8 +532,8 @@ def test_c_alpha_beta(live_device_info, monkeypatch, S, out) -> None:
     check(d, ref, tol, out)
 
 
-@pytest.mark.parametrize("S", [2, 4])
-@pytest.mark.parametrize("M", [1, 16])
+# Each split and each M (a partial and a whole row block) once: three kernels a case.
+@pytest.mark.parametrize("S,M", [(2, 1), (4, 16)])
 def test_fused_bias_gelu_and_residual(live_device_info, monkeypatch, S, M) -> None:
     forced(monkeypatch, S)
     N, K = 40, 128
@@ -551,7 +552,7 @@ def test_fused_bias_gelu_and_residual(live_device_info, monkeypatch, S, M) -> No
     check(y, ref, tol, F16)
 
 
-@pytest.mark.parametrize("S", [2, 4])
+@pytest.mark.parametrize("S", [4])  # S is compiled in like the sizes: one split shows it
 def test_specialized_splits(live_device_info, monkeypatch, S) -> None:
     """Splits with their sizes and strides compiled in (as the policy does for 32 and 64
     rows on a covering tile, SPECIALIZE_COVERING_MIN_OPS): C, alpha, beta and the fused
@@ -577,8 +578,8 @@ def test_specialized_splits(live_device_info, monkeypatch, S) -> None:
     assert ran_split() == S
 
 
-@pytest.mark.parametrize("S", [2, 4])
-@pytest.mark.parametrize("b_col", [False, True], ids=["b_row", "b_col"])
+# Each split and each B layout once.
+@pytest.mark.parametrize("S,b_col", [(2, False), (4, True)], ids=["2-b_row", "4-b_col"])
 def test_device_arrays(live_device_info, monkeypatch, S, b_col) -> None:
     forced(monkeypatch, S)
     M, N, K = 5, 40, 256
@@ -684,12 +685,13 @@ GPU_AV_CHILD = textwrap.dedent('''
     cases = []
     # Power-of-two byte sizes fill pooled buffers exactly: a read past an operand's end
     # (the exact variant's look-ahead past the last slice) is a read past its buffer.
-    # Each split with each shape and each layout pair, and the shapes with every layout
-    # pair: every pair of the three, without the full product.
+    # The exact variant (whole tiles: big) with each operand K-contiguous in one case and
+    # not in the other, so each operand's slices step along lines and along K; the
+    # bounds-checked one (few) once; each split once. A kernel under GPU-AV takes
+    # lavapipe about a minute of CPU: not every pair of split, shape and layouts.
     big, few = (64, 64, 256, np.float16), (5, 40, 128, np.float32)
     for S, (M, N, K, out), (ta, tb) in (
-            (2, big, (False, False)), (4, few, (False, False)), (2, few, (False, True)),
-            (4, big, (False, True)), (2, big, (True, False)), (4, few, (True, False))):
+            (2, big, (False, False)), (4, big, (True, True)), (2, few, (False, True))):
         a = rng.integers(-3, 4, (K, M) if ta else (M, K)).astype(np.float16)
         b = rng.integers(-3, 4, (N, K) if tb else (K, N)).astype(np.float16)
         a, b = (a.T if ta else a), (b.T if tb else b)
@@ -737,7 +739,7 @@ def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     cases = json.loads(lines[-1][len("REPORT"):])
-    assert len(cases) == 6 and all("split=" in c["case"] and "split=1" not in c["case"]
+    assert len(cases) == 3 and all("split=" in c["case"] and "split=1" not in c["case"]
                                     for c in cases)
     bad = [c for c in cases if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]
