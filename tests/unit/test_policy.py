@@ -420,7 +420,10 @@ def test_small_products_fill_the_h200() -> None:
 
     one_matrix = Tile(16, 32, 64, 1, 2, 1)
     assert tile(64, 64, 64) == tile(128, 128, 128) == tile(256, 256, 2048) == one_matrix
-    assert tile(1024, 1024, 1024) == tile(512, 4096, 4096) == Tile(64, 64, 64, 2, 2, 2)
+    assert tile(1024, 1024, 1024) == tile(512, 4096, 1024) == Tile(64, 64, 64, 2, 2, 2)
+    # With K long enough, split K keeps the general tile instead (policy.mid_split_k).
+    split = choose(H200, row_major(512, 4096, 4096, pair), Options(), tuned)
+    assert split.split_k == 2 and khr(split).tile == tile(2048, 2048, 2048)
     assert tile(128, 4096, 4096) == Tile(32, 64, 64, 1, 2, 2)
     assert tile(64, 64, 64, resolve(H200, I8, I8)) == Tile(16, 32, 128, 1, 2, 1)
     assert tile(2048, 2048, 2048) == tuned["float16->float32@medium"][1]
