@@ -39,9 +39,7 @@ from coopmat.common.enums import ComponentType
 PUSH_FIELDS = ("count", "groups_x", "value_dim", "ws_ld", "Lq", "groups", "kv_heads",
                "rows_pad", "splits", "o_base", "o_ld", "o_outer", "o_head")
 COLS = 32  # elements of a row one workgroup merges: one 128-byte line of a slice's O
-# Workgroup sizes offered, the largest a device allows taken: 1024 measured slower than
-# 512 on a GPU for 64 to 1024 slices (docs/design.md, Attention).
-INVOCATIONS = (512, 256)
+INVOCATIONS = (256, 512)  # workgroup sizes the merge is written for
 UNROLL = 8  # independent loads of O an invocation keeps in flight
 FOLD = 32  # the (m, l) reductions fold a workgroup's values in FOLD groups, then FOLD values
 BINDING_PARTIAL, BINDING_ML, BINDING_OUT = 0, 1, 2
@@ -68,13 +66,6 @@ class CombineTraits:
 def _capabilities(out: ComponentType) -> set[Capability]:
     return {Capability.Shader, Capability.VulkanMemoryModel,
             *type_capabilities(out, in_storage_buffer=True)}
-
-
-def combine_invocations(max_invocations: int, max_size_x: int) -> int:
-    """The largest of INVOCATIONS a device's maxComputeWorkGroupInvocations and
-    maxComputeWorkGroupSize[0] allow (256 at least, as before)."""
-    return next((n for n in INVOCATIONS if n <= min(max_invocations, max_size_x)),
-                INVOCATIONS[-1])
 
 
 def workgroup_count(rows: int, value_dim: int) -> int:

@@ -25,7 +25,6 @@ from coopmat.codegen.attention_blocks import (
 )
 from coopmat.codegen.attention_combine import (
     CombineKernel,
-    combine_invocations,
     combine_kernel,
     workgroup_count,
 )
@@ -35,7 +34,7 @@ from coopmat.dispatch.executor import Copy, Dispatch
 from coopmat.dispatch.memory import Buffer
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.staging import OFFSET_ALIGNMENT
-from coopmat.policy.attention import AttentionChoice
+from coopmat.policy.attention import AttentionChoice, merge_invocations
 
 
 @dataclass(frozen=True)
@@ -188,9 +187,7 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
     first = Dispatch(rt.pipelines.get(kernel), buffers,
                      kernel.push_constants({**common, **values}),
                      kernel.workgroups(sizes.rows, sizes.z, choice.splits), tuple(offsets))
-    lim = rt.device.info.limits
-    ck = combine_kernel(t.out, combine_invocations(lim.max_compute_work_group_invocations,
-                                                   lim.max_compute_work_group_size[0]))
+    ck = combine_kernel(t.out, merge_invocations(rt.device.info.limits))
     start, base = o.bound
     count = workgroup_count(sizes.z * sizes.rows, t.value_dim)
     push = CombineKernel.push_constants({

@@ -36,9 +36,10 @@ import math
 from dataclasses import dataclass, replace
 
 from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
+from coopmat.codegen.attention_combine import INVOCATIONS
 from coopmat.codegen.variants import is_cpu, khr_subgroup_size
 from coopmat.common.enums import ComponentType
-from coopmat.device.model import CooperativeMatrixProperties, PhysicalDeviceInfo
+from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
@@ -55,6 +56,9 @@ MIN_SPLIT_STEPS = 2
 # most this many 32-bit registers an invocation; more would spill.
 PREFETCH_REGISTERS = 64
 KEY_STEPS = (64, 32, 16)
+# The merge's workgroup size: the first of these the device allows (1024 measured slower
+# than 512 on a GPU for 64 to 1024 slices; docs/design.md, Attention).
+MERGE_INVOCATIONS = (512, 256)
 # Where one workgroup holds all the rows of a kv head (decode: it streams K and V, split
 # over many workgroups), 32 keys a step measured faster than 64.
 DECODE_KEY_STEPS = (32, 64, 16)
@@ -224,3 +228,11 @@ def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTrait
     if grid >= SPLIT_BELOW or steps < 2 * MIN_SPLIT_STEPS:
         return 1
     return max(1, min(-(-SPLIT_TARGET // grid), steps // MIN_SPLIT_STEPS))
+
+
+def merge_invocations(limits: DeviceLimits) -> int:
+    """The split run's merge workgroup size: the first of MERGE_INVOCATIONS that the
+    device's maxComputeWorkGroupInvocations and maxComputeWorkGroupSize[0] allow."""
+    most = min(limits.max_compute_work_group_invocations, limits.max_compute_work_group_size[0])
+    return next((n for n in MERGE_INVOCATIONS if n <= most and n in INVOCATIONS),
+                min(INVOCATIONS))

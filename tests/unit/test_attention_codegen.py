@@ -17,7 +17,7 @@ from coopmat.codegen.attention import (
     MaskKind,
 )
 from coopmat.codegen.attention_blocks import BlockKernel, block_kernel
-from coopmat.codegen.attention_combine import combine_invocations, combine_kernel
+from coopmat.codegen.attention_combine import combine_kernel
 from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.codegen.tools import find_tool, validate
 from coopmat.common.enums import ComponentType as CT
@@ -27,6 +27,7 @@ from coopmat.policy.attention import (
     AttentionProblem,
     attention_operands,
     choose_attention,
+    merge_invocations,
 )
 
 DATA = Path(__file__).parents[1] / "data"
@@ -104,8 +105,7 @@ def test_policy_kernels_validate(name) -> None:
             if c.splits > 1:
                 assert c.split_keys % t.keys == 0 and (c.splits - 1) * c.split_keys < p.Lk
                 lim = info.limits
-                n = combine_invocations(lim.max_compute_work_group_invocations,
-                                        lim.max_compute_work_group_size[0])
+                n = merge_invocations(lim)
                 assert n <= lim.max_compute_work_group_invocations
                 validate(combine_kernel(p.out, n).spirv)
 
