@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 from coopmat.codegen import abi
 from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.plan import plan_kernel
+from coopmat.codegen.spv import Capability
 from coopmat.codegen.traits import GemmTraits, GemvTraits, KhrTraits, Nv2Traits, RowsTraits
 from coopmat.codegen.types import vulkan_features
 
@@ -137,18 +138,20 @@ class GemvFamily:
     (gemv.py, gemv_quant.py)."""
 
     name = "gemv"
+    traits_class: type[GemvTraits] = GemvTraits
+    extra_capabilities: frozenset[Capability] = frozenset()  # beyond gemv's own
 
     def describe(self, traits: GemmTraits) -> Kernel:
         from coopmat.codegen.gemv import required_capabilities
 
-        gemv = _own(traits, GemvTraits)
+        gemv = _own(traits, self.traits_class)
         gemv.check_tile()
         return Kernel(
             traits=gemv, spirv=b"", local_size=(gemv.invocations, 1, 1),
             required_subgroup_size=gemv.subgroup_size, shared_memory_bytes=0,
             push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(gemv),
             tile_mn=(gemv.tile.tile_m, gemv.tile.tile_n),
-            features=vulkan_features(required_capabilities(gemv)))
+            features=vulkan_features(required_capabilities(gemv) | self.extra_capabilities))
 
     def generate(self, traits: GemmTraits) -> bytes:
         from coopmat.codegen.gemv import GemvEmitter

@@ -31,11 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from coopmat.codegen import abi
-from coopmat.codegen.family import register_family
-from coopmat.codegen.gemv import required_capabilities
+from coopmat.codegen.family import GemvFamily, register_family
 from coopmat.codegen.gemv_quant import QuantGemvEmitter
-from coopmat.codegen.kernel import Kernel
 from coopmat.codegen.quant import funnel, scale
 from coopmat.codegen.quant_q8_1 import A_READ_UNITS, quantize_block
 from coopmat.codegen.spv import (
@@ -44,7 +41,6 @@ from coopmat.codegen.spv import (
     PackedVectorFormat,
 )
 from coopmat.codegen.traits import GemmTraits, GemvTraits
-from coopmat.codegen.types import vulkan_features
 from coopmat.common.enums import ComponentType
 
 ACTIVATION_QUANT = "q8_1"
@@ -167,21 +163,13 @@ class Q8_1GemvEmitter(QuantGemvEmitter):
         return s.compute_module(t.invocations)
 
 
-class GemvQ8_1Family:
-    """The integer gemv kernel (this module), beside gemv's own family."""
+class GemvQ8_1Family(GemvFamily):
+    """The integer gemv kernel (this module): gemv's kernel description with its own
+    traits and the dot-product capabilities."""
 
     name = GemvQ8_1Traits.family
-
-    def describe(self, traits: GemmTraits) -> Kernel:
-        if not isinstance(traits, GemvQ8_1Traits):
-            raise ValueError(f"traits of family {traits.family!r}, not {self.name!r}")
-        traits.check_tile()
-        return Kernel(
-            traits=traits, spirv=b"", local_size=(traits.invocations, 1, 1),
-            required_subgroup_size=traits.subgroup_size, shared_memory_bytes=0,
-            push_constant_size=abi.PUSH_CONSTANT_SIZE, bindings=abi.bindings(traits),
-            tile_mn=(traits.tile.tile_m, traits.tile.tile_n),
-            features=vulkan_features(required_capabilities(traits) | DOT_CAPABILITIES))
+    traits_class = GemvQ8_1Traits
+    extra_capabilities = frozenset(DOT_CAPABILITIES)
 
     def generate(self, traits: GemmTraits) -> bytes:
         assert isinstance(traits, GemvQ8_1Traits)
