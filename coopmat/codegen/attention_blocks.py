@@ -26,10 +26,9 @@ in shared memory and invocation 0 writes the word.
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
 
-from coopmat.codegen.shader import ShaderContext, folded_grid
+from coopmat.codegen.shader import ShaderContext, folded_grid, folded_push_constants
 from coopmat.codegen.spv import BuiltIn, Capability, LoopControl, Op, Scope
 from coopmat.codegen.types import vulkan_features
 
@@ -74,12 +73,7 @@ class BlockKernel:
 
     @staticmethod
     def push_constants(values: dict[str, int]) -> bytes:
-        values = {**values, "groups_x": BlockKernel.workgroups(values["count"])[0]}
-        for name in PUSH_FIELDS:
-            if not 0 <= int(values.get(name, 0)) < 1 << 32:
-                raise ValueError(f"attention blocks: {name} = {values[name]} does not fit the "
-                                 f"kernel's 32-bit indices")
-        return struct.pack(f"<{len(PUSH_FIELDS)}I", *(int(values.get(n, 0)) for n in PUSH_FIELDS))
+        return folded_push_constants("attention blocks", PUSH_FIELDS, values)
 
 
 def _emit() -> bytes:

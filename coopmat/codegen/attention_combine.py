@@ -26,11 +26,10 @@ it (o_base + outer o_outer + head o_head + query o_ld + d).
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coopmat.codegen.shader import ShaderContext, folded_grid
+from coopmat.codegen.shader import ShaderContext, folded_grid, folded_push_constants
 from coopmat.codegen.spv import BuiltIn, Capability, GLSLstd450, LoopControl, Op, Scope
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension, vulkan_features
 from coopmat.common.dtypes import element
@@ -97,8 +96,7 @@ class CombineKernel:
 
     @staticmethod
     def push_constants(values: dict[str, int]) -> bytes:
-        values = {**values, "groups_x": CombineKernel.workgroups(values["count"])[0]}
-        return struct.pack(f"<{len(PUSH_FIELDS)}I", *(int(values.get(n, 0)) for n in PUSH_FIELDS))
+        return folded_push_constants("attention merge", PUSH_FIELDS, values)
 
 
 def _emit(traits: CombineTraits) -> bytes:

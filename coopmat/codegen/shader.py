@@ -8,6 +8,7 @@ workgroup sharing needs), barriers and cooperative-matrix instructions.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from coopmat.codegen.builder import FunctionBuilder, ModuleBuilder
@@ -41,6 +42,19 @@ def folded_grid(groups: int) -> tuple[int, int, int]:
     numbers its workgroup y * x + x and drops those past its count)."""
     x = min(groups, MAX_GROUPS_X)
     return (x, -(-groups // x), 1)
+
+
+def folded_push_constants(kernel: str, fields: tuple[str, ...],
+                          values: dict[str, int]) -> bytes:
+    """`fields` as 32-bit unsigned push constants (absent ones 0), with groups_x the x of
+    folded_grid(values["count"]); ValueError naming `kernel` and the field that does not
+    fit 32 bits."""
+    values = {**values, "groups_x": folded_grid(values["count"])[0]}
+    for name in fields:
+        if not 0 <= int(values.get(name, 0)) < 1 << 32:
+            raise ValueError(f"{kernel}: {name} = {values[name]} does not fit the kernel's "
+                             f"32-bit indices")
+    return struct.pack(f"<{len(fields)}I", *(int(values.get(n, 0)) for n in fields))
 
 
 @dataclass(frozen=True)
