@@ -12,12 +12,12 @@ hold shows that GPU-AV is really watching.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from gpu_av import gpu_av_env
 
 from coopmat.device.instance import VALIDATION_LAYER
 
@@ -217,10 +217,7 @@ def test_kernels_stay_inside_their_buffers(live_device_info, tmp_path, part):
         pytest.skip(f"{VALIDATION_LAYER} is not installed")
     if live_device_info.limits.min_subgroup_size != 8:
         pytest.skip("the cases pin lavapipe's 8x8x8 configs and 32-wide tiles")
-    env = dict(os.environ, COOPMAT_VALIDATION="1", COOPMAT_SPECIALIZE="0",
-               COOPMAT_CACHE_DIR=str(tmp_path),
-               VK_KHRONOS_VALIDATION_VALIDATE_GPU_BASED="GPU_BASED_GPU_ASSISTED",
-               VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT="false")
+    env = gpu_av_env(tmp_path)
     proc = subprocess.run([sys.executable, "-c", CHILD, part], env=env, capture_output=True,
                           text=True, timeout=1200)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]

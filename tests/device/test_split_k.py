@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 from epilogue_oracle import check
 from epilogue_oracle import oracle as epilogue_oracle
+from gpu_av import gpu_av_env
 from sampling import pairwise
 from spirv_checks import assert_valid
 
@@ -729,10 +729,7 @@ def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
 
     if VALIDATION_LAYER not in {p.layerName for p in vk().vkEnumerateInstanceLayerProperties()}:
         pytest.skip(f"{VALIDATION_LAYER} is not installed")
-    env = dict(os.environ, COOPMAT_VALIDATION="1", COOPMAT_SPECIALIZE="0",
-               COOPMAT_CACHE_DIR=str(tmp_path),
-               VK_KHRONOS_VALIDATION_VALIDATE_GPU_BASED="GPU_BASED_GPU_ASSISTED",
-               VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT="false")
+    env = gpu_av_env(tmp_path)
     env.pop(SPLIT_K_ENV, None)
     proc = subprocess.run([sys.executable, "-c", GPU_AV_CHILD], env=env, capture_output=True,
                           text=True, timeout=1200)
