@@ -321,6 +321,7 @@ class _HostPin:
         self.nbytes = owner.nbytes
         self.imported: _Imported | None = None
         self.scheduled = False  # its import was started (at its second transfer)
+        self.seen = 0  # Transfers._tick at its last transfer
         self.finalizer: Any = None  # weakref.finalize
 
 
@@ -371,6 +372,7 @@ class Transfers:
         # first. _pin_lock is held from looking one up until its copy is submitted; an
         # import dropped after that is freed once the copy completes (Stream.defer).
         self._pins: OrderedDict[int, _HostPin] = OrderedDict()
+        self._tick = 0  # transfers of pinnable arrays so far (_HostPin.seen)
         self._dead: deque[tuple[int, _HostPin]] = deque()  # collected arrays' pins
         self._pin_lock = threading.RLock()
         env = os.environ.get(MODE_ENV, "")
@@ -861,6 +863,8 @@ class Transfers:
         if pin is None or pin.imported is None:
             return None
         self._pins.move_to_end(id(owner))
+        self._tick += 1
+        pin.seen = self._tick
         return pin.imported, pin.imported.offset + host.ctypes.data - pin.address
 
     def kept(self, arr: np.ndarray) -> bool:
@@ -893,16 +897,22 @@ class Transfers:
     def _pin_later(self, host: np.ndarray) -> None:
         """After a transfer through the lanes: note host's array the first time; the
         second time, import it in the background (pinning costs about what the next
-        transfer saves), within HOST_PIN_KEEP_BYTES (least recently used out first)."""
+        transfer saves), within HOST_PIN_KEEP_BYTES. Room is made only from kept imports
+        idle for longer than this array's reuse distance (the transfers since its last
+        one): arrays cycled through in turn, more of them than the budget holds (a Dask
+        worker's chunks), would otherwise each evict the next one to be used, every
+        import wasted."""
         owner = self._pinnable(host)
         if owner is None:
             return
         key = id(owner)
         with self._pin_lock:
             self._forget_dead()
+            self._tick += 1
             pin = self._pins.get(key)
             if pin is None:
                 pin = self._pins[key] = _HostPin(owner)
+                pin.seen = self._tick
                 # deque.append: safe from any thread, taking no lock (a collection can
                 # run the finalizer in a thread that holds one of ours).
                 pin.finalizer = weakref.finalize(owner, self._dead.append, (key, pin))
@@ -910,17 +920,23 @@ class Transfers:
                 for old_key, old in noted[:max(0, len(noted) - HOST_PIN_NOTED)]:
                     self._unpin(old_key, old)
                 return
+            last, pin.seen = pin.seen, self._tick
             if pin.scheduled:
                 return
+            victims = [(k, p) for k, p in self._pins.items() if p.scheduled]
+            kept = sum(p.nbytes for _, p in victims) + pin.nbytes
+            evict = []
+            for old_key, old in sorted(victims, key=lambda kp: kp[1].seen):
+                if kept <= HOST_PIN_KEEP_BYTES or old.seen >= last:
+                    break
+                kept -= old.nbytes
+                evict.append((old_key, old))
+            if kept > HOST_PIN_KEEP_BYTES:
+                return  # noted still: its next transfer measures its reuse again
+            for old_key, old in evict:
+                self._unpin(old_key, old)
             pin.scheduled = True
             self._pins.move_to_end(key)
-            kept = sum(p.nbytes for p in self._pins.values() if p.scheduled)
-            for old_key, old in list(self._pins.items()):
-                if kept <= HOST_PIN_KEEP_BYTES or old is pin:
-                    break
-                if old.scheduled:
-                    kept -= old.nbytes
-                    self._unpin(old_key, old)
 
         def run(owner: np.ndarray = owner) -> None:  # (alive, so are its pages, meanwhile)
             try:

@@ -288,6 +288,20 @@ def test_live_arrays_stay_imported_between_transfers(rt, monkeypatch):
         coopmat.asarray(z)
         assert t._pins[id(z)].scheduled and id(x) not in t._pins
         _pins_ready(t)
+        # Arrays used in turn, more than the budget holds (a Dask worker's chunks): the
+        # first that fit stay imported; the others never evict one that is used again
+        # before them.
+        t.destroy()
+        monkeypatch.setattr(transfer, "HOST_PIN_KEEP_BYTES", 24 << 20)
+        chunks = [_random((1024, 2048), np.float32, 10 + i) for i in range(4)]  # 8 MiB
+        for _ in range(4):
+            before = len(staged)
+            for c in chunks:
+                coopmat.synchronize()
+                assert np.array_equal(coopmat.asarray(c).numpy(), c)
+            _pins_ready(t)
+        assert [t._pins[id(c)].imported is not None for c in chunks] == [True] * 3 + [False]
+        assert len(staged) - before == 1  # the last round: the fourth chunk alone staged
         t.destroy()
         assert not t._pins
 
