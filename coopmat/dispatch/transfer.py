@@ -98,9 +98,10 @@ PINNED_KEEP_BYTES = _pinned_keep_bytes()
 # pinned blocks per size class, at most this many (more lent at once: the pool's
 # host-visible buffers and a host copy serve the rest).
 SMALL_BLOCKS = 4
-# The user's arrays kept imported (mode 'auto') per device, in bytes; the least recently
-# used go first.
-HOST_PIN_KEEP_BYTES = 1 << 30
+# The user's arrays kept imported (mode 'auto') per device, in bytes: as much as the free
+# pinned blocks, so that a Dask worker's persisted chunks, used again by each compute,
+# stay imported where the host has the memory.
+HOST_PIN_KEEP_BYTES = PINNED_KEEP_BYTES
 # Arrays transferred once, noted (a weakref each) so that a second transfer imports them.
 HOST_PIN_NOTED = 64
 
