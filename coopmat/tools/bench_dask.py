@@ -4,7 +4,8 @@ per device (coopmat.dask.LocalCluster), beside dask + CuPy on the same chunks.
 - X (rows x K) is made on the workers and persisted there before the clock starts (no
   random-number generation or client transfer timed); W (K x N) is one graph key, kept
   on each worker's device after a warm-up compute. Timed: from submitting the persisted
-  product to `wait` (the result stays on the workers as numpy chunks, not gathered).
+  product to `wait` (the result stays on the workers as numpy chunks, not gathered); each
+  timed compute starts once the workers have let go of the previous one's result.
 - Each worker count's split per task: the bare product on a worker, whole as a task runs
   it (a numpy chunk in, the weight resident, a numpy chunk out: uploads, kernels and
   downloads overlapped) and in parts (upload of the chunk, kernel, download of the
@@ -124,7 +125,9 @@ def _timed(client: Any, make: Any, workers: list[str], repeat: int,
             seconds = time.perf_counter() - t0
         if prefix:
             runs.append((seconds, per_task(ts.data, prefix, seconds, len(workers))))
+        keys = {f.key for f in distributed.futures_of(y)}
         del y
+        _released(client, keys)
         return seconds
 
     once()
@@ -134,6 +137,17 @@ def _timed(client: Any, make: Any, workers: list[str], repeat: int,
     if runs:
         split = {k: statistics.median(r[1][k] for r in runs) for k in runs[0][1]}
     return statistics.median(times), split
+
+
+def _released(client: Any, keys: set[Any], timeout: float = 30.0) -> None:
+    """Wait until no worker holds `keys` (a result let go) and the workers have collected
+    it: the next compute starts where a later one would, not while the workers still
+    free the last one's chunks."""
+    import gc
+    deadline = time.monotonic() + timeout
+    while keys & set(client.who_has()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.run(gc.collect)
 
 
 def per_task(stream: list[Any], prefix: str, wall: float, workers: int) -> dict[str, float]:
