@@ -79,11 +79,14 @@ def _on_device(weight: Any) -> Any:
     return coopmat.asarray(weight)
 
 
-def gemm_block(x: np.ndarray, weight: Any, bias: Any, residual: Any, *, mode: str,
-               weight_token: str, transposed: bool, shape: tuple[int, ...],
+def gemm_block(x: np.ndarray | list[np.ndarray], weight: Any, bias: Any, residual: Any, *,
+               mode: str, weight_token: str, transposed: bool, shape: tuple[int, ...],
                options: tuple[tuple[str, Any], ...]) -> np.ndarray:
     """One task: this chunk of x times the weight this worker keeps on its device; a numpy
-    chunk out (a coopmat.Array never leaves the worker)."""
+    chunk out (a coopmat.Array never leaves the worker). x comes as the list of its row's
+    blocks along K, one block (the graph brings K to one chunk)."""
+    if isinstance(x, list):
+        x = x[0] if len(x) == 1 else np.concatenate(x, axis=-1)
     opts = dict(options)
     if x.size == 0 or shape[-1] == 0:
         return np.empty(x.shape[:-1] + shape[-1:],
@@ -165,8 +168,11 @@ def _gemm(x: Any, wk: WeightKey, mode: str, bias: Any, activation: Any, residual
     else:
         args += [None, None]
         new_axes["n"] = n
+    # concatenate=False: Dask's concatenation copies even a single block into new memory
+    # (a chunk's worth of page faults and copying a task), and a copy is never the array
+    # that transfers keep imported; gemm_block takes the one block from its list.
     return da.blockwise(
-        gemm_block, lead + ("n",), *args, new_axes=new_axes, concatenate=True,
+        gemm_block, lead + ("n",), *args, new_axes=new_axes, concatenate=False,
         dtype=rdt, meta=np.empty((0,) * x.ndim, rdt), token=f"coopmat-{mode}",
         mode=mode, weight_token=wk.token, transposed=wk.transposed,
         shape=tuple(x.shape[:-1]) + (n,), options=tuple(sorted(options.items(), key=str)))

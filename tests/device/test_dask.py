@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
@@ -266,6 +267,25 @@ def test_default_scheduler_runs_on_this_process():
         close_to(y.compute(scheduler="threads"), want, 64)
     info = cd.cache_info()
     assert info["uploads"] - before["uploads"] == 1 and info["hits"] - before["hits"] == 7
+
+
+def test_tasks_take_the_chunks_themselves(monkeypatch):
+    """Each task multiplies the chunk Dask holds, not a copy of it: a copy costs a chunk's
+    worth of new memory a task, and only the chunk itself stays imported across computes
+    (dispatch/transfer.py's kept imports)."""
+    from coopmat.dask import linalg
+    a = RNG.standard_normal((30, 64)).astype(np.float16)
+    w = RNG.standard_normal((64, 16)).astype(np.float16)
+    seen: list[np.ndarray] = []
+    real = linalg.matmul_to_host
+    monkeypatch.setattr(linalg, "matmul_to_host", lambda x, *r, **k: (
+        seen.append(x), real(x, *r, **k))[1])
+    x = da.from_array(a, chunks=(8, 64)).persist(scheduler="sync")
+    chunks = dask.compute(*x.to_delayed().ravel(), scheduler="sync")
+    y = cd.matmul(x, w).compute(scheduler="sync")
+    close_to(y, a.astype(np.float64) @ w.astype(np.float64), 64)
+    assert len(seen) == 4
+    assert all(any(np.shares_memory(s, c) for c in chunks) for s in seen)
 
 
 def test_cache_is_bounded_and_evicts_least_recent():
