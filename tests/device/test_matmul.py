@@ -234,9 +234,12 @@ def test_8bit_operands_repacked_k_contiguous(pairs, dtype, result, ta, a_shape, 
 
 
 # uint8 is left out: its kernels differ from int8's in the multiply's signedness only,
-# which test_matches_numpy_exactly runs, not in what specialization compiles in.
+# which test_matches_numpy_exactly runs, not in what specialization compiles in; and
+# float16 -> float32, whose sizes and strides are float16's and whose D elements are
+# 4 bytes as int8 -> int32's are.
 @pytest.mark.parametrize("dtype,out_dtype,result",
-                         [c for c in DTYPE_CASES if c[0] != "uint8"], ids=lambda x: str(x))
+                         [c for c in DTYPE_CASES if c[0] != "uint8" and c[1] is None],
+                         ids=lambda x: str(x))
 def test_shape_specialized_kernels(pairs, monkeypatch, dtype, out_dtype, result):
     """COOPMAT_SPECIALIZE=1 compiles sizes and strides into the kernel (large problems get
     that by default): same results, including batches, broadcasts, C and views."""
