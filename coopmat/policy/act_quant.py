@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from coopmat.codegen.gemv_q8_1 import ACTIVATION_QUANT, GemvQ8_1Traits, q8_1_traits
 from coopmat.codegen.traits import EpilogueOps
+from coopmat.codegen.variants import is_cpu
 from coopmat.common.enums import ComponentType
 from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.device.model import PhysicalDeviceInfo
@@ -73,5 +74,5 @@ def q8_1_kernel(info: PhysicalDeviceInfo, pair: TypePair, M: int, N: int, K: int
     quantized B's default gemv tile for M rows, reading x itself where `fused` (None:
     fuses_quant(M)), else its q8_1 blocks."""
     gemv = gemv_traits(pair.operand, pair.result, info.limits, False, M, out_type=pair.out,
-                       ops=ops, b_quant=b_quant, K=K, N=N)
+                       ops=ops, b_quant=b_quant, K=K, N=N, cpu=is_cpu(info))
     return q8_1_traits(gemv, fuses_quant(M) if fused is None else fused)

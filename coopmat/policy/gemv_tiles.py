@@ -14,7 +14,8 @@ for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1
 = 4 columns per subgroup from QUANT_COLS_FROM_ROWS rows of its format (C = 2 below): a
 lane then widens A's 32 elements once for four blocks (slower for q8_0 below 3 rows;
 docs/design.md, Quantized weights). The sweep is the same 27 tiles, with tile_k in
-blocks.
+blocks. On a CPU driver a quantized B keeps C = 2: a lane's columns are unrolled code,
+which a CPU driver compiles on the first call, and four of them buy a CPU nothing.
 """
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ PREFETCH_TILES = {4: (2, 8, 2)}
 
 
 def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
-                      N: int | None = None, K: int | None = None) -> Tile:
+                      N: int | None = None, K: int | None = None, *,
+                      cpu: bool = False) -> Tile:
     """The default tile for M rows (b_quant: for a quantized B of that format; N and K:
-    the product's columns and depth where known)."""
+    the product's columns and depth where known; cpu: on a CPU driver)."""
     rows = gemv_rows_for(M)
     unroll = DEFAULT_QUANT_UNROLL if b_quant is not None else \
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
-    wide = b_quant is not None and rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
+    wide = not cpu and b_quant is not None and \
+        rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
     cols, splits = (QUANT_COLS if wide else DEFAULT_COLS), DEFAULT_SPLITS
     if b_quant is not None and M == 1 and N is not None:
         cols, unroll = next(((c, u) for least, c, u in QUANT_ONE_ROW.get(b_quant, ())
@@ -127,15 +130,16 @@ def gemv_traits(operand: ComponentType, result: ComponentType, limits: DeviceLim
                 has_c: bool, M: int, *, tile: Tile | None = None,
                 out_type: ComponentType | None = None,
                 ops: EpilogueOps | None = None, b_quant: str | None = None,
-                K: int | None = None, N: int | None = None) -> GemvTraits:
+                K: int | None = None, N: int | None = None, cpu: bool = False) -> GemvTraits:
     """gemv traits (row-major A, column-major B; b_quant: B as GGUF blocks of that
     format) for M rows on a device: `tile` (its tile_m replaced by the rows M needs), else
     the default tile; at the subgroup size khr kernels use (the smallest
     the device lets a pipeline require); without the driver's bounds checks where
     checks_storage says, and for a known K loading a step ahead where
-    prefetches says (N, where known, shapes a quantized B's one-row tile)."""
+    prefetches says (N, where known, shapes a quantized B's one-row tile; cpu: on a CPU
+    driver)."""
     sg = khr_subgroup_size(limits)
-    tile = default_gemv_tile(M, sg, b_quant, N, K) if tile is None else \
+    tile = default_gemv_tile(M, sg, b_quant, N, K, cpu=cpu) if tile is None else \
         replace(tile, tile_m=gemv_rows_for(M))
     return GemvTraits(a_type=operand, b_type=operand, c_type=result, result_type=result,
                       a_layout=Layout.ROW_MAJOR, b_layout=Layout.COLUMN_MAJOR, has_c=has_c,

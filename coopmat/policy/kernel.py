@@ -434,7 +434,8 @@ def rows_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     for t in (tile, None) if tile is not None else (None,):
         try:
             general = rows_traits(cfg, info.limits, a_layout, b_layout, problem.has_c,
-                                  problem.M, tile=t, out_type=problem.pair.out)
+                                  problem.M, tile=t, out_type=problem.pair.out,
+                                  cpu=is_cpu(info))
             shared = RowsPlan(general).shared_bytes
             if shared > info.limits.max_compute_shared_memory_size:
                 raise ValueError(f"rows tile {general.tile.describe()} needs {shared} bytes "
@@ -505,7 +506,8 @@ def gemv_choice(info: PhysicalDeviceInfo, problem: Problem, a_layout: Layout,
     for t in (tile, None) if tile is not None else (None,):
         gemv = gemv_traits(pair.operand, pair.result, info.limits, problem.has_c, problem.M,
                            tile=t, out_type=pair.out, ops=problem.ops,
-                           b_quant=problem.b_quant, K=problem.K, N=problem.N)
+                           b_quant=problem.b_quant, K=problem.K, N=problem.N,
+                           cpu=is_cpu(info))
         try:
             gemv.check_tile()
         except ValueError as exc:

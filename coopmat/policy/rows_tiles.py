@@ -7,6 +7,11 @@ per batch of B loads (U x NF fragments in flight per subgroup), and the largest 
 MAX_KC whose two A stages fit half the shared memory (two workgroups per multiprocessor),
 else all of it; where even one group of S x U k steps does not fit, unroll and then splits
 give way (64 rows on a 48 KiB device: S = 4, U = 2, kc = 128).
+
+On a CPU driver (lavapipe) the default is S = 2, U = 2 and kc one group of S x U k steps:
+the kernel unrolls its chunk, and a CPU driver compiles it on the first call (tens of
+seconds for a chunk of a thousand; docs/design.md, Kernels), where the GPU's reason for a
+long chunk, fewer barriers, buys a CPU little.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ MAX_KC = 1024
 DEFAULT_NF = 2
 # (splits, unroll) in order of preference where shared memory runs short.
 _SPLITS_UNROLL = ((4, 4), (4, 2), (2, 2), (2, 1), (1, 1))
+CPU_SPLITS_UNROLL = (2, 2)
 
 
 def _largest_kc(base: RowsTraits, splits: int, unroll: int, budget: int) -> Tile | None:
@@ -38,12 +44,20 @@ def _largest_kc(base: RowsTraits, splits: int, unroll: int, budget: int) -> Tile
 
 
 @functools.lru_cache(maxsize=256)
-def default_rows_tile(base: RowsTraits, M: int, shared_limit: int) -> Tile:
-    """The default tile for `base` (its tile is replaced) and M rows; ValueError where no
-    tile fits the device's shared memory."""
+def default_rows_tile(base: RowsTraits, M: int, shared_limit: int, *,
+                      cpu: bool = False) -> Tile:
+    """The default tile for `base` (its tile is replaced) and M rows, `cpu` for a CPU
+    driver's (module docstring); ValueError where no tile fits the device's shared
+    memory."""
     rf = row_frags_for(min(M, ROWS_MAX_M), base.m)
     base = replace(base, tile=rows_tile(base.m, base.n, row_frags=rf, nf=DEFAULT_NF,
                                         splits=1, unroll=1, kc=base.k))
+    if cpu:
+        splits, unroll = CPU_SPLITS_UNROLL
+        t = base.tile
+        tile = Tile(t.tile_m, t.tile_n, base.k * splits * unroll, splits, 1, unroll)
+        if rows_tile_fits(replace(base, tile=tile), shared_limit):
+            return tile
     for splits, unroll in _SPLITS_UNROLL:
         for budget in (shared_limit // 2, shared_limit):
             tile = _largest_kc(base, splits, unroll, budget)
@@ -78,16 +92,17 @@ def rows_sweep(base: RowsTraits, shared_limit: int) -> list[Tile]:
 
 def rows_traits(cfg: CooperativeMatrixProperties, limits: DeviceLimits, a_layout: Layout,
                 b_layout: Layout, has_c: bool, M: int, *, tile: Tile | None = None,
-                aligned: bool = False, out_type: ComponentType | None = None) -> RowsTraits:
-    """rows traits for a config on a device and M rows: `tile` (its tile_m replaced by the
-    row fragments M needs), else the default tile."""
+                aligned: bool = False, out_type: ComponentType | None = None,
+                cpu: bool = False) -> RowsTraits:
+    """rows traits for a config on a device (`cpu`: a CPU driver) and M rows: `tile` (its
+    tile_m replaced by the row fragments M needs), else the default tile."""
     base = RowsTraits(a_type=cfg.a_type, b_type=cfg.b_type, c_type=cfg.c_type,
                       result_type=cfg.result_type, a_layout=a_layout, b_layout=b_layout,
                       has_c=has_c, tile=Tile(cfg.M, cfg.N, cfg.K, 1, 1, 1),
                       subgroup_size=khr_subgroup_size(limits), out_type=out_type,
                       m=cfg.M, n=cfg.N, k=cfg.K, aligned=aligned)
     if tile is None:
-        tile = default_rows_tile(base, M, limits.max_compute_shared_memory_size)
+        tile = default_rows_tile(base, M, limits.max_compute_shared_memory_size, cpu=cpu)
     else:
         tile = replace(tile, tile_m=row_frags_for(min(M, ROWS_MAX_M), cfg.M) * cfg.M)
     return replace(base, tile=tile)

@@ -85,7 +85,8 @@ def rows_variants(info: PhysicalDeviceInfo) -> list[RowsTraits]:
                     for M, a_layout, aligned in ((1, Layout.ROW_MAJOR, True),
                                                  (64, Layout.COLUMN_MAJOR, False)):
                         t = rows_traits(cfg, info.limits, a_layout, b_layout, has_c, M,
-                                        aligned=aligned, out_type=out_type)
+                                        aligned=aligned, out_type=out_type,
+                                        cpu=is_cpu(info))
                         if t not in out:
                             out.append(t)
     return out
@@ -106,7 +107,8 @@ def gemv_variants(info: PhysicalDeviceInfo) -> list[GemvTraits]:
                 for has_c in (False, True) if b_quant is None else (False,):
                     for M in (1, GEMV_MAX_M):
                         t = gemv_traits(cfg.a_type, cfg.result_type, info.limits, has_c, M,
-                                        out_type=out_type, b_quant=b_quant)
+                                        out_type=out_type, b_quant=b_quant,
+                                        cpu=is_cpu(info))
                         if t not in out:
                             out.append(t)
     return out

@@ -186,9 +186,8 @@ CHILD = textwrap.dedent('''
 
     # 3855 and 455 blocks (odd: the last starts 4-byte aligned) + 2 bytes fill pooled
     # buffers of 128 KiB and 8 KiB; K: a whole step of 8 blocks and a remainder. The
-    # widest read is the format's, whatever the columns a subgroup takes: two for q8_0 at
-    # 2 rows, four for q4_0 (policy.gemv_tiles; four columns of q8_0 cost GPU-AV three
-    # times the compile).
+    # widest read is the format's, whatever the columns a subgroup takes (two on a CPU
+    # driver, policy.gemv_tiles: four would cost GPU-AV three times the compile).
     if sys.argv[1] == "gemv":
         quant_check("q8_0", 2, 257, 15 * 32)
         quant_check("q4_0", 2, 35, 13 * 32)

@@ -53,6 +53,14 @@ def fresh_cache(client) -> None:
     cd.clear_cache()
 
 
+def on_cluster(y):
+    """y computed by the cluster, after once in this process: the workers share Mesa's
+    shader cache, but two of them meeting a new kernel at once would each compile it
+    (seconds of lavapipe's CPU); this way the workers find it compiled."""
+    y.compute(scheduler="sync")
+    return y.compute()
+
+
 def gelu_tanh(v: np.ndarray) -> np.ndarray:
     return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
 
@@ -83,7 +91,7 @@ def test_float16_ragged_rows_and_chunked_k(client):
     y = cd.matmul(x, w)
     assert y.dtype == np.float16 and y.shape == (50, 24)
     assert y.chunks == ((16, 16, 16, 2), (24,))
-    got = y.compute()
+    got = on_cluster(y)
     assert type(got) is np.ndarray and got.dtype == np.float16
     close_to(got, a.astype(np.float64) @ w.astype(np.float64), 96)
 
@@ -95,7 +103,7 @@ def test_int8_and_uint8_exact(client):
         w = RNG.integers(lo, hi, (64, 16)).astype(dt)
         y = cd.matmul(da.from_array(a, chunks=(10, 64)), w)
         assert y.dtype == acc
-        got = y.compute()
+        got = on_cluster(y)
         assert got.dtype == acc
         np.testing.assert_array_equal(got, a.astype(np.int64) @ w.astype(np.int64))
 
@@ -109,7 +117,7 @@ def test_bfloat16_where_offered(client):
     y = cd.matmul(da.from_array(a, chunks=(8, 64)), w)
     assert y.dtype == np.float32
     want = a.astype(np.float64) @ w.astype(np.float64)
-    np.testing.assert_allclose(y.compute(), want, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(on_cluster(y), want, rtol=1e-3, atol=1e-3)
 
 
 def test_dtype_and_accumulator_pass_through(client):
@@ -118,11 +126,11 @@ def test_dtype_and_accumulator_pass_through(client):
     x = da.from_array(a, chunks=(8, 64))
     y32 = cd.matmul(x, w, dtype=np.float32)
     assert y32.dtype == np.float32
-    got = y32.compute()
+    got = on_cluster(y32)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, a.astype(np.float64) @ w.astype(np.float64),
                                rtol=1e-4, atol=1e-3)
-    half = cd.matmul(x, w, accumulator=np.float16).compute()
+    half = on_cluster(cd.matmul(x, w, accumulator=np.float16))
     assert half.dtype == np.float16
     close_to(half, a.astype(np.float64) @ w.astype(np.float64), 64, rel=3e-2)
 
@@ -136,7 +144,7 @@ def test_linear_bias_activation_residual(client):
     y = cd.linear(x, w, bias, "gelu_tanh", da.from_array(res, chunks=(20, 24)))
     assert y.dtype == np.float16
     want = gelu_tanh(a.astype(np.float64) @ w.T.astype(np.float64) + bias) + res
-    close_to(y.compute(), want, 64)
+    close_to(on_cluster(y), want, 64)
 
 
 def test_quantized_weight_made_on_each_worker(client):
@@ -149,7 +157,7 @@ def test_quantized_weight_made_on_each_worker(client):
     assert q.shape == (16, 64) and q.T.shape == (64, 16)
     x = da.from_array(a, chunks=(16, 64))
     want = a.astype(np.float64) @ deq.T
-    close_to(cd.linear(x, q).compute(), want, 64)
+    close_to(on_cluster(cd.linear(x, q)), want, 64)
     close_to(cd.matmul(x, q.T).compute(), want, 64)
     with pytest.raises(ValueError, match=r"\.T"):
         cd.matmul(x, q)
@@ -173,11 +181,11 @@ def test_gguf_tensor_weight(client, tmp_path):
     a = RNG.standard_normal((20, 64)).astype(np.float16)
     deq = quants.dequantize(blocks, GGMLQuantizationType.Q8_0).astype(np.float64)
     x = da.from_array(a, chunks=(7, 64))
-    close_to(cd.linear(x, weight).compute(), a.astype(np.float64) @ deq.T, 64)
+    close_to(on_cluster(cd.linear(x, weight)), a.astype(np.float64) @ deq.T, 64)
     on_disk = cd.from_gguf(path, "w")  # each worker reads the file itself
     assert on_disk.format == "q8_0" and on_disk.shape == (8, 64)
     assert pickle.dumps(on_disk).__len__() < blocks.nbytes
-    close_to(cd.matmul(x, on_disk.T).compute(), a.astype(np.float64) @ deq.T, 64)
+    close_to(on_cluster(cd.matmul(x, on_disk.T)), a.astype(np.float64) @ deq.T, 64)
     with pytest.raises(ValueError, match="no tensor 'v'"):
         cd.from_gguf(path, "v")
 

@@ -86,10 +86,10 @@ def test_alpha_beta_c(pairs, M, out_dtype, column_major):
 
 
 def test_column_major_a_and_a_long_k(pairs):
-    """A a transposed view (the general variant's element loads of A), K = 1056 normal
+    """A a transposed view (the general variant's element loads of A), K = 1072 normal
     data: several chunks and a tail (a multiple of every listed cooperative-matrix K)."""
     require(pairs, "float16", np.float32)
-    M, N, K = 12, 32, 1056
+    M, N, K = 12, 32, 1072
     a = np.ascontiguousarray(RNG.standard_normal((K, M)).astype(np.float16)).T
     b = RNG.standard_normal((K, N)).astype(np.float16)
     d, t = rows_matmul(a, b, out_dtype=np.float32)
