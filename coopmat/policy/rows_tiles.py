@@ -55,9 +55,9 @@ def default_rows_tile(base: RowsTraits, M: int, shared_limit: int, *,
     if cpu:
         splits, unroll = CPU_SPLITS_UNROLL
         t = base.tile
-        tile = Tile(t.tile_m, t.tile_n, base.k * splits * unroll, splits, 1, unroll)
-        if rows_tile_fits(replace(base, tile=tile), shared_limit):
-            return tile
+        one_group = Tile(t.tile_m, t.tile_n, base.k * splits * unroll, splits, 1, unroll)
+        if rows_tile_fits(replace(base, tile=one_group), shared_limit):
+            return one_group
     for splits, unroll in _SPLITS_UNROLL:
         for budget in (shared_limit // 2, shared_limit):
             tile = _largest_kc(base, splits, unroll, budget)
