@@ -538,11 +538,12 @@ def run_gemv(rt, traits, pair, x: np.ndarray, q, out_dtype) -> np.ndarray:
 
 
 # (fmt, C columns a subgroup, S subgroups, U blocks a lane and step, prefetch, whole
-# steps): each swept tile once (their C, S and U are loop counts of the one kernel
-# body; a tile of U = 4 takes lavapipe 10 to 45 s to compile), and every pair of format,
+# steps): each swept C and S once, U of 1 and 2 (C, S and U are loop counts of the one
+# kernel body; U = 4, which one q4_0 row's default tile runs, is more of the same
+# unrolled code: 15 to 25 s of lavapipe's compile here), and every pair of format,
 # prefetch and whole steps, so the prefetch runs with and without steps to load ahead
 # for both formats' decode.
-GEMV_SWEPT = [("q8_0", 4, 8, 4, False, 2), ("q8_0", 1, 8, 4, True, 0),
+GEMV_SWEPT = [("q8_0", 4, 8, 2, False, 2), ("q8_0", 1, 8, 2, True, 0),
               ("q4_0", 2, 4, 2, False, 0), ("q4_0", 4, 2, 1, True, 2)]
 
 
