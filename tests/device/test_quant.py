@@ -328,6 +328,9 @@ def test_kernel_variants(rt, fmt, buffering, variant, unit, tile_k, held_magic):
     invocations = tile.subgroups_m * tile.subgroups_n * base.subgroup_size
     if (tile.tile_n * tile_k // unit) % invocations:
         tile = replace(tile, tile_n=invocations * unit // tile_k)
+        if variant == "exact" and N % tile.tile_n:  # whole tiles, as the exact variant needs
+            N = -(-N // tile.tile_n) * tile.tile_n
+            problem = replace(problem, N=N)
     traits = replace(base, tile=tile, b_quant_unit=unit, aligned=variant != "general",
                      exact=variant == "exact", specialized=(), b_quant_held_magic=held_magic)
     choice = choose(info, problem, traits=traits)
