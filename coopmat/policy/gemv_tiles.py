@@ -15,7 +15,7 @@ for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1
 lane then widens A's 32 elements once for four blocks (slower for q8_0 below 3 rows;
 docs/design.md, Quantized weights). The sweep is the same 27 tiles, with tile_k in
 blocks. On a CPU driver a quantized B keeps C = 2: a lane's columns are unrolled code,
-which a CPU driver compiles on the first call, and four of them buy a CPU nothing.
+which a CPU driver compiles on the first call (docs/design.md, Policy).
 """
 
 from __future__ import annotations

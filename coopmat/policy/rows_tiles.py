@@ -10,7 +10,7 @@ give way (64 rows on a 48 KiB device: S = 4, U = 2, kc = 128).
 
 On a CPU driver (lavapipe) the default is S = 2, U = 2 and kc one group of S x U k steps:
 the kernel unrolls its chunk, and a CPU driver compiles it on the first call (tens of
-seconds for a chunk of a thousand; docs/design.md, Kernels), where the GPU's reason for a
+seconds for a chunk of a thousand; docs/design.md, Policy), where the GPU's reason for a
 long chunk, fewer barriers, buys a CPU little.
 """
 
