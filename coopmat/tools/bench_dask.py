@@ -15,7 +15,10 @@ per device (coopmat.dask.LocalCluster), beside dask + CuPy on the same chunks.
   transfers, and tasks spread unevenly over the workers).
 - host_copy: numpy's copy of every chunk on the same workers at once, as GB/s over all:
   the host memory bandwidth that bounds the product's upload and download.
-- --from-client: the same product with X sent from the client (made here as numpy).
+- --from-client: the same product with X sent from the client (made here as numpy): its
+  chunks scattered to the workers in turn, then the product, timed from the scatter's
+  start to `wait`. (X as one array in the graph, `da.from_array`, would travel whole
+  through the scheduler to one worker, then chunk by chunk to the others.)
 - The peer, where cupy is importable (float16): `map_blocks(cupy.asarray)`, `@`,
   `map_blocks(cupy.asnumpy)` on a cluster of one worker per CUDA device
   (CUDA_VISIBLE_DEVICES), same X and chunks.
@@ -116,19 +119,33 @@ def _x_on_workers(client: Any, args: argparse.Namespace, dtype: np.dtype,
     return x
 
 
+def _x_from_client(client: Any, host: np.ndarray, chunk: int, workers: list[str]) -> Any:
+    """`host`'s row chunks scattered over `workers` in turn, as one dask array."""
+    import dask
+    import dask.array as da
+
+    pieces = [host[i:i + chunk] for i in range(0, host.shape[0], chunk)]
+    futures = client.scatter(pieces, workers=workers, hash=False)
+    return da.concatenate([da.from_delayed(dask.delayed(f), p.shape, dtype=p.dtype)
+                           for f, p in zip(futures, pieces, strict=True)], axis=0)
+
+
 def _timed(client: Any, make: Any, workers: list[str], repeat: int,
-           prefix: str = "") -> tuple[float, dict[str, float]]:
+           prefix: str = "", make_timed: bool = False) -> tuple[float, dict[str, float]]:
     """Median seconds from submitting `make()` persisted on `workers` to `wait`, after
-    one untimed run; and, for tasks whose key holds `prefix`, per_task(): the median
-    task's compute time and the workers' time not spent computing, per task."""
+    one untimed run (`make_timed`: from calling `make`, for one that sends data); and,
+    for tasks whose key holds `prefix`, per_task(): the median task's compute time and
+    the workers' time not spent computing, per task."""
     import distributed
 
     runs: list[tuple[float, dict[str, float]]] = []
 
     def once() -> float:
+        t0 = time.perf_counter()
         y = make()
         with distributed.get_task_stream(client) as ts:
-            t0 = time.perf_counter()
+            if not make_timed:
+                t0 = time.perf_counter()
             y = client.persist(y, workers=workers, allow_other_workers=False)
             distributed.wait(y)
             seconds = time.perf_counter() - t0
@@ -281,16 +298,20 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
                 saved()
             del x
             if args.from_client:
-                import dask.array as da
                 host = _random(np.random.default_rng(0), (args.rows, args.k), dtype)
                 seconds, _ = _timed(
-                    client, lambda host=host: cd.matmul(
-                        da.from_array(host, chunks=(args.chunk, args.k)), w),
-                    subset, args.repeat)
-                rows.append(_row("coopmat, X from the client", count, seconds, args,
-                                 host.nbytes, y_bytes, nchunks))
+                    client, lambda host=host, subset=subset: cd.matmul(
+                        _x_from_client(client, host, args.chunk, subset), w),
+                    subset, args.repeat, make_timed=True)
+                row = _row("coopmat, X from the client", count, seconds, args, host.nbytes,
+                           y_bytes, nchunks)
+                first = _x_from_client(client, host[:args.chunk], args.chunk, subset)
+                row["max_error"] = _check(cd.matmul(first, w), first,
+                                          lambda a, w=w: a @ np.asarray(w.compute(),
+                                                                        np.float64))
+                rows.append(row)
                 saved()
-                del host
+                del host, first
 
 
 def _check(y: Any, x: Any, reference: Any) -> float:

@@ -434,8 +434,8 @@ def test_bench_dask_on_two_workers(device, tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "coopmat.bench", "--dask", "--rows", "96", "--k", "64", "--n",
          "32", "--chunk", "16", "--workers", "1,2", "--devices",
-         f"{device.index},{device.index}", "--repeat", "1", "--linear", "q4_0", "--json",
-         str(out)],
+         f"{device.index},{device.index}", "--repeat", "1", "--linear", "q4_0",
+         "--from-client", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())
@@ -455,6 +455,9 @@ def test_bench_dask_on_two_workers(device, tmp_path):
     linear = [x for x in doc["results"] if x["engine"].startswith("coopmat linear q4_0")]
     assert [x["workers"] for x in linear] == [1, 2]
     assert all(x["seconds"] > 0 and x["max_error"] < 1e-2 for x in linear)
+    sent = [x for x in doc["results"] if x["engine"] == "coopmat, X from the client"]
+    assert [x["workers"] for x in sent] == [1, 2]
+    assert all(x["seconds"] > 0 and x["max_error"] < 1e-2 for x in sent)
     assert "coopmat" in r.stdout and "upload" in r.stdout
 
 
