@@ -43,7 +43,7 @@ def weight(K, N, dtype, column_major):
 
 # Every M, N x K, B layout and result type, and every pair of them
 # (tests/support/sampling.py). M sets the row fragments a workgroup holds (a kernel each,
-# 5 to 25 s of lavapipe's compile): one fragment, partly used (1) or whole (8), and
+# 2 to 5 s of lavapipe's compile): one fragment, partly used (1) or whole (8), and
 # several with the last partly used (17); more rows are the same code at a larger count
 # (64 rows, the most a workgroup takes: test_more_rows_than_one_block).
 @pytest.mark.parametrize("M,N,K,column_major,out_dtype,result", [
@@ -122,7 +122,7 @@ def test_more_rows_than_one_block(pairs):
 
 
 # Each signedness once (the multiply's signedness operands, a sign- or zero-extended
-# load), one of them with C: a kernel each, 10 to 20 s of lavapipe's compile.
+# load), one of them with C: a kernel each, 1 to 2 s of lavapipe's compile.
 @pytest.mark.parametrize("dtype,result,with_c", [("int8", np.int32, True),
                                                  ("uint8", np.uint32, False)])
 def test_integers(pairs, dtype, result, with_c):
