@@ -390,10 +390,11 @@ def _pipelined_to_host(a: Any, b: Any, kwargs: dict[str, Any]) -> np.ndarray | N
     options = current_options().with_family(kwargs.get("family"))
     if M * N * K == 0 or not a.flags.c_contiguous or \
             bias is not None and type(bias) is not np.ndarray or \
-            options.pipeline == "auto" and pipeline.mapped(rt):
+            options.pipeline == "auto" and pipeline.mapped(rt) and \
+            not (rt.copy_engines and rt.transfers.kept(a)):
         # On host-mapped memory the mapped way's writes of x measured no faster than the
-        # plain product (docs/design.md, "Dask tasks"): only the copy queues' way, or when
-        # asked.
+        # plain product (docs/design.md, "Dask tasks"): only the copy queues' ways, or
+        # when asked.
         return None
     dtype = rules.result_dtype_arg(kwargs.get("dtype"), kwargs.get("out_dtype"))
     pair = resolve(rt.device.info, a.dtype, b.dtype, dtype, kwargs.get("accumulator"))

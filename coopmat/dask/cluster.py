@@ -8,7 +8,7 @@ from typing import Any
 
 import distributed
 
-from coopmat.dask.devices import ENV_VAR, Placement, held_device, placements
+from coopmat.dask.devices import Placement, held_device, placements, worker_env
 
 PRELOAD = "coopmat.dask.preload"
 
@@ -19,7 +19,8 @@ class LocalCluster(distributed.LocalCluster):
     workers on it), default every cooperative-matrix device of this host once.
 
     Each worker is a process of `threads_per_worker` threads with COOPMAT_DEVICE set to
-    its device (its UUID where known), a `GPU=1` resource, and a start check (a worker
+    its device (its UUID where known) and the GPU's copy queues opened
+    (COOPMAT_COPY_QUEUES=1 unless set otherwise), a `GPU=1` resource, and a start check (a worker
     without its device refuses to start). The other keyword arguments are
     distributed.LocalCluster's, less n_workers (one per device) and processes (always).
     Ask the workers which device each holds with coopmat.dask.worker_devices(client).
@@ -52,7 +53,7 @@ class LocalCluster(distributed.LocalCluster):
                              f"and a worker on each; list a device twice to share it")
         spec = copy.deepcopy(self.new_spec)
         options = spec["options"]
-        options["env"] = {**(options.get("env") or {}), ENV_VAR: self.placements[free[0]].pin}
+        options["env"] = {**(options.get("env") or {}), **worker_env(self.placements[free[0]].pin)}
         return {free[0]: spec}
 
 

@@ -3,6 +3,7 @@ by its UUID where the driver reports one that names it alone, else by its index.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from coopmat import NoCooperativeMatrixDeviceError
 from coopmat import device as device_layer
 
 ENV_VAR = "COOPMAT_DEVICE"
+COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,13 @@ class Placement:
 
     pin: str
     info: Any  # coopmat.device.PhysicalDeviceInfo
+
+
+def worker_env(pin: str) -> dict[str, str]:
+    """The variables a worker process gets beside this one's: its device, and the GPU's
+    copy queues opened unless COOPMAT_COPY_QUEUES says otherwise (a task's product on a
+    chunk kept imported then overlaps its copies and kernels: dispatch/pipeline.py)."""
+    return {ENV_VAR: pin, COPY_QUEUES_ENV: os.environ.get(COPY_QUEUES_ENV) or "1"}
 
 
 def describe(info: Any) -> str:

@@ -15,7 +15,7 @@ import time
 from types import FrameType
 
 from coopmat import CoopmatError
-from coopmat.dask.devices import ENV_VAR, describe, placements
+from coopmat.dask.devices import ENV_VAR, describe, placements, worker_env
 
 PROG = "coopmat-dask-worker"
 STOP_GRACE_S = 10.0
@@ -47,7 +47,7 @@ def worker_commands(scheduler: str | None, devices: list[str] | None, nthreads: 
                *([scheduler] if scheduler else []), "--nworkers", "1",
                "--nthreads", str(nthreads), "--resources", "GPU=1",
                "--preload", "coopmat.dask.preload", "--name", f"{prefix}-{i}", *extra]
-        out.append((cmd, {**os.environ, ENV_VAR: place.pin}, describe(place.info)))
+        out.append((cmd, {**os.environ, **worker_env(place.pin)}, describe(place.info)))
     return out
 
 

@@ -177,9 +177,10 @@ COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 def _copy_queue_family(physical: Any) -> tuple[int | None, int]:
     """(family, queues to take) of a transfer-only queue family, or (None, 0). Only with
-    COOPMAT_COPY_QUEUES=1: the pipelined numpy -> numpy GEMM then copies its results back
-    on one, which gained too little to open extra queues and share every buffer between
-    queue families on every device by default (docs/design.md, data path)."""
+    COOPMAT_COPY_QUEUES=1 (coopmat.dask's workers set it): products of an A kept
+    imported then overlap A's copies, the kernels and D's copies, which a process whose
+    arrays seldom repeat would not gain from enough to share every buffer between queue
+    families by default (docs/design.md, data path)."""
     value = os.environ.get(COPY_QUEUES_ENV, "")
     if value not in ("", "0", "1"):
         raise ValueError(f"{COPY_QUEUES_ENV}={value!r}: use 1 (open copy queues) or 0")

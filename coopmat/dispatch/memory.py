@@ -96,6 +96,10 @@ class Buffer:
         return self.mapped[offset:offset + nbytes].view(dtype)
 
 
+# The most bytes of idle buffers a pool keeps for reuse (at most a quarter of the heap).
+MAX_CACHED_BYTES = 4 << 30
+
+
 @functools.lru_cache(maxsize=4096)
 def size_class(nbytes: int) -> int:
     """Round up to 1, 1.25, 1.5 or 1.75 times a power of two (>= 4 KiB): at most 25% slack,
@@ -142,8 +146,10 @@ class MemoryPool:
         # Unified memory: the same, on a CPU or integrated GPU.
         self.unified = device.info.device_type in ("CPU", "INTEGRATED_GPU") and \
             self.device_mapped
+        # Room for a large product's A, D and their neighbours (a 64k x 4096 float16
+        # chunk's A and D take 1.1 GiB): below that, each call frees and allocates them.
         self.max_cached_bytes = max_cached_bytes if max_cached_bytes is not None else min(
-            1 << 30, self.device_heap_bytes // 4)
+            MAX_CACHED_BYTES, self.device_heap_bytes // 4)
 
     # -- choosing memory -------------------------------------------------------------
     def _memory_type(self, kind: Kind, type_bits: int) -> int:

@@ -17,6 +17,16 @@ device offers:
       host (4 threads) | B ........ | A_0 | A_1 | A_2 | ... | A_last |
       compute queue                       | GEMM_0, D_0 | GEMM_1, D_1 | ... | last |
 
+- An A kept imported (transfer.py, kept imports) on a device opened with copy queues
+  (COOPMAT_COPY_QUEUES=1): A_i's one device copy from the import runs on one copy queue,
+  GEMM_i on the compute queue once it is in, D_i's copy into a kept pinned block (or the
+  caller's kept out=) on the other: the host copies nothing, and PCIe carries A and D
+  at once while the kernels run. This is a Dask task's product on a persisted chunk.
+
+      up copy queue   | A_0 | A_1 | A_2 | ... | A_last |
+      compute queue         | GEMM_0 | GEMM_1 | ...     | last |
+      down copy queue                | D_0 | D_1 | ...         | D_last |
+
 - Copy queues without such memory (COOPMAT_COPY_QUEUES=1): B and the A_i go up through
   staging on one copy queue, D_i come back over the lanes on another, the GEMMs run on
   the compute queue between them, tied by the streams' timeline semaphores. On the H200
@@ -85,12 +95,13 @@ def mapped(rt: Runtime) -> bool:
 
 
 def way(mapped: bool, copy_engines: bool, a_kept: bool, force: bool = False) -> str | None:
-    """Which pipeline a large product takes: 'mapped' (the host writes A's blocks
-    through the mapping), 'copy-queues', or None (the unpipelined path). An A kept
-    imported goes up in one device copy at 55 GB/s, faster than the pipeline's writes
-    (about 30 GB/s), so it stays unpipelined: on the H200 at 8192^3 with A and B kept and
-    out= kept, 12.3 ms unpipelined against 13.4-13.8 pipelined (an earlier version of
-    the pipeline, with D copied at the end; lab/notebook/arrays.md)."""
+    """Which pipeline a large product takes: 'kept' (A's blocks copied from its import
+    on a copy queue), 'mapped' (the host writes A's blocks through the mapping),
+    'copy-queues' (through staging), or None (the unpipelined path). Without copy queues
+    an A kept imported stays unpipelined: its one device copy (55 GB/s on the H200) is
+    faster than the mapped way's writes (about 30 GB/s; lab/notebook/arrays.md)."""
+    if a_kept and (copy_engines or force):
+        return "kept"
     if mapped:
         return None if a_kept else "mapped"
     return "copy-queues" if copy_engines or force else None
@@ -159,6 +170,12 @@ def run_pipelined(rt: Runtime, pair: TypePair, a: np.ndarray, b: np.ndarray | De
     assert out is None or (out.dtype == result_dtype and out.flags.c_contiguous)
     margins = (max(p.margins[0] for p in plans.values()),
                max(p.margins[1] for p in plans.values()))
+    chosen = way(mapped(rt), rt.copy_engines, rt.transfers.kept(a[0]),
+                 options.pipeline == "copy-queues")
+    if chosen == "kept":
+        array = _run_kept(rt, a, b, N, out, blocks, plans, sa, sb, margins, result_dtype,
+                          epilogue, _tracer(options))
+        return None if array is None else (result, array)
     if mapped(rt):
         return result, _run_mapped(rt, a, b, N, out, blocks, plans, sa, sb, margins,
                                    result_dtype, epilogue, _tracer(options))
@@ -305,11 +322,98 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: in
             pool.release_later(buf)
 
 
+# Copies a queue keeps in flight in the kept way: lanes of two command buffers each.
+KEPT_LANES = 4
+
+
+def _run_kept(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: int,
+              out: np.ndarray | None, blocks: list[tuple[int, int]], plans: dict[int, Plan],
+              sa: Staged, sb: Staged, margins: tuple[int, int], result_dtype: np.dtype,
+              epilogue: Epilogue | None, _trace: Callable[[str], None]) -> np.ndarray | None:
+    """The pipeline for an A kept imported (the module's second way); None where A's
+    import went meanwhile (the caller runs the product whole)."""
+    _, M, K = a.shape
+    bias = epilogue.bias if epilogue is not None else None
+    pool, transfers, compute, up, down = rt.pool, rt.transfers, rt.stream, rt.up, rt.down
+    item, row_d = a.itemsize, N * result_dtype.itemsize
+    d_bytes = M * row_d
+    taken: list[Buffer] = []
+    target: NewDownload | None = None
+    array: np.ndarray | None = None
+    submitted = False
+    try:
+        with contextlib.ExitStack() as hold:
+            src = hold.enter_context(transfers.kept_destination(a[0]))
+            if src is None:
+                return None
+            taken.append(pool.acquire(Kind.DEVICE, sa.nbytes + margins[0]))
+            a_buf = taken[-1]
+            taken.append(pool.acquire(Kind.DEVICE, d_bytes))
+            d_buf = taken[-1]
+            if isinstance(b, DeviceOperand):
+                b_op = b
+            else:  # B goes first, on the compute queue: the kernels are ordered after it
+                taken.append(pool.acquire(Kind.DEVICE, sb.nbytes + margins[1]))
+                b_op = DeviceOperand(taken[-1], 0, sb)
+                transfers.upload(staged_view(b, sb)[0], b_op.buffer)
+            dest: tuple[Buffer, int] | None
+            if out is not None:
+                dest = hold.enter_context(transfers.kept_destination(out))
+            else:
+                target = transfers.new_download(d_bytes)
+                dest = (target.dst, target.offset) if target is not None else None
+            where = "downloaded at the end" if dest is None else \
+                "into out" if out is not None else "into a kept block"
+            _trace(f"start: {len(blocks)} blocks, D {where}")
+            # A's copies may not overwrite a buffer that earlier kernels still read.
+            start = [(compute, compute.submitted)]
+            submitted = True
+            for i, (r0, r1) in enumerate(blocks):
+                rows = r1 - r0
+                sa_i = staging.rows_of(sa, rows, item)
+                at = r0 * sa.ld * item
+                copied = transfers.copy_after(src[0], src[1] + at, a_buf, at, sa_i.nbytes,
+                                              up, start, lane=i % KEPT_LANES)
+                d_i = DeviceOperand(d_buf, r0 * row_d,
+                                    Staged(Layout.ROW_MAJOR, N, 0, rows * row_d))
+                ticket = enqueue_plan(rt, plans[rows], DeviceOperand(a_buf, at, sa_i), b_op,
+                                      None, d_i, waits=[(up, copied)], bias=bias)
+                _trace(f"gemm {i} submitted")
+                if dest is not None:
+                    transfers.copy_after(d_buf, r0 * row_d, dest[0], dest[1] + r0 * row_d,
+                                         rows * row_d, down, [(compute, ticket)],
+                                         lane=i % KEPT_LANES)
+            compute.wait()  # every copy of A too: each kernel waited for its block's
+            down.wait()
+        _trace("end")
+        if target is not None:
+            array = target.array().view(result_dtype).reshape(1, M, N)
+        elif out is None:
+            array = transfers.download_new(d_buf, 0, d_bytes).view(result_dtype).reshape(
+                1, M, N)
+        else:
+            if dest is None:
+                transfers.download(d_buf, 0, out)
+            array = out
+        _trace("result")
+        return array
+    finally:
+        if array is None and submitted:
+            with contextlib.suppress(Exception):  # the call's own failure is raised
+                compute.wait()  # no copy may still use a buffer once it is given back
+                up.wait()
+                down.wait()
+        if target is not None and array is None:
+            target.abandon()
+        for buf in taken:
+            pool.release_later(buf)
+
+
 def _run(rt: Runtime, plans: dict[int, Plan], a: np.ndarray, b: np.ndarray | None, N: int,
          out: np.ndarray, options: Options, blocks: list[tuple[int, int]], sa: Staged,
          a_buf: Buffer, b_op: DeviceOperand, d_buf: Buffer,
          epilogue: Epilogue | None) -> None:
-    """The pipeline on copy queues (the module's second way); b None: B is resident in
+    """The pipeline on copy queues (the module's third way); b None: B is resident in
     b_op already."""
     _trace = _tracer(options)
     item, out_item = a.itemsize, out.itemsize
@@ -389,6 +493,9 @@ def _run(rt: Runtime, plans: dict[int, Plan], a: np.ndarray, b: np.ndarray | Non
         _trace("end")
     if errors:
         raise errors[0]
+    # Note A (or import it, at its second time) like any upload: kept, the next product
+    # of the same A takes the kept way.
+    rt.transfers.kept_later(a[0])
 
 
 def _thread(fn: Callable[[], object], errors: list[BaseException]) -> threading.Thread:

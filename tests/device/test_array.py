@@ -828,6 +828,60 @@ def test_numpy_chunk_against_a_resident_weight_is_pipelined(rt, monkeypatch, way
     assert not np.shares_memory(got[0], got[1])  # each result the caller's own
 
 
+@pytest.mark.parametrize("mapped", [True, False])
+def test_kept_chunk_is_pipelined_from_its_import(rt, monkeypatch, mapped):
+    """A numpy chunk kept imported (a persisted Dask chunk from its third product on)
+    takes the kept way: each block of A copied from its import, its kernel, its D block
+    copied into a kept pinned block (or into out='s kept import). Copy queues would run
+    the three beside each other; 'copy-queues' makes lavapipe's one queue run them in
+    order. Results against float64 with bias and activation fused, a short last block, a
+    numpy B (which goes up first) and out=."""
+    from coopmat.api.matmul import matmul_to_host
+    from coopmat.dispatch import pipeline, transfer
+    _small_pipeline(monkeypatch)
+    monkeypatch.setattr(transfer, "PINNED_MIN_BYTES", 16 << 10)
+    coopmat.set_options(pipeline="copy-queues")
+    kept: list[bool] = []
+    real = pipeline._run_kept
+    monkeypatch.setattr(pipeline, "_run_kept", lambda *a, **k: (
+        lambda got: kept.append(got is not None) or got)(real(*a, **k)))
+    M, K, N = 600, 96, 200
+    x, w = _random((M, K), np.float16, 31), _random((N, K), np.float16, 32)
+    bias = _random((N,), np.float16, 33)
+    want = _ref(x, w.T)
+    gelu = want + bias.astype(np.float64)
+    gelu = 0.5 * gelu * (1 + np.tanh(np.sqrt(2 / np.pi) * (gelu + 0.044715 * gelu ** 3)))
+    blocks = pipeline.row_blocks(M, K * 2 + N * 2)
+    assert len(blocks) > 2 and blocks[-1][1] - blocks[-1][0] < blocks[0][1] - blocks[0][0]
+
+    def settle() -> None:  # the background imports done
+        for f in rt.transfers._importing:
+            f.result()
+    with discrete(rt, mapped=mapped):
+        w_dev = coopmat.asarray(w)
+        got = []
+        for _ in range(4):  # noted, imported, then kept
+            got.append(matmul_to_host(x, w_dev.T))
+            settle()
+        assert rt.transfers.kept(x)
+        fused = matmul_to_host(x, w_dev.T, bias=bias, activation="gelu_tanh",
+                               dtype=np.float32)
+        w_t = np.ascontiguousarray(w.T)
+        out = np.full((M, N), np.nan, np.float16)
+        outs = []
+        for _ in range(3):  # out= kept imported from its second time
+            out[...] = np.nan
+            assert coopmat.matmul(x, w_t, out=out) is out
+            outs.append(out.copy())
+            settle()
+    assert kept == [True] * 6, kept
+    for y in got + outs:
+        assert y.shape == (M, N) and y.dtype == np.float16
+        assert np.abs(y.astype(np.float64) - want).max() < _tol(K)
+    assert fused.dtype == np.float32 and np.abs(fused - gelu).max() < _tol(K)
+    assert not np.shares_memory(got[2], got[3])  # each result the caller's own
+
+
 def _small_pipeline(monkeypatch) -> None:
     from coopmat.dispatch import pipeline, staging, transfer
     monkeypatch.setattr(staging, "BULK_MIN_BYTES", 64 << 10)
@@ -898,9 +952,13 @@ def test_lanes_made_with_small_chunks_carry_large_ones(rt, monkeypatch):
 def test_pipeline_way():
     from coopmat.dispatch import pipeline
     assert pipeline.way(mapped=True, copy_engines=False, a_kept=False) == "mapped"
-    assert pipeline.way(mapped=True, copy_engines=True, a_kept=True) is None
+    assert pipeline.way(mapped=True, copy_engines=False, a_kept=True) is None
+    assert pipeline.way(mapped=True, copy_engines=True, a_kept=True) == "kept"
     assert pipeline.way(mapped=True, copy_engines=True, a_kept=False) == "mapped"
-    assert pipeline.way(mapped=False, copy_engines=True, a_kept=True) == "copy-queues"
+    assert pipeline.way(mapped=False, copy_engines=True, a_kept=True) == "kept"
+    assert pipeline.way(mapped=False, copy_engines=True, a_kept=False) == "copy-queues"
+    assert pipeline.way(mapped=False, copy_engines=False, a_kept=True) is None
+    assert pipeline.way(mapped=False, copy_engines=False, a_kept=True, force=True) == "kept"
     assert pipeline.way(mapped=False, copy_engines=False, a_kept=False) is None
 
 

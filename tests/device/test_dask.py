@@ -80,6 +80,9 @@ def test_workers_report_their_device_pinned_by_uuid(client, device):
             assert f"UUID {device.device_uuid}" in description
     pins = client.run(lambda: os.environ["COOPMAT_DEVICE"])
     assert set(pins.values()) == {device.device_uuid or str(device.index)}
+    # Copy queues opened (where the GPU has them): a kept chunk's product overlaps.
+    queues = client.run(lambda: os.environ.get("COOPMAT_COPY_QUEUES"))
+    assert set(queues.values()) == {os.environ.get("COOPMAT_COPY_QUEUES") or "1"}
     resources = {w["resources"].get("GPU") for w in client.scheduler_info()["workers"].values()}
     assert resources == {1}
 
@@ -399,6 +402,8 @@ def test_coopmat_dask_worker_beside_a_scheduler(scheduler, device, tmp_path):
             assert all(w["resources"] == {"GPU": 1} for w in info)
             held = cd.worker_devices(c)
             assert len(held) == 2 and all(device.name in d for d in held.values())
+            queues = c.run(lambda: os.environ.get("COOPMAT_COPY_QUEUES"))
+            assert set(queues.values()) == {os.environ.get("COOPMAT_COPY_QUEUES") or "1"}
             a = RNG.standard_normal((24, 32)).astype(np.float16)
             w = RNG.standard_normal((32, 8)).astype(np.float16)
             y = cd.matmul(da.from_array(a, chunks=(6, 32)), w)
