@@ -685,13 +685,12 @@ GPU_AV_CHILD = textwrap.dedent('''
     cases = []
     # Power-of-two byte sizes fill pooled buffers exactly: a read past an operand's end
     # (the exact variant's look-ahead past the last slice) is a read past its buffer.
-    # The exact variant (whole tiles: big) with each operand K-contiguous in one case and
-    # not in the other, so each operand's slices step along lines and along K; the
-    # bounds-checked one (few) once; each split once. A kernel under GPU-AV takes
-    # lavapipe about a minute of CPU: not every pair of split, shape and layouts.
+    # The exact variant on whole tiles (big) and the bounds-checked one (few), each
+    # operand K-contiguous in one case and not in the other, so each operand's slices
+    # step along lines and along K; each split once. A case under GPU-AV takes lavapipe
+    # about half a minute of CPU: not every pair of split, shape and layouts.
     big, few = (64, 64, 256, np.float16), (5, 40, 128, np.float32)
-    for S, (M, N, K, out), (ta, tb) in (
-            (2, big, (False, False)), (4, big, (True, True)), (2, few, (False, True))):
+    for S, (M, N, K, out), (ta, tb) in ((2, big, (False, False)), (4, few, (True, True))):
         a = rng.integers(-3, 4, (K, M) if ta else (M, K)).astype(np.float16)
         b = rng.integers(-3, 4, (N, K) if tb else (K, N)).astype(np.float16)
         a, b = (a.T if ta else a), (b.T if tb else b)
@@ -736,7 +735,8 @@ def test_split_k_stays_inside_its_buffers(live_device_info, tmp_path) -> None:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     cases = json.loads(lines[-1][len("REPORT"):])
-    assert len(cases) == 3 and all("split=" in c["case"] and "split=1" not in c["case"]
+    assert len(cases) == 2 and all("split=" in c["case"] and "split=1" not in c["case"]
                                     for c in cases)
+    assert "-exact-" in cases[0]["case"] and "-general-" in cases[1]["case"], cases
     bad = [c for c in cases if c["errors"] or not c["equal"]]
     assert not bad, json.dumps(bad, indent=1)[:6000]
