@@ -739,7 +739,8 @@ def test_numpy_to_numpy_pipelined_mapped(rt, monkeypatch, dtype):
     @contextmanager
     def spy(host):
         with kept_destination(host) as dest:
-            seen["out"].append(dest is not None)
+            if host.shape[-1] == 1000:  # D's (the kept way looks up A's import too)
+                seen["out"].append(dest is not None)
             yield dest
     monkeypatch.setattr(t, "kept_destination", spy)
     # Results of 1.2 and 2.3 MiB: pinned blocks are whole 2 MiB and fit up to twice that.
