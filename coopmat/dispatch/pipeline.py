@@ -302,15 +302,7 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: in
             if down is not None:
                 down.wait()
         _trace("end")
-        if target is not None:
-            array = target.array().view(result_dtype).reshape(1, M, N)
-        elif out is None:
-            array = transfers.download_new(d_buf, 0, d_bytes).view(result_dtype).reshape(
-                1, M, N)
-        else:
-            if dest is None:
-                transfers.download(d_buf, 0, out)
-            array = out
+        array = _result(rt, target, out, dest, d_buf, result_dtype, (M, N))
         return array
     finally:
         if array is None and down is not None:
@@ -320,6 +312,22 @@ def _run_mapped(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: in
             target.abandon()
         for buf in taken:  # once the work submitted so far (all of this call's) is done
             pool.release_later(buf)
+
+
+def _result(rt: Runtime, target: NewDownload | None, out: np.ndarray | None,
+            dest: tuple[Buffer, int] | None, d_buf: Buffer, result_dtype: np.dtype,
+            shape: tuple[int, int]) -> np.ndarray:
+    """The result once D's blocks are done: the kept pinned block they were copied into,
+    else D downloaded whole into a new array or into `out` (unless copied there already)."""
+    M, N = shape
+    if target is not None:
+        return target.array().view(result_dtype).reshape(1, M, N)
+    if out is None:
+        return rt.transfers.download_new(d_buf, 0, M * N * result_dtype.itemsize).view(
+            result_dtype).reshape(1, M, N)
+    if dest is None:
+        rt.transfers.download(d_buf, 0, out)
+    return out
 
 
 # Copies a queue keeps in flight in the kept way: lanes of two command buffers each.
@@ -386,16 +394,7 @@ def _run_kept(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: int,
             compute.wait()  # every copy of A too: each kernel waited for its block's
             down.wait()
         _trace("end")
-        if target is not None:
-            array = target.array().view(result_dtype).reshape(1, M, N)
-        elif out is None:
-            array = transfers.download_new(d_buf, 0, d_bytes).view(result_dtype).reshape(
-                1, M, N)
-        else:
-            if dest is None:
-                transfers.download(d_buf, 0, out)
-            array = out
-        _trace("result")
+        array = _result(rt, target, out, dest, d_buf, result_dtype, (M, N))
         return array
     finally:
         if array is None and submitted:

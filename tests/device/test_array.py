@@ -807,11 +807,7 @@ def test_numpy_chunk_against_a_resident_weight_is_pipelined(rt, monkeypatch, way
     monkeypatch.setattr(pipeline, "run_pipelined", lambda *a, **k: ran.append(
         isinstance(a[3], pipeline.DeviceOperand)) or real(*a, **k))
     M, K, N = 600, 96, 200
-    x, w = _random((M, K), np.float16, 21), _random((N, K), np.float16, 22)
-    bias = _random((N,), np.float16, 23)
-    want = _ref(x, w.T)
-    gelu = want + bias.astype(np.float64)
-    gelu = 0.5 * gelu * (1 + np.tanh(np.sqrt(2 / np.pi) * (gelu + 0.044715 * gelu ** 3)))
+    x, w, bias, want, gelu = _linear_case(M, K, N, 21)
     assert len(pipeline.row_blocks(M, K * 2 + N * 2)) > 2
     with discrete(rt, mapped=way == "mapped"):
         w_dev = coopmat.asarray(w)
@@ -847,11 +843,7 @@ def test_kept_chunk_is_pipelined_from_its_import(rt, monkeypatch, mapped):
     monkeypatch.setattr(pipeline, "_run_kept", lambda *a, **k: (
         lambda got: kept.append(got is not None) or got)(real(*a, **k)))
     M, K, N = 600, 96, 200
-    x, w = _random((M, K), np.float16, 31), _random((N, K), np.float16, 32)
-    bias = _random((N,), np.float16, 33)
-    want = _ref(x, w.T)
-    gelu = want + bias.astype(np.float64)
-    gelu = 0.5 * gelu * (1 + np.tanh(np.sqrt(2 / np.pi) * (gelu + 0.044715 * gelu ** 3)))
+    x, w, bias, want, gelu = _linear_case(M, K, N, 31)
     blocks = pipeline.row_blocks(M, K * 2 + N * 2)
     assert len(blocks) > 2 and blocks[-1][1] - blocks[-1][0] < blocks[0][1] - blocks[0][0]
 
@@ -881,6 +873,17 @@ def test_kept_chunk_is_pipelined_from_its_import(rt, monkeypatch, mapped):
         assert np.abs(y.astype(np.float64) - want).max() < _tol(K)
     assert fused.dtype == np.float32 and np.abs(fused - gelu).max() < _tol(K)
     assert not np.shares_memory(got[2], got[3])  # each result the caller's own
+
+
+def _linear_case(M: int, K: int, N: int, seed: int) -> tuple[np.ndarray, ...]:
+    """x (M, K), w (N, K) as torch stores a weight, bias (N,), all float16 from seeds
+    seed..seed + 2; x @ w.T and gelu_tanh(x @ w.T + bias) in float64."""
+    x, w = _random((M, K), np.float16, seed), _random((N, K), np.float16, seed + 1)
+    bias = _random((N,), np.float16, seed + 2)
+    want = _ref(x, w.T)
+    gelu = want + bias.astype(np.float64)
+    gelu = 0.5 * gelu * (1 + np.tanh(np.sqrt(2 / np.pi) * (gelu + 0.044715 * gelu ** 3)))
+    return x, w, bias, want, gelu
 
 
 def _small_pipeline(monkeypatch) -> None:
