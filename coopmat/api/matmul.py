@@ -391,7 +391,7 @@ def _pipelined_to_host(a: Any, b: Any, kwargs: dict[str, Any]) -> np.ndarray | N
     if M * N * K == 0 or not a.flags.c_contiguous or \
             bias is not None and type(bias) is not np.ndarray or \
             options.pipeline == "auto" and pipeline.mapped(rt) and \
-            not (rt.copy_engines and rt.transfers.kept(a)):
+            pipeline.way(True, rt.copy_engines, rt.transfers.kept(a)) != "kept":
         # On host-mapped memory the mapped way's writes of x measured no faster than the
         # plain product (docs/design.md, "Dask tasks"): only the copy queues' ways, or
         # when asked.

@@ -10,9 +10,9 @@ from typing import Any
 
 from coopmat import NoCooperativeMatrixDeviceError
 from coopmat import device as device_layer
+from coopmat.device.logical import COPY_QUEUES_ENV
 
 ENV_VAR = "COOPMAT_DEVICE"
-COPY_QUEUES_ENV = "COOPMAT_COPY_QUEUES"
 
 
 @dataclass(frozen=True)

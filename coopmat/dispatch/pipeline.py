@@ -340,7 +340,7 @@ def _run_kept(rt: Runtime, a: np.ndarray, b: np.ndarray | DeviceOperand, N: int,
               epilogue: Epilogue | None, _trace: Callable[[str], None]) -> np.ndarray | None:
     """The pipeline for an A kept imported (the module's second way); None where A's
     import went meanwhile (the caller runs the product whole)."""
-    _, M, K = a.shape
+    _, M, _ = a.shape
     bias = epilogue.bias if epilogue is not None else None
     pool, transfers, compute, up, down = rt.pool, rt.transfers, rt.stream, rt.up, rt.down
     item, row_d = a.itemsize, N * result_dtype.itemsize
