@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -130,9 +132,10 @@ def _x_from_client(client: Any, host: np.ndarray, chunk: int, workers: list[str]
                            for f, p in zip(futures, pieces, strict=True)], axis=0)
 
 
-# Untimed computes before the timed ones: a persisted chunk is imported at its second
-# crossing (dispatch/transfer.py, kept imports), so the third compute is the steady state.
-WARMUP = 2
+# Untimed computes before the timed ones: a persisted chunk is imported in the background
+# after its second crossing (dispatch/transfer.py, kept imports), and 8 GiB of chunks take
+# longer to import than one compute, so the fourth compute is the steady state.
+WARMUP = 3
 
 
 def _timed(client: Any, make: Any, workers: list[str], repeat: int,
@@ -143,19 +146,20 @@ def _timed(client: Any, make: Any, workers: list[str], repeat: int,
     the workers' time not spent computing, per task."""
     import distributed
 
-    runs: list[tuple[float, dict[str, float]]] = []
+    runs: list[tuple[float, dict[str, Any]]] = []
 
     def once() -> float:
-        t0 = time.perf_counter()
+        t0, submitted = time.perf_counter(), time.time()
         y = make()
         with distributed.get_task_stream(client) as ts:
             if not make_timed:
-                t0 = time.perf_counter()
+                t0, submitted = time.perf_counter(), time.time()
             y = client.persist(y, workers=workers, allow_other_workers=False)
             distributed.wait(y)
             seconds = time.perf_counter() - t0
         if prefix:
-            runs.append((seconds, per_task(ts.data, prefix, seconds, len(workers))))
+            runs.append((seconds, per_task(ts.data, prefix, seconds, len(workers),
+                                           submitted)))
         keys = {f.key for f in distributed.futures_of(y)}
         del y
         _released(client, keys)
@@ -167,7 +171,8 @@ def _timed(client: Any, make: Any, workers: list[str], repeat: int,
     times = [once() for _ in range(repeat)]
     split: dict[str, Any] = {}
     if runs:
-        split = {k: statistics.median(r[1][k] for r in runs) for k in runs[0][1]}
+        split = {k: statistics.median(r[1][k] for r in runs) for k in runs[0][1]
+                 if k != "per_worker"}
         split["runs"] = [{"seconds": s, **r} for s, r in runs]
     return statistics.median(times), split
 
@@ -183,26 +188,44 @@ def _released(client: Any, keys: set[Any], timeout: float = 30.0) -> None:
     client.run(gc.collect)
 
 
-def per_task(stream: list[Any], prefix: str, wall: float, workers: int) -> dict[str, float]:
+def per_task(stream: list[Any], prefix: str, wall: float, workers: int,
+             submitted: float | None = None) -> dict[str, Any]:
     """From one run's task stream: the median compute time of the tasks whose key holds
     `prefix` (ms), the workers' time not spent computing them per task (ms: workers x
     wall less the tasks' compute, over the tasks), and how unevenly the tasks fell
-    (the busiest worker's count over the mean)."""
-    computes: list[float] = []
-    count: dict[str, int] = {}
+    (the busiest worker's count over the mean). Where the submission's time.time() is
+    given, that idle time's parts too, averaged over the workers (ms; they add up to it):
+    from submission to a worker's first compute (`start_ms`), between one worker's
+    computes (`gap_ms`, a task), and from a worker's last compute to `wait` returning
+    (`tail_ms`); and per worker, [first start, last stop, tasks, longest gap] in ms."""
+    spans: dict[str, list[tuple[float, float]]] = {}
     for task in stream:
         if prefix not in str(task.get("key", "")):
             continue
-        count[task.get("worker", "")] = count.get(task.get("worker", ""), 0) + 1
-        computes += [s["stop"] - s["start"] for s in task.get("startstops", ())
-                     if s.get("action") == "compute"]
+        spans.setdefault(task.get("worker", ""), []).extend(
+            (s["start"], s["stop"]) for s in task.get("startstops", ())
+            if s.get("action") == "compute")
+    computes = [stop - start for runs in spans.values() for start, stop in runs]
+    parts = ("start_ms", "gap_ms", "tail_ms") if submitted is not None else ()
     if not computes:
-        return {"task_compute_ms": float("nan"), "overhead_ms_per_task": float("nan"),
-                "imbalance": float("nan")}
-    tasks = sum(count.values())
-    return {"task_compute_ms": 1e3 * statistics.median(computes),
-            "overhead_ms_per_task": 1e3 * (workers * wall - sum(computes)) / tasks,
-            "imbalance": max(count.values()) * workers / tasks}
+        return dict.fromkeys(("task_compute_ms", "overhead_ms_per_task", "imbalance", *parts),
+                             float("nan"))
+    tasks = len(computes)
+    got: dict[str, Any] = {
+        "task_compute_ms": 1e3 * statistics.median(computes),
+        "overhead_ms_per_task": 1e3 * (workers * wall - sum(computes)) / tasks,
+        "imbalance": max(len(r) for r in spans.values()) * workers / tasks}
+    if submitted is not None:
+        ordered = {w: sorted(r) for w, r in spans.items()}
+        gaps = {w: [b[0] - a[1] for a, b in itertools.pairwise(r)] for w, r in ordered.items()}
+        end = submitted + wall
+        got["start_ms"] = 1e3 * sum(r[0][0] - submitted for r in ordered.values()) / workers
+        got["gap_ms"] = 1e3 * sum(sum(g) for g in gaps.values()) / max(1, tasks - len(spans))
+        got["tail_ms"] = 1e3 * sum(end - r[-1][1] for r in ordered.values()) / workers
+        got["per_worker"] = [[1e3 * (r[0][0] - submitted), 1e3 * (r[-1][1] - submitted),
+                              len(r), 1e3 * max(gaps[w], default=0.0)]
+                             for w, r in sorted(ordered.items())]
+    return got
 
 
 def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
@@ -255,6 +278,26 @@ def _host_copy(client: Any, x: Any, workers: list[str]) -> float:
     return 2 * x.nbytes / seconds / 1e9
 
 
+def host_memory_gbps(nbytes: int = 1 << 31, threads: int | None = None) -> float:
+    """The host's memory rate (GB/s, read + write) with numpy copying `nbytes` in one
+    slice per core at once, best of three: the ceiling that the workers' transfers and
+    numpy share. (numpy lets go of the GIL inside a large copy.)"""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    threads = threads or os.cpu_count() or 1
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros_like(src)  # both touched: no page faults inside the clock
+    edges = [nbytes * i // threads for i in range(threads + 1)]
+    slices = [slice(a, b) for a, b in itertools.pairwise(edges)]
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            list(pool.map(lambda s: np.copyto(dst[s], src[s]), slices))
+            best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
 def _row(engine: str, workers: int, seconds: float, args: argparse.Namespace,
          x_bytes: int, y_bytes: int, nchunks: int) -> dict[str, Any]:
     flops = 2.0 * args.rows * args.k * args.n
@@ -294,6 +337,10 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
             row = _row("coopmat", count, seconds, args, x.nbytes, y_bytes, nchunks)
             row.update(split)
             row["bare_product"] = _split(client, x, w, subset)
+            # the host memory the bare products' transfers use, every worker at once
+            chunk_bytes = args.chunk * (args.k * dtype.itemsize + y_bytes // args.rows)
+            row["host_transfer_gbps"] = (count * chunk_bytes
+                                         / row["bare_product"]["whole_ms"] / 1e6)
             row["host_copy_gbps"] = _host_copy(client, x, subset)
             row["devices"] = [held[a] for a in subset]
             row["max_error"] = _check(cd.matmul(x, w), x, lambda a, w=w: a @ np.asarray(
@@ -453,8 +500,11 @@ def _report(rows: list[dict[str, Any]]) -> None:
             b = r["bare_product"]
             split = (f"bare {b['whole_ms']:.1f} (upload {b['upload_ms']:.1f}, kernel "
                      f"{b['kernel_ms']:.1f}, download {b['download_ms']:.1f}); task "
-                     f"{r['task_compute_ms']:.1f}, overhead {r['overhead_ms_per_task']:.1f}, "
-                     f"imbalance {r['imbalance']:.2f}; host copy {r['host_copy_gbps']:.1f} GB/s")
+                     f"{r['task_compute_ms']:.1f}, overhead {r['overhead_ms_per_task']:.1f} "
+                     f"(start {r['start_ms']:.1f}, gap {r['gap_ms']:.1f}, tail "
+                     f"{r['tail_ms']:.1f}), "
+                     f"imbalance {r['imbalance']:.2f}; host copy {r['host_copy_gbps']:.1f} GB/s, "
+                     f"transfers {r['host_transfer_gbps']:.0f} GB/s")
         write(f"{r['engine']:<40} {r['workers']:>7} {r['seconds']:>9.3f} {r['tflops']:>8.2f} "
               f"{r['gbps_moved']:>10.2f} {r['ms_per_chunk_per_worker']:>9.1f} {speed:>7.2f}  "
               f"{split}")
@@ -481,10 +531,16 @@ def main(argv: list[str] | None = None) -> int:
             doc = {"config": {"rows": args.rows, "k": args.k, "n": args.n, "chunk": args.chunk,
                               "dtype": args.dtype, "repeat": args.repeat,
                               "linear": args.linear,
-                              "cupy": cupy_module() is not None and not args.no_peers},
+                              "cupy": cupy_module() is not None and not args.no_peers,
+                              "host": host},
                    "results": rows}
             args.json.write_text(json.dumps(doc, indent=1, default=float) + "\n")
 
+    x_bytes = args.rows * args.k * np.dtype(args.dtype).itemsize
+    host = {"cores": os.cpu_count(),
+            "memory_gbps": host_memory_gbps(min(1 << 31, max(1 << 26, x_bytes)))}
+    write(f"host: {host['cores']} cores; numpy copying on all of them: "
+          f"{host['memory_gbps']:.0f} GB/s (read + write)")
     run_coopmat(args, counts, rows, saved)
     if not args.no_peers:
         run_cupy(args, counts, rows, saved)

@@ -457,6 +457,13 @@ def test_bench_dask_on_two_workers(device, tmp_path):
         assert x["task_compute_ms"] > 0 and x["host_copy_gbps"] > 0
         # the workers' time: each task's compute plus the rest, never less than computing
         assert x["overhead_ms_per_task"] >= 0 and x["imbalance"] >= 1
+        assert x["host_transfer_gbps"] > 0 and x["start_ms"] > 0 and x["tail_ms"] >= 0
+        # each worker's first compute starts after submission, its last ends before wait
+        for run in x["runs"]:
+            assert all(0 < first <= last <= 1e3 * run["seconds"]
+                       for first, last, _, _ in run["per_worker"])
+            assert sum(tasks for _, _, tasks, _ in run["per_worker"]) == 6
+    assert doc["config"]["host"]["memory_gbps"] > 0
     linear = [x for x in doc["results"] if x["engine"].startswith("coopmat linear q4_0")]
     assert [x["workers"] for x in linear] == [1, 2]
     assert all(x["seconds"] > 0 and x["max_error"] < 1e-2 for x in linear)

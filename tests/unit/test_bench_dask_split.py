@@ -28,3 +28,26 @@ def test_overhead_counts_idle_workers_and_uneven_tasks() -> None:
     assert got["imbalance"] == pytest.approx(1.5)
     empty = bench_dask.per_task(stream, "coopmat-linear", 1.0, 2)
     assert all(v != v for v in empty.values())  # NaN: nothing to split
+
+
+def test_overhead_parts_from_the_submission() -> None:
+    # Submitted at t=10.0, wall 1.0 s: A starts at 10.1 and waits 0.05 s between tasks,
+    # B starts at 10.2; the last compute ends at 10.8.
+    stream = [task("('coopmat-matmul-1', 0, 0)", "A", 10.1, 10.3),
+              task("('coopmat-matmul-1', 1, 0)", "A", 10.35, 10.55),
+              task("('coopmat-matmul-1', 2, 0)", "A", 10.6, 10.8),
+              task("('coopmat-matmul-1', 3, 0)", "B", 10.2, 10.4)]
+    got = bench_dask.per_task(stream, "coopmat-matmul", 1.0, 2, submitted=10.0)
+    # Per worker: A starts after 100 ms, B after 200; A waits 2 x 50 ms between its three
+    # tasks; A's last compute ends 200 ms before `wait` returns, B's 600 ms.
+    assert got["start_ms"] == pytest.approx(150)
+    assert got["gap_ms"] == pytest.approx(50)
+    assert got["tail_ms"] == pytest.approx(400)
+    assert got["imbalance"] == pytest.approx(1.5)
+    # the parts add up to the idle time: per worker, start + gaps + tail
+    idle = got["overhead_ms_per_task"] * 4 / 2
+    assert got["start_ms"] + got["gap_ms"] * (4 - 2) / 2 + got["tail_ms"] == pytest.approx(idle)
+    assert got["per_worker"] == [pytest.approx([100, 800, 3, 50]),
+                                 pytest.approx([200, 400, 1, 0])]
+    empty = bench_dask.per_task(stream, "coopmat-linear", 1.0, 2, submitted=10.0)
+    assert set(empty) >= {"start_ms", "gap_ms", "tail_ms"} and all(v != v for v in empty.values())
