@@ -8,8 +8,9 @@ scaled_dot_product_attention, in one process.
 Per case: coopmat's kernel time (GPU timestamps over --repeat runs back to back, the
 split decode's merge included), its wall time per call with device arrays queued back to
 back (what a layer sees), TFLOP/s (4 Lq Lk E a head, halved where causal and Lq = Lk),
-for decode the K and V bytes read per second; torch's kernel time (CUDA events over 50
-launches), which of its backends ran (from the profiler's kernel names), and the largest
+for decode the K and V bytes read per second; torch's kernel time (its CUDA kernels'
+time in the profiler over 50 calls) and its time per call (CUDA events around 50 calls
+back to back), which of its backends ran (from the kernels' names), and the largest
 difference between the two results. --tiles measures other tiles of the policy
 (COOPMAT_ATTENTION_TILE's syntax, ';' between tiles). --masked F adds each prefill case
 with a boolean mask shared by every head that is visible in a fraction F of its 64 x 64
@@ -99,19 +100,30 @@ def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int,
     return (1e3 * t if t is not None else float("nan")), name
 
 
-def torch_backend(torch: Any, fn: Any) -> str:
-    """Which SDPA backend ran `fn`, from the CUDA kernels the profiler saw."""
+def torch_kernels(torch: Any, fn: Any, repeat: int = 50) -> tuple[float, str]:
+    """(milliseconds of CUDA kernels per call of `fn`, which SDPA backend ran), from the
+    profiler over `repeat` calls: the kernels' own time, as coopmat's timestamps give its
+    own (CUDA events around the calls would add the launches' host time wherever it
+    exceeds a short kernel's)."""
     from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        for _ in range(repeat):
+            fn()
         torch.cuda.synchronize()
-    names = [e.key for e in prof.key_averages()]
-    text = " ".join(names).lower()
-    for key, backend in (("flash", "flash"), ("cudnn", "cudnn"), ("fmha", "efficient"),
-                         ("cutlass", "efficient"), ("efficient", "efficient")):
-        if key in text:
-            return backend
-    return "math" if names else "unknown"
+    events: list[Any] = list(prof.key_averages())
+    # microseconds; named self_cuda_time_total before torch 2.4
+    total = 0.0
+    for e in events:
+        us: Any = getattr(e, "self_device_time_total", None)
+        total += float(us if us is not None else getattr(e, "self_cuda_time_total", 0))
+    text = " ".join(e.key for e in events).lower()
+    backend = next((b for key, b in (("flash", "flash"), ("cudnn", "cudnn"),
+                                     ("fmha", "efficient"), ("cutlass", "efficient"),
+                                     ("efficient", "efficient")) if key in text),
+                   "math" if events else "unknown")
+    return total / repeat / 1e3, backend
 
 
 def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
@@ -180,9 +192,9 @@ def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: i
     ref = None
     if torch is not None:
         fn, gqa = torch_sdpa(torch, q, k, v, causal, mask)
-        tt = torch_ms(torch, fn)
+        tt, backend = torch_kernels(torch, fn)
         peer = {"torch_us": 1e3 * tt, "torch_TFLOPs": flops / (tt * 1e-3) / 1e12,
-                "torch_backend": torch_backend(torch, fn)}
+                "torch_backend": backend, "torch_call_us": 1e3 * torch_ms(torch, fn)}
         if decode:
             peer["torch_kv_TBps"] = kv_bytes / (tt * 1e-3) / 1e12
         if gqa:
