@@ -9,12 +9,16 @@ and O_s (the sum of those weights times V's rows). The merged row is
 (0 where l is 0: no key was seen, a fully masked row), rounded once to the result type.
 
 One workgroup (traits.invocations of them) merges COLS consecutive elements of one row,
-so that its time does not grow a dependent load per slice: its invocations read the
-slices' (m, l) a slice each and reduce m and l through shared memory (no subgroup
-operations: any device runs it); then, as many slices at a time as it has invocations,
-they put w_s in shared memory and each sums O_s w_s for one element over every
-slice_lanes-th slice of them, UNROLL loads in flight; the slice_lanes partial sums of an
-element meet in shared memory.
+so that its time does not grow a dependent load per slice; invocation i takes element
+i mod COLS and every slice_lanes-th slice from i / COLS. No subgroup operations: any
+device runs it. Two ways, by the slice count (a push constant, so the branch is uniform):
+- at most UNROLL x slice_lanes slices (decode's usual count): each invocation loads its
+  slices' O, m and l in one round, the row's max meets in shared memory once, and each
+  invocation sums O_s w_s and l_s w_s over its slices; the slice_lanes partial sums meet
+  in shared memory. One round of global loads in all.
+- more: the slices' m first (a slice an invocation, reduced through shared memory); then,
+  as many slices at a time as there are invocations, w_s and l_s w_s in shared memory and
+  each invocation sums O_s w_s over its slices of them, UNROLL loads in flight.
 
 Bindings: 0 = the partial O (float32, per slot (kv head, slice) rows_pad rows of ws_ld
 elements), 1 = (m, l) per slot and row, 2 = o.
@@ -65,6 +69,11 @@ class CombineTraits:
 def _capabilities(out: ComponentType) -> set[Capability]:
     return {Capability.Shader, Capability.VulkanMemoryModel,
             *type_capabilities(out, in_storage_buffer=True)}
+
+
+def merged_at_once(invocations: int) -> int:
+    """The most slices a workgroup of `invocations` merges in one round of loads."""
+    return UNROLL * (invocations // COLS)
 
 
 def workgroup_count(rows: int, value_dim: int) -> int:
@@ -184,60 +193,11 @@ def _emit(traits: CombineTraits) -> bytes:
         o_at = s.add(s.mul(first_row, P["ws_ld"]), d)
         o_step = s.mul(P["rows_pad"], P["ws_ld"])
 
-        m_var = f.local(f32, neg_inf)
-        count_loop(tid, lambda i: s.lt(i, splits), group, lambda i: f.emit(
-            Op.Store, m_var, fmax(load(m_var), s.buffer_load(ml, s.add(ml_at, s.mul(i, ml_step))))))
-        m = reduce(load(m_var), fmax)
-        m_use = s.select(f32, f.op(Op.FOrdEqual, s.bool, m, neg_inf), zero, m)
-
-        l_var = f.local(f32, zero)
-        accs = [f.local(f32, zero) for _ in range(UNROLL)]
         d_ok = s.lt(d, P["value_dim"])
 
-        def chunk(c0: int) -> None:
-            sl = s.add(c0, tid)
-
-            def weigh() -> None:
-                at = s.add(ml_at, s.mul(sl, ml_step))
-                w = ext(GLSLstd450.Exp2, fop(Op.FSub, s.buffer_load(ml, at), m_use))
-                l_s = s.buffer_load(ml, s.add(at, s.c(1)))
-                f.emit(Op.Store, l_var, fadd(load(l_var), fop(Op.FMul, l_s, w)))
-                s.shared_store(weights, tid, w)
-
-            f.if_(s.lt(sl, splits), weigh)
-            s.barrier(Scope.Workgroup)
-            left = f.op(Op.ISub, s.u32, splits, c0)
-            n = s.select(s.u32, s.lt(left, s.c(group)), left, s.c(group))
-
-            def terms(j: int) -> None:
-                """Slices j, j + lanes, ... (UNROLL of them) of the chunk; those past its
-                end read slice j again and add nothing, so that every pass keeps UNROLL
-                loads in flight."""
-                js = [s.add(j, s.c(u * lanes)) for u in range(UNROLL)]
-                inside = [s.lt(ju, n) for ju in js]
-                js = [j] + [s.select(s.u32, ok, ju, j) for ok, ju in zip(inside[1:], js[1:],
-                                                                          strict=True)]
-                o_s = [s.buffer_load(partial, s.add(o_at, s.mul(s.add(c0, ju), o_step)))
-                       for ju in js]
-                for u, ju in enumerate(js):
-                    term = fop(Op.FMul, o_s[u], s.shared_load(weights, ju))
-                    if u:
-                        term = s.select(f32, inside[u], term, zero)
-                    f.emit(Op.Store, accs[u], fadd(load(accs[u]), term))
-
-            f.if_(d_ok, lambda: count_loop(slice_lane, lambda j: s.lt(j, n), UNROLL * lanes,
-                                           terms))
-            s.barrier(Scope.Workgroup)  # the next chunk's weights replace these
-
-        count_loop(s.c(0), lambda c0: s.lt(c0, splits), group, chunk)
-        l_val = reduce(load(l_var), fadd)
-        acc = load(accs[0])
-        for a in accs[1:]:
-            acc = fadd(acc, load(a))
-        s.shared_store(sums, tid, acc)
-        s.barrier(Scope.Workgroup)
-
-        def write() -> None:
+        def write(l_val: int) -> None:
+            """Column `lane`'s sum over the slice lanes' partial sums (in `sums`) over
+            l_val, rounded to o (0 where l_val is 0: no key was seen)."""
             o_sum = s.shared_load(sums, lane)
             for g in range(1, lanes):
                 o_sum = fadd(o_sum, s.shared_load(sums, s.add(lane, s.c(g * COLS))))
@@ -253,7 +213,108 @@ def _emit(traits: CombineTraits) -> bytes:
                 s.add(s.mul(s.umod(R, P["Lq"]), P["o_ld"]), d)))
             s.buffer_store(out, at, value)
 
-        f.if_(s.and_(s.lt(tid, s.c(COLS)), d_ok), write)
+        def at_once() -> None:
+            """Every slice's O, m and l loaded together (UNROLL slices an invocation at
+            most): one round of loads, then the max and the sums each through shared
+            memory once."""
+            js = [s.add(slice_lane, s.c(u * lanes)) if u else slice_lane
+                  for u in range(UNROLL)]
+            inside = [s.lt(j, splits) for j in js]
+            safe = [s.select(s.u32, ok, j, s.c(0)) for ok, j in zip(inside, js, strict=True)]
+            d_safe = s.select(s.u32, d_ok, d, s.c(0))
+            o_base = s.add(s.mul(first_row, P["ws_ld"]), d_safe)
+            o_s = [s.buffer_load(partial, s.add(o_base, s.mul(j, o_step))) for j in safe]
+            ats = [s.add(ml_at, s.mul(j, ml_step)) for j in safe]
+            m_s = [s.select(f32, ok, s.buffer_load(ml, at), neg_inf)
+                   for ok, at in zip(inside, ats, strict=True)]
+            l_s = [s.buffer_load(ml, s.add(at, s.c(1))) for at in ats]
+            top = m_s[0]
+            for m_u in m_s[1:]:
+                top = fmax(top, m_u)
+            s.shared_store(fold, tid, top)
+            s.barrier(Scope.Workgroup)
+            m = s.shared_load(fold, s.c(0))
+            for g in range(1, lanes):
+                m = fmax(m, s.shared_load(fold, s.c(g * COLS)))
+            m_use = s.select(f32, f.op(Op.FOrdEqual, s.bool, m, neg_inf), zero, m)
+            acc, l_sum = zero, zero
+            for ok, o_u, m_u, l_u in zip(inside, o_s, m_s, l_s, strict=True):
+                w = ext(GLSLstd450.Exp2, fop(Op.FSub, m_u, m_use))
+                # selected, not multiplied by a zero weight: a slice past the end reads
+                # slice 0 again, and its values must add nothing
+                acc = fadd(acc, s.select(f32, ok, fop(Op.FMul, o_u, w), zero))
+                l_sum = fadd(l_sum, s.select(f32, ok, fop(Op.FMul, l_u, w), zero))
+            s.shared_store(sums, tid, acc)
+            s.shared_store(weights, tid, l_sum)
+            s.barrier(Scope.Workgroup)
+
+            def finish() -> None:
+                l_val = s.shared_load(weights, s.c(0))
+                for g in range(1, lanes):
+                    l_val = fadd(l_val, s.shared_load(weights, s.c(g * COLS)))
+                write(l_val)
+
+            f.if_(s.and_(s.lt(tid, s.c(COLS)), d_ok), finish)
+
+        def in_chunks() -> None:
+            """Any number of slices: the max first, then as many slices at a time as
+            the workgroup has invocations, their weights through shared memory."""
+            m_var = f.local(f32, neg_inf)
+            count_loop(tid, lambda i: s.lt(i, splits), group, lambda i: f.emit(
+                Op.Store, m_var, fmax(load(m_var), s.buffer_load(ml, s.add(ml_at, s.mul(
+                    i, ml_step))))))
+            m = reduce(load(m_var), fmax)
+            m_use = s.select(f32, f.op(Op.FOrdEqual, s.bool, m, neg_inf), zero, m)
+
+            l_var = f.local(f32, zero)
+            accs = [f.local(f32, zero) for _ in range(UNROLL)]
+
+            def chunk(c0: int) -> None:
+                sl = s.add(c0, tid)
+
+                def weigh() -> None:
+                    at = s.add(ml_at, s.mul(sl, ml_step))
+                    w = ext(GLSLstd450.Exp2, fop(Op.FSub, s.buffer_load(ml, at), m_use))
+                    l_s = s.buffer_load(ml, s.add(at, s.c(1)))
+                    f.emit(Op.Store, l_var, fadd(load(l_var), fop(Op.FMul, l_s, w)))
+                    s.shared_store(weights, tid, w)
+
+                f.if_(s.lt(sl, splits), weigh)
+                s.barrier(Scope.Workgroup)
+                left = f.op(Op.ISub, s.u32, splits, c0)
+                n = s.select(s.u32, s.lt(left, s.c(group)), left, s.c(group))
+
+                def terms(j: int) -> None:
+                    """Slices j, j + lanes, ... (UNROLL of them) of the chunk; those past
+                    its end read slice j again and add nothing, so that every pass keeps
+                    UNROLL loads in flight."""
+                    js = [s.add(j, s.c(u * lanes)) for u in range(UNROLL)]
+                    inside = [s.lt(ju, n) for ju in js]
+                    js = [j] + [s.select(s.u32, ok, ju, j)
+                                for ok, ju in zip(inside[1:], js[1:], strict=True)]
+                    o_s = [s.buffer_load(partial, s.add(o_at, s.mul(s.add(c0, ju), o_step)))
+                           for ju in js]
+                    for u, ju in enumerate(js):
+                        term = fop(Op.FMul, o_s[u], s.shared_load(weights, ju))
+                        if u:
+                            term = s.select(f32, inside[u], term, zero)
+                        f.emit(Op.Store, accs[u], fadd(load(accs[u]), term))
+
+                f.if_(d_ok, lambda: count_loop(slice_lane, lambda j: s.lt(j, n),
+                                               UNROLL * lanes, terms))
+                s.barrier(Scope.Workgroup)  # the next chunk's weights replace these
+
+            count_loop(s.c(0), lambda c0: s.lt(c0, splits), group, chunk)
+            l_val = reduce(load(l_var), fadd)
+            acc = load(accs[0])
+            for a in accs[1:]:
+                acc = fadd(acc, load(a))
+            s.shared_store(sums, tid, acc)
+            s.barrier(Scope.Workgroup)
+            f.if_(s.and_(s.lt(tid, s.c(COLS)), d_ok), lambda: write(l_val))
+
+        # splits is a push constant: the branch is uniform, its barriers are safe
+        f.if_(s.le(splits, s.c(merged_at_once(group))), at_once, in_chunks)
 
     f.if_(s.lt(wg_index, P["count"]), body)  # uniform in a workgroup: its barriers are safe
     return s.compute_module(group)

@@ -187,7 +187,7 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
     first = Dispatch(rt.pipelines.get(kernel), buffers,
                      kernel.push_constants({**common, **values}),
                      kernel.workgroups(sizes.rows, sizes.z, choice.splits), tuple(offsets))
-    ck = combine_kernel(t.out, merge_invocations(rt.device.info.limits))
+    ck = combine_kernel(t.out, merge_invocations(rt.device.info.limits, choice.splits))
     start, base = o.bound
     count = workgroup_count(sizes.z * sizes.rows, t.value_dim)
     push = CombineKernel.push_constants({

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, replace
 
 from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
-from coopmat.codegen.attention_combine import INVOCATIONS
+from coopmat.codegen.attention_combine import INVOCATIONS, merged_at_once
 from coopmat.codegen.variants import is_cpu, khr_subgroup_size
 from coopmat.common.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
@@ -56,8 +56,9 @@ MIN_SPLIT_STEPS = 2
 # most this many 32-bit registers an invocation; more would spill.
 PREFETCH_REGISTERS = 64
 KEY_STEPS = (64, 32, 16)
-# The merge's workgroup size: the first of these the device allows (1024 measured slower
-# than 512 on a GPU for 64 to 1024 slices; docs/design.md, Attention).
+# The merge's workgroup size where no size merges every slice in one round of loads: the
+# first of these the device allows (1024 measured slower than 512 on a GPU for 64 to 1024
+# slices; docs/design.md, Attention).
 MERGE_INVOCATIONS = (512, 256)
 # Where one workgroup holds all the rows of a kv head (decode: it streams K and V, split
 # over many workgroups), 32 keys a step measured faster than 64.
@@ -230,9 +231,16 @@ def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTrait
     return max(1, min(-(-SPLIT_TARGET // grid), steps // MIN_SPLIT_STEPS))
 
 
-def merge_invocations(limits: DeviceLimits) -> int:
-    """The split run's merge workgroup size: the first of MERGE_INVOCATIONS that the
-    device's maxComputeWorkGroupInvocations and maxComputeWorkGroupSize[0] allow."""
+def merge_invocations(limits: DeviceLimits, splits: int | None = None) -> int:
+    """The split run's merge workgroup size, among those the device's
+    maxComputeWorkGroupInvocations and maxComputeWorkGroupSize[0] allow: the smallest that
+    merges `splits` slices in one round of loads (the merge's fixed cost is most of its
+    time there, and smaller workgroups start sooner), else the first of
+    MERGE_INVOCATIONS."""
     most = min(limits.max_compute_work_group_invocations, limits.max_compute_work_group_size[0])
-    return next((n for n in MERGE_INVOCATIONS if n <= most and n in INVOCATIONS),
-                min(INVOCATIONS))
+    allowed = [n for n in INVOCATIONS if n <= most]
+    if splits is not None:
+        at_once = sorted(n for n in allowed if merged_at_once(n) >= splits)
+        if at_once:
+            return at_once[0]
+    return next((n for n in MERGE_INVOCATIONS if n in allowed), min(INVOCATIONS))

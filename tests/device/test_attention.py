@@ -206,16 +206,19 @@ def test_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
 
 
 @pytest.mark.parametrize("invocations", [256, 512])
-def test_split_merge_many_slices(rt, invocations) -> None:
-    """The merge alone on a made-up workspace, against float64 numpy: more slices than
-    the kernel weighs at once (its invocations), a value dimension that is no
-    multiple of a workgroup's COLS, empty slices (m = -inf, l = 0), one fully masked row
-    (0), padding rows and columns of NaN that no merged element may read."""
+@pytest.mark.parametrize("splits", [1024 + 45, 100, 7])
+def test_split_merge_many_slices(rt, invocations, splits) -> None:
+    """The merge alone on a made-up workspace, against float64 numpy, both ways: more
+    slices than the kernel weighs at once (its invocations), 100 (at once with 512
+    invocations, in chunks with 256), 7 (fewer than a workgroup's slice lanes); a value
+    dimension that is no multiple of a workgroup's COLS, empty slices (m = -inf, l = 0),
+    one fully masked row (0), padding rows and columns of NaN that no merged element may
+    read."""
     from coopmat.codegen import attention_combine as ac
     from coopmat.common.enums import ComponentType
     from coopmat.dispatch.executor import Dispatch
 
-    batch, kv, groups, Lq, Dv, ws_ld, splits = 2, 2, 3, 2, 40, 48, 1024 + 45
+    batch, kv, groups, Lq, Dv, ws_ld = 2, 2, 3, 2, 40, 48
     rows, rows_pad = groups * Lq, 8
     shape = (batch * kv, splits, rows_pad)
     m = RNG.standard_normal(shape) * 4

@@ -105,9 +105,21 @@ def test_policy_kernels_validate(name) -> None:
             if c.splits > 1:
                 assert c.split_keys % t.keys == 0 and (c.splits - 1) * c.split_keys < p.Lk
                 lim = info.limits
-                n = merge_invocations(lim)
+                n = merge_invocations(lim, c.splits)
                 assert n <= lim.max_compute_work_group_invocations
                 validate(combine_kernel(p.out, n).spirv)
+
+
+def test_merge_size_merges_every_slice_at_once_where_one_can() -> None:
+    """The smallest merge workgroup that takes every slice in one round of loads (8
+    slices per 32 invocations), else the first preferred size the device allows."""
+    lim = H200.limits
+    assert lim.max_compute_work_group_invocations >= 512
+    assert [merge_invocations(lim, n) for n in (1, 64, 65, 128, 129, 5000)] == \
+        [256, 256, 512, 512, 512, 512]
+    assert merge_invocations(lim) == 512
+    small = dataclasses.replace(lim, max_compute_work_group_invocations=256)
+    assert merge_invocations(small, 128) == 256 and merge_invocations(small) == 256
 
 
 def test_h200_choices() -> None:
