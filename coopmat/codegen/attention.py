@@ -55,7 +55,6 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from coopmat.codegen.shader import Buffer, ShaderContext
 from coopmat.codegen.spv import (
@@ -153,7 +152,6 @@ class AttentionTraits:
     prefetch: bool = True
     family: str = "khr"
     skip_blocks: bool = False
-    stagger: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -227,8 +225,6 @@ class AttentionTraits:
             name += "-split"
         if self.prefetch:
             name += "-pf"
-        if self.stagger:
-            name += "-st"
         if self.family != "khr":
             name += f"-{self.family}"
         if self.skip_blocks:
@@ -266,8 +262,6 @@ class AttentionTraits:
             return "skip_blocks needs a mask"
         if self.skip_blocks and self.prefetch:
             return "skip_blocks prefetches nothing: prefetch must be 0"
-        if self.stagger and (self.prefetch or self.skip_blocks):
-            return "stagger is another way to load ahead: prefetch and skip_blocks must be 0"
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -550,34 +544,30 @@ class AttentionEmitter:
             else:
                 s.f.if_(partial, store)
 
-    def _kv_units(self, which: str = "kv") -> list[tuple[Buffer, int, int, int | None]]:
+    def _kv_units(self) -> list[tuple[Buffer, int, int, int | None]]:
         """(K or V buffer, line, element column, partial) of this invocation's units of
-        the K and V tiles (`which`: "k", "v" or both)."""
+        the K and V tiles."""
         t = self.t
-        tiles = (("k", self.K, t.head_dim_padded), ("v", self.V, t.value_dim_padded))
         return [(buf, line, col, partial)
-                for name, buf, width in tiles if name in which
+                for buf, width in ((self.K, t.head_dim_padded), (self.V, t.value_dim_padded))
                 for line, col, partial in self._units(t.keys, width)]
 
-    def _kv_loads(self, k0: int, which: str = "kv", bound: int | None = None) -> list[int]:
-        """This invocation's K and V units (`which`: "k", "v" or both) of the step at k0,
-        loaded (zeros from key `bound` on, Lk where not given)."""
+    def _kv_loads(self, k0: int) -> list[int]:
+        """This invocation's K and V units of the step at k0, loaded (zeros past Lk)."""
         s, t, P = self.s, self.t, self.P
         values = []
-        for buf, line, col, _ in self._kv_units(which):
+        for buf, line, col, _ in self._kv_units():
             j = s.add(k0, line)
             is_k = buf is self.K
             ld, off = (P["k_ld"], self.k_off) if is_k else (P["v_ld"], self.v_off)
             real = t.head_dim if is_k else t.value_dim
-            end = P["Lk"] if bound is None else bound
-            inside = s.and_(s.lt(j, end), s.lt(col, s.c(real)))
+            inside = s.and_(s.lt(j, P["Lk"]), s.lt(col, s.c(real)))
             values.append(self._global_unit(buf, inside, s.add(off, s.add(s.mul(j, ld), col))))
         return values
 
-    def _kv_store(self, values: list[int], which: str = "kv") -> None:
+    def _kv_store(self, values: list[int]) -> None:
         s, t = self.s, self.t
-        for (buf, line, col, partial), value in zip(self._kv_units(which), values,
-                                                    strict=True):
+        for (buf, line, col, partial), value in zip(self._kv_units(), values, strict=True):
             base, stride = (0, t.tile_stride) if buf is self.K else \
                 (t.keys * t.tile_stride, t.value_stride)
             at = s.add(s.c(base // t.unit), s.add(s.mul(line, s.c(stride // t.unit)),
@@ -768,10 +758,6 @@ class AttentionEmitter:
             for var, value in zip(regs, first, strict=True):
                 self._store(var, value)
 
-        if t.stagger:
-            self._staggered_loop(qf, rows, acc_vars, k_var)
-            return
-
         def run(k0: int) -> None:
             self._barrier()  # the previous step's K, V and P have been read
             if t.prefetch:
@@ -803,53 +789,14 @@ class AttentionEmitter:
         f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), body, step,
                  LoopControl.DontUnroll)
 
-    def _staggered_loop(self, qf: list[list[int]], rows: list[_Row],
-                        acc_vars: list[list[int]], k_var: int) -> None:
-        """The key loop with each half of a step's loads in flight while the other half
-        computes: V's while Q K^T and the softmax run on the K in shared memory, the next
-        step's K while P V runs; half of prefetch's registers (traits.stagger)."""
-        s, f, t = self.s, self.s.f, self.t
-        self._barrier()  # Q's fragments have been read from the tile
-        self._kv_store(self._kv_loads(self.kbeg, "k", self.kend), "k")
-        self._barrier()  # the first step's K is in shared memory
-
-        def body() -> None:
-            k0 = self._load(s.u32, k_var)
-            v = self._kv_loads(k0, "v")
-            state = self._step_scores(qf, rows, acc_vars, k0)
-            self._barrier()  # K has been read; the previous step's V too
-            self._kv_store(v, "v")
-            k_next = self._kv_loads(s.add(k0, s.c(t.keys)), "k", self.kend)
-            self._barrier()  # V is in shared memory
-            self._step_pv(acc_vars, state)
-            self._kv_store(k_next, "k")  # no one reads K between the barriers around
-            self._barrier()  # the next step's K is in shared memory; V has been read
-
-        def step() -> None:
-            self._store(k_var, s.add(self._load(s.u32, k_var), s.c(t.keys)))
-
-        f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), body, step,
-                 LoopControl.DontUnroll)
-
     def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
               k0: int) -> None:
         """One key step once K and V are in shared memory."""
-        self._step_pv(acc_vars, self._step_scores(qf, rows, acc_vars, k0))
-
-    def _step_scores(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
-                     k0: int) -> Any:
-        """A step's first half, on K in shared memory: the scores, the softmax, O scaled
-        by the rows' factors; what the second half needs (nothing here: P is in shared
-        memory)."""
         self._scores(qf)
         self._barrier()  # this subgroup's scores are in its scratch
         self._softmax(rows, k0)
         self._barrier()  # P and the row factors are in shared memory
         self._scale_rows(acc_vars)
-        return None
-
-    def _step_pv(self, acc_vars: list[list[int]], state: Any) -> None:
-        """A step's second half, on V in shared memory: O += P V."""
         self._pv(acc_vars)
 
     # -- the end --------------------------------------------------------------------------

@@ -28,7 +28,6 @@ relaxed (SPV_NV_cooperative_matrix2, Conversion Instructions).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from coopmat.codegen.attention import LOG2_E, AttentionEmitter, MaskKind, _Row
 from coopmat.codegen.spv import (
@@ -155,10 +154,8 @@ class Nv2AttentionEmitter(AttentionEmitter):
         return s.select(self.f32, s.lt(j, kend), x, self.neg_inf)
 
     # -- a key step ------------------------------------------------------------------------
-    def _step_scores(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
-                     k0: int) -> Any:
-        """Scores, softmax and O's scaling in registers; P as A matrices for the second
-        half."""
+    def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
+              k0: int) -> None:
         s, t = self.s, self.t
         stride = t.tile_stride // t.unit
         zero = s.mb.const_composite(self.mat_acc, [s.mb.const_null(self.f32)])
@@ -205,12 +202,6 @@ class Nv2AttentionEmitter(AttentionEmitter):
                 self._store(var, s.f.op(Op.FMul, self.mat_acc, self._load(self.mat_acc, var),
                                         alpha))
             weights.append([s.f.op(Op.FConvert, self.mat_a, p_j) for p_j in ps])
-        return weights
-
-    def _step_pv(self, acc_vars: list[list[int]], state: Any) -> None:
-        s, t = self.s, self.t
-        weights: list[list[int]] = state
-        blocks = t.keys // t.n
         vbase = t.keys * t.tile_stride
         vstride = t.value_stride // t.unit
         for j in range(blocks):

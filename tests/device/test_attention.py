@@ -345,36 +345,6 @@ def test_nv2_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
     check(got, q, k, v, causal=causal)
 
 
-# -- staggered loads: V in flight during the scores, the next K during P V -------------
-@pytest.mark.parametrize("family", ["khr", "nv2"])
-@pytest.mark.parametrize("Lq,Lk,causal,splits", [(1, 257, False, 4), (5, 130, True, 3),
-                                                 (33, 100, True, 1), (7, 33, False, 1)])
-def test_staggered_loads(rt, monkeypatch, family, Lq, Lk, causal, splits) -> None:
-    """The key loop that loads each half of a step while the other half computes, both
-    families: split and whole, ragged Lk (the last step's next K reads nothing past the
-    slice), causal rows whose slices end early, grouped heads."""
-    if family == "nv2":
-        _nv2(rt, monkeypatch)
-    coopmat.set_options(attention_tile=f"stagger=1,prefetch=0,family={family}",
-                        attention_splits=splits)
-    q, k, v = qkv((1, 8, Lq, 32), (1, 2, Lk, 32), scale=2.0)
-    got = coopmat.attention(q, k, v, causal=causal)
-    assert traits().stagger and traits().family == family
-    assert traits().split == (splits > 1)
-    check(got, q, k, v, causal=causal)
-
-
-def test_staggered_loads_with_a_mask(rt) -> None:
-    """An additive mask through the staggered loop (it skips no step: skip_blocks=0)."""
-    coopmat.set_options(attention_tile="stagger=1,prefetch=0,skip_blocks=0")
-    q, k, v = qkv((1, 4, 9, 32), (1, 2, 70, 32))
-    mask = (RNG.standard_normal((1, 4, 9, 70)) * 2).astype(F16)
-    mask[0, 1, 3] = -np.inf
-    got = coopmat.attention(q, k, v, mask=mask)
-    assert traits().stagger and traits().mask is MaskKind.ADD
-    check(got, q, k, v, mask=mask)
-
-
 # -- masks: skipping the key steps a mask hides whole --------------------------------------
 def _block_mask(shape: tuple[int, ...], cell: int = 8, p: float = 0.35) -> np.ndarray:
     """A boolean mask visible in random cells of cell x cell (so that whole key steps
