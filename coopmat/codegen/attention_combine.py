@@ -245,7 +245,7 @@ def _emit(traits: CombineTraits) -> bytes:
                 acc = fadd(acc, s.select(f32, ok, fop(Op.FMul, o_u, w), zero))
                 l_sum = fadd(l_sum, s.select(f32, ok, fop(Op.FMul, l_u, w), zero))
             s.shared_store(sums, tid, acc)
-            s.shared_store(weights, tid, l_sum)
+            s.shared_store(weights, tid, l_sum)  # this way weighs in registers: free here
             s.barrier(Scope.Workgroup)
 
             def finish() -> None:

@@ -234,9 +234,8 @@ def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTrait
 def merge_invocations(limits: DeviceLimits, splits: int | None = None) -> int:
     """The split run's merge workgroup size, among those the device's
     maxComputeWorkGroupInvocations and maxComputeWorkGroupSize[0] allow: the smallest that
-    merges `splits` slices in one round of loads (the merge's fixed cost is most of its
-    time there, and smaller workgroups start sooner), else the first of
-    MERGE_INVOCATIONS."""
+    merges `splits` slices in one round of loads (measured faster than larger ones there:
+    docs/design.md, Attention), else the first of MERGE_INVOCATIONS."""
     most = min(limits.max_compute_work_group_invocations, limits.max_compute_work_group_size[0])
     allowed = [n for n in INVOCATIONS if n <= most]
     if splits is not None:
