@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                          "PCI bus id; one listed twice gets two workers); default every "
                          "cooperative-matrix device")
     ap.add_argument("--repeat", type=int, default=3, help="timed computes per count (median)")
+    ap.add_argument("--threads-per-worker", type=int, default=1, metavar="N",
+                    help="threads of each coopmat worker (default 1; with 2 a worker's next "
+                         "task waits on the device while the last one finishes)")
     ap.add_argument("--linear", choices=["q4_0", "q8_0", "float16"], default=None,
                     help="also time linear(X, W, bias, 'gelu_tanh') with W quantized to this "
                          "GGUF format on each worker (or float16 as it is); float16 X only")
@@ -316,7 +319,8 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
     devices = args.devices.split(",") if args.devices else None
     w = _random(np.random.default_rng(1), (args.k, args.n), dtype)
     # memory_limit=0: no spilling to disk; one worker of several may hold all of X and Y.
-    with cd.LocalCluster(devices=devices, host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0",
+    with cd.LocalCluster(devices=devices, threads_per_worker=args.threads_per_worker,
+                         host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0",
                          silence_logs=logging.ERROR, memory_limit=0) as cluster, \
             distributed.Client(cluster) as client:
         names = {addr: info["name"] for addr, info in client.scheduler_info()["workers"].items()}
@@ -512,8 +516,9 @@ def _report(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if min(args.rows, args.k, args.n, args.chunk, args.repeat) < 1:
-        _parser().error("--rows, --k, --n, --chunk and --repeat must be >= 1")
+    if min(args.rows, args.k, args.n, args.chunk, args.repeat, args.threads_per_worker) < 1:
+        _parser().error("--rows, --k, --n, --chunk, --repeat and --threads-per-worker must "
+                        "be >= 1")
     if args.linear and args.dtype != "float16":
         _parser().error("--linear takes float16 X (--dtype float16)")
     if args.linear in ("q4_0", "q8_0") and args.k % 32:
@@ -531,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = {"config": {"rows": args.rows, "k": args.k, "n": args.n, "chunk": args.chunk,
                               "dtype": args.dtype, "repeat": args.repeat,
                               "linear": args.linear,
+                              "threads_per_worker": args.threads_per_worker,
                               "cupy": cupy_module() is not None and not args.no_peers,
                               "host": host},
                    "results": rows}

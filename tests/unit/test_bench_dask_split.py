@@ -51,3 +51,11 @@ def test_overhead_parts_from_the_submission() -> None:
                                  pytest.approx([200, 400, 1, 0])]
     empty = bench_dask.per_task(stream, "coopmat-linear", 1.0, 2, submitted=10.0)
     assert set(empty) >= {"start_ms", "gap_ms", "tail_ms"} and all(v != v for v in empty.values())
+
+
+def test_threads_per_worker_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_dask.main(["--threads-per-worker", "0"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--threads-per-worker" in err
+    assert bench_dask._parser().parse_args([]).threads_per_worker == 1
