@@ -190,7 +190,6 @@ def _emit(traits: CombineTraits) -> bytes:
         first_row = s.add(s.mul(slot0, P["rows_pad"]), R)  # slice 0's row in the workspace
         ml_at = s.mul(first_row, s.c(2))
         ml_step = s.mul(P["rows_pad"], s.c(2))
-        o_at = s.add(s.mul(first_row, P["ws_ld"]), d)
         o_step = s.mul(P["rows_pad"], P["ws_ld"])
 
         d_ok = s.lt(d, P["value_dim"])
@@ -259,6 +258,7 @@ def _emit(traits: CombineTraits) -> bytes:
         def in_chunks() -> None:
             """Any number of slices: the max first, then as many slices at a time as
             the workgroup has invocations, their weights through shared memory."""
+            o_at = s.add(s.mul(first_row, P["ws_ld"]), d)
             m_var = f.local(f32, neg_inf)
             count_loop(tid, lambda i: s.lt(i, splits), group, lambda i: f.emit(
                 Op.Store, m_var, fmax(load(m_var), s.buffer_load(ml, s.add(ml_at, s.mul(

@@ -285,7 +285,6 @@ def host_memory_gbps(nbytes: int = 1 << 31, threads: int | None = None) -> float
     """The host's memory rate (GB/s, read + write) with numpy copying `nbytes` in one
     slice per core at once, best of three: the ceiling that the workers' transfers and
     numpy share. (numpy lets go of the GIL inside a large copy.)"""
-    import os
     from concurrent.futures import ThreadPoolExecutor
     threads = threads or os.cpu_count() or 1
     src = np.ones(nbytes, np.uint8)
