@@ -34,8 +34,8 @@ _REFUSED = {
 }
 _PASSED = ("dtype", "out_dtype", "accumulator", "family", "alpha")
 # One GEMM at a time per process: tasks of one process that miss the weight cache together
-# would each upload the weight, and products on one device gain nothing from overlapping;
-# one thread per device is also how the workers are laid out.
+# would each upload the weight, and products on one device gain nothing from overlapping.
+# A worker's second thread holds its next task here, ready when the device is free.
 _device_lock = threading.Lock()
 
 

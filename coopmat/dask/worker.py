@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", help="comma-separated devices (index, name part, UUID or PCI "
                    "bus id); one listed twice gets two workers. Default: $COOPMAT_DEVICE if "
                    "set, else every cooperative-matrix device of this host")
-    p.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
+    p.add_argument("--nthreads", type=int, default=2,
+                   help="threads per worker (default 2: a task waits on the worker for the "
+                        "device while the last one finishes; products run one at a time)")
     p.add_argument("--name-prefix", default=socket.gethostname(),
                    help="worker names are PREFIX-0, PREFIX-1, ... (default: the host name)")
     return p

@@ -13,11 +13,15 @@ per device (coopmat.dask.LocalCluster), beside dask + CuPy on the same chunks.
   where the device has timestamps); the task's own compute time (Dask's task stream);
   and the overhead: the workers' time not spent computing a task, per task (scheduling,
   transfers, and tasks spread unevenly over the workers).
+- dask_floor: the same graph on the same chunks and workers with each task a sleep of the
+  bare product's time (holding the worker's device lock, as a product does): Dask's own
+  cost, and so the speedup its scheduling allows (floor_speedup) beside the product's.
 - host_copy: numpy's copy of every chunk on the same workers at once, as GB/s over all:
   the host memory bandwidth that bounds the product's upload and download.
 - --from-client: the same product with X sent from the client (made here as numpy): its
-  chunks scattered to the workers in turn, then the product, timed from the scatter's
-  start to `wait`. (X as one array in the graph, `da.from_array`, would travel whole
+  chunks scattered to the workers in turn (straight from the client, not through the
+  scheduler), then the product, timed from the scatter's start to `wait`, after one
+  untimed run. (X as one array in the graph, `da.from_array`, would travel whole
   through the scheduler to one worker, then chunk by chunk to the others.)
 - The peer, where cupy is importable (float16): `map_blocks(cupy.asarray)`, `@`,
   `map_blocks(cupy.asnumpy)` on a cluster of one worker per CUDA device
@@ -33,6 +37,7 @@ import json
 import logging
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -76,9 +81,10 @@ def _parser() -> argparse.ArgumentParser:
                          "PCI bus id; one listed twice gets two workers); default every "
                          "cooperative-matrix device")
     ap.add_argument("--repeat", type=int, default=3, help="timed computes per count (median)")
-    ap.add_argument("--threads-per-worker", type=int, default=1, metavar="N",
-                    help="threads of each coopmat worker (default 1; with 2 a worker's next "
-                         "task waits on the device while the last one finishes)")
+    ap.add_argument("--threads-per-worker", type=int, default=2, metavar="N",
+                    help="threads of each coopmat worker (default 2, as coopmat.dask."
+                         "LocalCluster: a worker's next task waits on the device while the "
+                         "last one finishes)")
     ap.add_argument("--linear", choices=["q4_0", "q8_0", "float16"], default=None,
                     help="also time linear(X, W, bias, 'gelu_tanh') with W quantized to this "
                          "GGUF format on each worker (or float16 as it is); float16 X only")
@@ -130,7 +136,8 @@ def _x_from_client(client: Any, host: np.ndarray, chunk: int, workers: list[str]
     import dask.array as da
 
     pieces = [host[i:i + chunk] for i in range(0, host.shape[0], chunk)]
-    futures = client.scatter(pieces, workers=workers, hash=False)
+    # direct: the client sends each chunk to its worker itself (not through the scheduler)
+    futures = client.scatter(pieces, workers=workers, hash=False, direct=True)
     return da.concatenate([da.from_delayed(dask.delayed(f), p.shape, dtype=p.dtype)
                            for f, p in zip(futures, pieces, strict=True)], axis=0)
 
@@ -142,9 +149,10 @@ WARMUP = 3
 
 
 def _timed(client: Any, make: Any, workers: list[str], repeat: int,
-           prefix: str = "", make_timed: bool = False) -> tuple[float, dict[str, Any]]:
+           prefix: str = "", make_timed: bool = False,
+           warmup: int = WARMUP) -> tuple[float, dict[str, Any]]:
     """Median seconds from submitting `make()` persisted on `workers` to `wait`, after
-    WARMUP untimed runs (`make_timed`: from calling `make`, for one that sends data); and,
+    `warmup` untimed runs (`make_timed`: from calling `make`, for one that sends data); and,
     for tasks whose key holds `prefix`, per_task(): the median task's compute time and
     the workers' time not spent computing, per task."""
     import distributed
@@ -162,13 +170,13 @@ def _timed(client: Any, make: Any, workers: list[str], repeat: int,
             seconds = time.perf_counter() - t0
         if prefix:
             runs.append((seconds, per_task(ts.data, prefix, seconds, len(workers),
-                                           submitted)))
+                                           submitted, client.run(_clock_shift))))
         keys = {f.key for f in distributed.futures_of(y)}
         del y
         _released(client, keys)
         return seconds
 
-    for _ in range(WARMUP):
+    for _ in range(warmup):
         once()
     runs.clear()
     times = [once() for _ in range(repeat)]
@@ -191,24 +199,38 @@ def _released(client: Any, keys: set[Any], timeout: float = 30.0) -> None:
     client.run(gc.collect)
 
 
+def _clock_shift(dask_worker: Any) -> float:
+    """The seconds a worker adds to its task times: its estimate of its clock's offset to
+    the scheduler's. On one host the clocks are one and the estimate is noise (tens of
+    ms on a loaded machine), so per_task takes it back off."""
+    return float(dask_worker.scheduler_delay)
+
+
 def per_task(stream: list[Any], prefix: str, wall: float, workers: int,
-             submitted: float | None = None) -> dict[str, Any]:
+             submitted: float | None = None,
+             shifts: dict[str, float] | None = None) -> dict[str, Any]:
     """From one run's task stream: the median compute time of the tasks whose key holds
-    `prefix` (ms), the workers' time not spent computing them per task (ms: workers x
-    wall less the tasks' compute, over the tasks), and how unevenly the tasks fell
+    `prefix` (ms; with several threads a worker, it includes a task's wait for the
+    device), the workers' time not spent computing them per task (ms: workers x wall less
+    the time each worker had one computing, over the tasks), and how unevenly the tasks fell
     (the busiest worker's count over the mean). Where the submission's time.time() is
     given, that idle time's parts too, averaged over the workers (ms; they add up to it):
     from submission to a worker's first compute (`start_ms`), between one worker's
     computes (`gap_ms`, a task), and from a worker's last compute to `wait` returning
-    (`tail_ms`); and per worker, [first start, last stop, tasks, longest gap] in ms."""
+    (`tail_ms`); and per worker, [first start, last stop, tasks, longest gap] in ms.
+    `shifts`: {worker: seconds} taken off that worker's times (_clock_shift)."""
     spans: dict[str, list[tuple[float, float]]] = {}
+    shifts = shifts or {}
     for task in stream:
         if prefix not in str(task.get("key", "")):
             continue
-        spans.setdefault(task.get("worker", ""), []).extend(
-            (s["start"], s["stop"]) for s in task.get("startstops", ())
+        worker = task.get("worker", "")
+        shift = shifts.get(worker, 0.0)
+        spans.setdefault(worker, []).extend(
+            (s["start"] - shift, s["stop"] - shift) for s in task.get("startstops", ())
             if s.get("action") == "compute")
     computes = [stop - start for runs in spans.values() for start, stop in runs]
+    busy = {w: _merged(r) for w, r in spans.items()}
     parts = ("start_ms", "gap_ms", "tail_ms") if submitted is not None else ()
     if not computes:
         return dict.fromkeys(("task_compute_ms", "overhead_ms_per_task", "imbalance", *parts),
@@ -216,19 +238,32 @@ def per_task(stream: list[Any], prefix: str, wall: float, workers: int,
     tasks = len(computes)
     got: dict[str, Any] = {
         "task_compute_ms": 1e3 * statistics.median(computes),
-        "overhead_ms_per_task": 1e3 * (workers * wall - sum(computes)) / tasks,
+        "overhead_ms_per_task": 1e3 * (workers * wall - sum(
+            stop - start for runs in busy.values() for start, stop in runs)) / tasks,
         "imbalance": max(len(r) for r in spans.values()) * workers / tasks}
     if submitted is not None:
-        ordered = {w: sorted(r) for w, r in spans.items()}
+        ordered = busy
         gaps = {w: [b[0] - a[1] for a, b in itertools.pairwise(r)] for w, r in ordered.items()}
         end = submitted + wall
         got["start_ms"] = 1e3 * sum(r[0][0] - submitted for r in ordered.values()) / workers
         got["gap_ms"] = 1e3 * sum(sum(g) for g in gaps.values()) / max(1, tasks - len(spans))
         got["tail_ms"] = 1e3 * sum(end - r[-1][1] for r in ordered.values()) / workers
         got["per_worker"] = [[1e3 * (r[0][0] - submitted), 1e3 * (r[-1][1] - submitted),
-                              len(r), 1e3 * max(gaps[w], default=0.0)]
+                              len(spans[w]), 1e3 * max(gaps[w], default=0.0)]
                              for w, r in sorted(ordered.items())]
     return got
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A worker's compute spans as the times it was busy: overlapping ones (tasks of a
+    worker's threads computing, or waiting on its device, together) joined."""
+    out: list[tuple[float, float]] = []
+    for start, stop in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
 
 
 def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
@@ -236,6 +271,12 @@ def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
     download seconds, the kernel's device time (NaN without timestamps), and the whole
     product as a task runs it (matmul_to_host: numpy in, numpy out, overlapped), the best
     of three."""
+    from coopmat.dask.linalg import _device_lock
+    with _device_lock:  # alone on the device, as a task's product is
+        return _split_block(x, w, token)
+
+
+def _split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
     from coopmat.api.matmul import matmul_to_host
     from coopmat.dask.cache import weight_cache
     dev_w = weight_cache().get(token, lambda: coopmat.asarray(w))
@@ -273,6 +314,26 @@ def _split(client: Any, x: Any, w: Any, workers: list[str]) -> dict[str, Any]:
     return {"whole_ms": float(1e3 * np.median(rows[:, 4])), "upload_ms": float(ms[0]),
             "kernel_ms": float(ms[1]), "download_ms": float(ms[2]),
             "kernel_device_ms": float(1e3 * np.median(device)) if device.size else None}
+
+
+_SLEEPING = threading.Lock()
+
+
+def sleep_block(x: np.ndarray, seconds: float) -> np.ndarray:
+    """A task that holds its worker's device lock for `seconds`, as a product would, and
+    returns one value: the graph of the product with Dask's costs and none of the GPU's."""
+    with _SLEEPING:
+        time.sleep(seconds)
+    return np.zeros((1, 1), x.dtype)
+
+
+def _dask_floor(client: Any, x: Any, seconds: float, workers: list[str],
+                repeat: int) -> float:
+    """Median seconds of the product's graph (same chunks, same workers) with each task a
+    sleep of the bare product's time: what Dask alone allows this worker count."""
+    def make() -> Any:
+        return x.map_blocks(sleep_block, seconds, dtype=x.dtype, chunks=(1, 1))
+    return _timed(client, make, workers, repeat)[0]
 
 
 def _host_copy(client: Any, x: Any, workers: list[str]) -> float:
@@ -345,6 +406,8 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
             row["host_transfer_gbps"] = (count * chunk_bytes
                                          / row["bare_product"]["whole_ms"] / 1e6)
             row["host_copy_gbps"] = _host_copy(client, x, subset)
+            row["dask_floor_seconds"] = _dask_floor(
+                client, x, row["bare_product"]["whole_ms"] / 1e3, subset, args.repeat)
             row["devices"] = [held[a] for a in subset]
             row["max_error"] = _check(cd.matmul(x, w), x, lambda a, w=w: a @ np.asarray(
                 w.compute(), np.float64))
@@ -359,7 +422,7 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
                 seconds, _ = _timed(
                     client, lambda host=host, subset=subset: cd.matmul(
                         _x_from_client(client, host, args.chunk, subset), w),
-                    subset, args.repeat, make_timed=True)
+                    subset, args.repeat, make_timed=True, warmup=1)
                 row = _row("coopmat, X from the client", count, seconds, args, host.nbytes,
                            y_bytes, nchunks)
                 first = _x_from_client(client, host[:args.chunk], args.chunk, subset)
@@ -493,6 +556,8 @@ def run_cupy(args: argparse.Namespace, counts: list[int], rows: list[dict[str, A
 
 def _report(rows: list[dict[str, Any]]) -> None:
     base = {r["engine"]: r["seconds"] for r in rows if r["workers"] == 1}
+    floor = {r["engine"]: r["dask_floor_seconds"] for r in rows
+             if r["workers"] == 1 and "dask_floor_seconds" in r}
     write(f"{'engine':<40} {'workers':>7} {'seconds':>9} {'TFLOP/s':>8} {'GB/s moved':>10} "
           f"{'ms/chunk':>9} {'speedup':>7}  split per task (ms)")
     for r in rows:
@@ -508,6 +573,10 @@ def _report(rows: list[dict[str, Any]]) -> None:
                      f"{r['tail_ms']:.1f}), "
                      f"imbalance {r['imbalance']:.2f}; host copy {r['host_copy_gbps']:.1f} GB/s, "
                      f"transfers {r['host_transfer_gbps']:.0f} GB/s")
+        if "dask_floor_seconds" in r:
+            r["floor_speedup"] = floor.get(r["engine"], float("nan")) / r["dask_floor_seconds"]
+            split += (f"; dask floor {r['dask_floor_seconds']:.3f} s (speedup "
+                      f"{r['floor_speedup']:.2f})")
         write(f"{r['engine']:<40} {r['workers']:>7} {r['seconds']:>9.3f} {r['tflops']:>8.2f} "
               f"{r['gbps_moved']:>10.2f} {r['ms_per_chunk_per_worker']:>9.1f} {speed:>7.2f}  "
               f"{split}")

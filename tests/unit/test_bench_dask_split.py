@@ -49,8 +49,24 @@ def test_overhead_parts_from_the_submission() -> None:
     assert got["start_ms"] + got["gap_ms"] * (4 - 2) / 2 + got["tail_ms"] == pytest.approx(idle)
     assert got["per_worker"] == [pytest.approx([100, 800, 3, 50]),
                                  pytest.approx([200, 400, 1, 0])]
+    # B's clock estimate put its times 20 ms late: taken back off, B starts at 180 ms
+    shifted = bench_dask.per_task(stream, "coopmat-matmul", 1.0, 2, submitted=10.0,
+                                  shifts={"B": 0.02})
+    assert shifted["per_worker"][1] == pytest.approx([180, 380, 1, 0])
+    assert shifted["start_ms"] == pytest.approx(140)
     empty = bench_dask.per_task(stream, "coopmat-linear", 1.0, 2, submitted=10.0)
     assert set(empty) >= {"start_ms", "gap_ms", "tail_ms"} and all(v != v for v in empty.values())
+
+
+def test_threads_of_one_worker_overlapping_count_once() -> None:
+    # A runs two threads: its second task computes (waits on the device) from 10.2 while
+    # the first runs to 10.3; A was busy 10.1-10.5, idle 0.1 + 0.5 s of the 1.0 s wall.
+    stream = [task("('coopmat-matmul-1', 0, 0)", "A", 10.1, 10.3),
+              task("('coopmat-matmul-1', 1, 0)", "A", 10.2, 10.5)]
+    got = bench_dask.per_task(stream, "coopmat-matmul", 1.0, 1, submitted=10.0)
+    assert got["overhead_ms_per_task"] == pytest.approx(600 / 2)
+    assert (got["start_ms"], got["gap_ms"], got["tail_ms"]) == pytest.approx((100, 0, 500))
+    assert got["per_worker"] == [pytest.approx([100, 500, 2, 0])]
 
 
 def test_threads_per_worker_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,4 +74,4 @@ def test_threads_per_worker_must_be_positive(capsys: pytest.CaptureFixture[str])
         bench_dask.main(["--threads-per-worker", "0"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--threads-per-worker" in err
-    assert bench_dask._parser().parse_args([]).threads_per_worker == 1
+    assert bench_dask._parser().parse_args([]).threads_per_worker == 2
