@@ -52,3 +52,13 @@ def test_vk_sass_names_the_kernel_it_ran(live_device_info):
                     "--bias")
     assert out.strip().startswith(("khr-", "rows-", "gemv-", "nv2-")), out
     assert out.strip().endswith("epi_bias"), out
+
+
+def test_split_tiles_runs_and_checks(live_device_info):
+    """The policy's line, then one line per slice count and tile, each checked."""
+    out = run_probe("lab/split_tiles.py", "--rows", "64", "--n", "64", "--k", "256",
+                    "--splits", "2", "--repeat", "2", "--max-tiles", "2")
+    lines = [x for x in out.splitlines() if x.strip().startswith("64 ")]
+    assert " policy " in lines[0] and len(lines) == 3, out
+    assert all("ok=True" in x for x in lines), out
+    assert all("split2" in x for x in lines[1:]), out
