@@ -132,11 +132,7 @@ class AttentionTraits:
     per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
     attention_nv2.py); skip_blocks: skip the key steps whose block of scores the mask
     hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
-    the next visible step is not known a step ahead); direct (nv2): a step whose keys
-    all lie below Lk loads its K and V matrices straight from the buffers, with no shared
-    memory and no barrier (a subgroup that alone reads them gains nothing from staging);
-    the last, partial step is staged (16-byte units, dimensions multiples of the
-    matrices' k and n: a matrix never reads past a row)."""
+    the next visible step is not known a step ahead)."""
 
     operand: ComponentType
     out: ComponentType
@@ -156,7 +152,6 @@ class AttentionTraits:
     prefetch: bool = True
     family: str = "khr"
     skip_blocks: bool = False
-    direct: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -234,8 +229,6 @@ class AttentionTraits:
             name += f"-{self.family}"
         if self.skip_blocks:
             name += "-skip"
-        if self.direct:
-            name += "-direct"
         return name
 
     def violation(self) -> str | None:
@@ -269,15 +262,6 @@ class AttentionTraits:
             return "skip_blocks needs a mask"
         if self.skip_blocks and self.prefetch:
             return "skip_blocks prefetches nothing: prefetch must be 0"
-        if self.direct and self.family != "nv2":
-            return "direct loads are the nv2 kernel's (its step keeps scores in registers)"
-        if self.direct and (self.unit != 8 or self.head_dim % self.k or
-                            self.value_dim % self.n):
-            return (f"direct loads read whole matrices in 16-byte units: head dimension "
-                    f"{self.head_dim} a multiple of {self.k} and value dimension "
-                    f"{self.value_dim} of {self.n}, 16-byte units")
-        if self.direct and self.prefetch:
-            return "direct loads have nothing to prefetch: prefetch must be 0"
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -775,14 +759,6 @@ class AttentionEmitter:
                 self._store(var, value)
 
         def run(k0: int) -> None:
-            if t.direct:  # whole steps from the buffers; the partial one staged
-                whole = s.f.op(Op.ULessThanEqual, s.bool, s.add(k0, s.c(t.keys)), self.P["Lk"])
-                f.if_(whole, lambda: self._step(qf, rows, acc_vars, k0, direct=True),
-                      lambda: staged(k0))
-            else:
-                staged(k0)
-
-        def staged(k0: int) -> None:
             self._barrier()  # the previous step's K, V and P have been read
             if t.prefetch:
                 self._kv_store([self._load(self.unit_t, v) for v in regs])
@@ -814,9 +790,8 @@ class AttentionEmitter:
                  LoopControl.DontUnroll)
 
     def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
-              k0: int, direct: bool = False) -> None:
-        """One key step once K and V are in shared memory (`direct`: the nv2 kernel's
-        step reading them from the buffers)."""
+              k0: int) -> None:
+        """One key step once K and V are in shared memory."""
         self._scores(qf)
         self._barrier()  # this subgroup's scores are in its scratch
         self._softmax(rows, k0)

@@ -154,37 +154,16 @@ class Nv2AttentionEmitter(AttentionEmitter):
         return s.select(self.f32, s.lt(j, kend), x, self.neg_inf)
 
     # -- a key step ------------------------------------------------------------------------
-    def _k_matrix(self, k0: int, j: int, kk: int, direct: bool) -> int:
-        """K^T's matrix of keys k0 + j n.. and dimensions kk..: K's rows read column-major,
-        from the shared tile or (direct) the buffer."""
-        s, t, P = self.s, self.t, self.P
-        if not direct:
-            return s.coop_load_shared(
-                self.mat_b, self.tiles, s.c((j * t.n * t.tile_stride + kk) // t.unit),
-                CooperativeMatrixLayout.ColumnMajor, s.c(t.tile_stride // t.unit))
-        at = s.add(self.k_off, s.add(s.mul(s.add(k0, s.c(j * t.n)), P["k_ld"]), s.c(kk)))
-        return s.coop_load_buffer(self.mat_b, self.K, s.shr(at, s.c(3)),
-                                  CooperativeMatrixLayout.ColumnMajor, s.shr(P["k_ld"], s.c(3)))
-
-    def _v_matrix(self, k0: int, j: int, v: int, direct: bool) -> int:
-        """V's matrix of keys k0 + j k.. and value columns v n.."""
-        s, t, P = self.s, self.t, self.P
-        if not direct:
-            return s.coop_load_shared(
-                self.mat_b, self.tiles,
-                s.c((t.keys * t.tile_stride + j * t.k * t.value_stride + v * t.n) // t.unit),
-                CooperativeMatrixLayout.RowMajor, s.c(t.value_stride // t.unit))
-        at = s.add(self.v_off, s.add(s.mul(s.add(k0, s.c(j * t.k)), P["v_ld"]), s.c(v * t.n)))
-        return s.coop_load_buffer(self.mat_b, self.V, s.shr(at, s.c(3)),
-                                  CooperativeMatrixLayout.RowMajor, s.shr(P["v_ld"], s.c(3)))
-
     def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
-              k0: int, direct: bool = False) -> None:
+              k0: int) -> None:
         s, t = self.s, self.t
+        stride = t.tile_stride // t.unit
         zero = s.mb.const_composite(self.mat_acc, [s.mb.const_null(self.f32)])
         blocks = t.keys // t.n
-        ks = [self._k_matrix(k0, j, kk, direct)
-              for j in range(blocks) for kk in range(0, t.head_dim_padded, t.k)]
+        ks = [s.coop_load_shared(
+            self.mat_b, self.tiles, s.c((j * t.n * t.tile_stride + kk) // t.unit),
+            CooperativeMatrixLayout.ColumnMajor, s.c(stride))
+            for j in range(blocks) for kk in range(0, t.head_dim_padded, t.k)]
         per = t.head_dim_padded // t.k
         u32, f32 = s.u32, self.f32
         weights: list[list[int]] = []
@@ -223,9 +202,14 @@ class Nv2AttentionEmitter(AttentionEmitter):
                 self._store(var, s.f.op(Op.FMul, self.mat_acc, self._load(self.mat_acc, var),
                                         alpha))
             weights.append([s.f.op(Op.FConvert, self.mat_a, p_j) for p_j in ps])
+        vbase = t.keys * t.tile_stride
+        vstride = t.value_stride // t.unit
         for j in range(blocks):
             for v in range(len(acc_vars[0])):
-                b = self._v_matrix(k0, j, v, direct)
+                b = s.coop_load_shared(
+                    self.mat_b, self.tiles,
+                    s.c((vbase + j * t.k * t.value_stride + v * t.n) // t.unit),
+                    CooperativeMatrixLayout.RowMajor, s.c(vstride))
                 for i, row_vars in enumerate(acc_vars):
                     var = row_vars[v]
                     self._store(var, s.f.op(Op.CooperativeMatrixMulAddKHR, self.mat_acc,

@@ -44,8 +44,8 @@ from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_blocks",
-               "direct", "family")
-BOOL_FIELDS = ("prefetch", "skip_blocks", "direct")
+               "family")
+BOOL_FIELDS = ("prefetch", "skip_blocks")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 512

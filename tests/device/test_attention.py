@@ -345,25 +345,6 @@ def test_nv2_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
     check(got, q, k, v, causal=causal)
 
 
-@pytest.mark.parametrize("Lq,Lk,causal,splits,masked", [
-    (1, 257, False, 3, False),   # split decode, a partial last step
-    (5, 100, True, 1, True),     # a mask (its blocks skipped), causal
-    (33, 64, True, 1, False),    # whole steps only, two row blocks
-])
-def test_nv2_direct_loads(rt, monkeypatch, Lq, Lk, causal, splits, masked) -> None:
-    """direct: whole key steps' K and V matrices read from the buffers, the partial
-    step staged; K through a view whose rows are longer than E (its row stride read)."""
-    _nv2(rt, monkeypatch, ",direct=1,prefetch=0")
-    coopmat.set_options(attention_splits=splits)
-    q, k, v = qkv((1, 8, Lq, 32), (1, 2, Lk, 32), scale=2.0)
-    wide = _data((1, 2, Lk, 48))
-    wide[..., :32] = k
-    mask = RNG.random((1, 8, Lq, Lk)) > 0.3 if masked else None
-    got = coopmat.attention(q, wide[..., :32], v, mask=mask, causal=causal)
-    assert traits().family == "nv2" and traits().direct and traits().split == (splits > 1)
-    check(got, q, k, v, mask=mask, causal=causal)
-
-
 # -- masks: skipping the key steps a mask hides whole --------------------------------------
 def _block_mask(shape: tuple[int, ...], cell: int = 8, p: float = 0.35) -> np.ndarray:
     """A boolean mask visible in random cells of cell x cell (so that whole key steps

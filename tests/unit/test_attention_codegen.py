@@ -208,30 +208,6 @@ def test_nv2_traits_and_instructions() -> None:
         assert "OpGroupNonUniformShuffleXor" not in text  # no lanes combine rows in nv2
 
 
-def test_direct_traits_and_instructions() -> None:
-    """direct: nv2 only, 16-byte units, dimensions that whole matrices cover, no
-    prefetch; its module loads K and V matrices from the buffers as well as from the
-    shared tile (the partial step), and validates."""
-    t = dataclasses.replace(BASE, family="nv2", prefetch=False, direct=True, subgroups=1)
-    assert t.violation() is None and t.describe().endswith("-nv2-direct")
-    for change, match in ((dict(family="khr"), "nv2 kernel's"),
-                          (dict(unit=1), "16-byte units"),
-                          (dict(head_dim=72), "head dimension 72"),
-                          (dict(value_dim=40), "value dimension 40"),
-                          (dict(prefetch=True), "prefetch must be 0")):
-        assert match in (dataclasses.replace(t, **change).violation() or ""), change
-    from coopmat.policy.attention import parse_tile
-    assert parse_tile("direct=1,prefetch=0") == {"direct": True, "prefetch": False}
-    if find_tool("spirv-val") is not None:
-        kernel = attention_kernel(t)
-        validate(kernel.spirv)
-        plain = _disassemble(attention_kernel(dataclasses.replace(t, direct=False)).spirv)
-        text = _disassemble(kernel.spirv)
-        loads = text.count("OpCooperativeMatrixLoadKHR")
-        # one step's K^T and V matrices (64 x 32 each: 8 of 16 x 16) once more
-        assert loads == plain.count("OpCooperativeMatrixLoadKHR") + 8 + 8
-
-
 def test_tile_overrides() -> None:
     from coopmat.policy.attention import parse_tile
     from coopmat.policy.options import Options
