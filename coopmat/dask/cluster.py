@@ -18,12 +18,13 @@ class LocalCluster(distributed.LocalCluster):
     index, a name substring, a UUID or a PCI bus id each; one listed twice gets two
     workers on it), default every cooperative-matrix device of this host once.
 
-    Each worker is a process of `threads_per_worker` threads (2: the next task is
-    on the worker, waiting for the device, when the last one finishes; products on one
-    device still run one at a time) with COOPMAT_DEVICE set to its device (its UUID where known) and the GPU's copy queues opened
-    (COOPMAT_COPY_QUEUES=1 unless set otherwise), a `GPU=1` resource, and a start check (a worker
-    without its device refuses to start). The other keyword arguments are
-    distributed.LocalCluster's, less n_workers (one per device) and processes (always).
+    Each worker is a process of `threads_per_worker` threads (2: the next task is on the
+    worker, waiting for the device, when the last one finishes; products on one device
+    still run one at a time) with COOPMAT_DEVICE set to its device (its UUID where known)
+    and the GPU's copy queues opened (COOPMAT_COPY_QUEUES=1 unless set otherwise), a
+    `GPU=1` resource, and a start check (a worker without its device refuses to start).
+    The other keyword arguments are distributed.LocalCluster's, less n_workers (one per
+    device) and processes (always).
     Ask the workers which device each holds with coopmat.dask.worker_devices(client).
     """
 

@@ -36,7 +36,7 @@ _PASSED = ("dtype", "out_dtype", "accumulator", "family", "alpha")
 # One GEMM at a time per process: tasks of one process that miss the weight cache together
 # would each upload the weight, and products on one device gain nothing from overlapping.
 # A worker's second thread holds its next task here, ready when the device is free.
-_device_lock = threading.Lock()
+DEVICE_LOCK = threading.Lock()
 
 
 def result_dtype(x_dtype: np.dtype, dtype: Any) -> np.dtype:
@@ -92,7 +92,7 @@ def gemm_block(x: np.ndarray | list[np.ndarray], weight: Any, bias: Any, residua
         return np.empty(x.shape[:-1] + shape[-1:],
                         result_dtype(x.dtype, opts.get("dtype", opts.get("out_dtype"))))
     try:
-        with _device_lock:
+        with DEVICE_LOCK:
             w = weight_cache().get(weight_token, lambda: _on_device(weight))
             if transposed:
                 w = w.T

@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -271,8 +270,8 @@ def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
     download seconds, the kernel's device time (NaN without timestamps), and the whole
     product as a task runs it (matmul_to_host: numpy in, numpy out, overlapped), the best
     of three."""
-    from coopmat.dask.linalg import _device_lock
-    with _device_lock:  # alone on the device, as a task's product is
+    from coopmat.dask.linalg import DEVICE_LOCK
+    with DEVICE_LOCK:  # alone on the device, as a task's product is
         return _split_block(x, w, token)
 
 
@@ -316,13 +315,11 @@ def _split(client: Any, x: Any, w: Any, workers: list[str]) -> dict[str, Any]:
             "kernel_device_ms": float(1e3 * np.median(device)) if device.size else None}
 
 
-_SLEEPING = threading.Lock()
-
-
 def sleep_block(x: np.ndarray, seconds: float) -> np.ndarray:
-    """A task that holds its worker's device lock for `seconds`, as a product would, and
+    """A task that holds its worker's device lock for `seconds`, as a product does, and
     returns one value: the graph of the product with Dask's costs and none of the GPU's."""
-    with _SLEEPING:
+    from coopmat.dask.linalg import DEVICE_LOCK
+    with DEVICE_LOCK:
         time.sleep(seconds)
     return np.zeros((1, 1), x.dtype)
 
