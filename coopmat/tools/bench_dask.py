@@ -21,8 +21,9 @@ per device (coopmat.dask.LocalCluster), beside dask + CuPy on the same chunks.
 - --from-client: the same product with X sent from the client (made here as numpy): its
   chunks scattered to the workers in turn (straight from the client, not through the
   scheduler), then the product, timed from the scatter's start to `wait`, after one
-  untimed run. (X as one array in the graph, `da.from_array`, would travel whole
-  through the scheduler to one worker, then chunk by chunk to the others.)
+  untimed run; X is made in this process once, a chunk at a time. (X as one array in
+  the graph, `da.from_array`, would travel whole through the scheduler to one worker,
+  then chunk by chunk to the others.)
 - The peer, where cupy is importable (float16): `map_blocks(cupy.asarray)`, `@`,
   `map_blocks(cupy.asnumpy)` on a cluster of one worker per CUDA device
   (CUDA_VISIBLE_DEVICES), same X and chunks.
@@ -98,6 +99,18 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -
     if dtype == np.int8:
         return rng.integers(-8, 8, shape, dtype=np.int8)
     return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def _host_x(args: argparse.Namespace, dtype: np.dtype) -> np.ndarray:
+    """X in this process's memory, for --from-client: made a chunk at a time with the
+    workers' values (uniform, centred), so no float32 copy of all of it is ever held."""
+    rng = np.random.default_rng(0)
+    out = np.empty((args.rows, args.k), dtype)
+    for i in range(0, args.rows, args.chunk):
+        shape = (min(args.chunk, args.rows - i), args.k)
+        out[i:i + shape[0]] = rng.integers(-8, 8, shape, dtype=np.int8) if dtype == np.int8 \
+            else rng.random(shape, dtype=np.float32) - np.float32(0.5)
+    return out
 
 
 def _x_on_workers(client: Any, args: argparse.Namespace, dtype: np.dtype,
@@ -388,6 +401,7 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
                              f"twice in --devices to share it")
         held = cd.worker_devices(client)
         w = _resident(client, w)
+        host = _host_x(args, dtype) if args.from_client else None
         for count in counts:
             subset = ordered[:count]
             x = _x_on_workers(client, args, dtype, subset)
@@ -414,8 +428,7 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
                 rows.append(_linear_row(client, args, x, w, subset, y_bytes, nchunks))
                 saved()
             del x
-            if args.from_client:
-                host = _random(np.random.default_rng(0), (args.rows, args.k), dtype)
+            if host is not None:
                 seconds, _ = _timed(
                     client, lambda host=host, subset=subset: cd.matmul(
                         _x_from_client(client, host, args.chunk, subset), w),
@@ -428,7 +441,7 @@ def run_coopmat(args: argparse.Namespace, counts: list[int],
                                                                         np.float64))
                 rows.append(row)
                 saved()
-                del host, first
+                del first
 
 
 def _check(y: Any, x: Any, reference: Any) -> float:
