@@ -228,7 +228,7 @@ def case(rows: list[dict[str, Any]], label: str, B: int, H: int, Hkv: int, Lq: i
 
 def fully_masked(rows: list[dict[str, Any]], torch: Any) -> None:
     """What torch (with CUDA) and coopmat give for a row whose keys are all masked out
-    (coopmat: 0, as torch 2.5+ gives; earlier torch gave NaN)."""
+    (coopmat: 0, as torch 2.5+ gives on the CPU; its CUDA kernels may give other values)."""
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, 2, 4, 64), dtype=np.float32).astype(np.float16)
                for _ in range(3))
