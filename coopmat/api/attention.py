@@ -65,7 +65,7 @@ def attention(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False,
     - dtype: the result dtype, default q's; float32 keeps the float32 result. Scores,
       softmax and the products accumulate in float32; the weights are rounded to q's
       dtype before they multiply v (as torch's fused kernels do).
-    - A row whose every score is masked out gives 0, as torch's does.
+    - A row whose every score is masked out gives 0, as torch gives on the CPU (2.5+).
     - Where the result lives: an Array when any of q, k, v, mask is a coopmat.Array (the
       run is queued on its device without waiting), else numpy.
     - device: as matmul's (index, name substring or device object), for numpy operands.
