@@ -13,6 +13,9 @@ per device (coopmat.dask.LocalCluster), beside dask + CuPy on the same chunks.
   where the device has timestamps); the task's own compute time (Dask's task stream);
   and the overhead: the workers' time not spent computing a task, per task (scheduling,
   transfers, and tasks spread unevenly over the workers).
+- bare_speedup: workers x one worker's bare product over this count's (each worker's
+  measured with all of them busy): the speedup the host allows the products themselves
+  (their transfers share its memory), Dask aside.
 - dask_floor: the same graph on the same chunks and workers with each task a sleep of the
   bare product's time (holding the worker's device lock, as a product does): Dask's own
   cost, and so the speedup its scheduling allows (floor_speedup) beside the product's.
@@ -568,6 +571,8 @@ def _report(rows: list[dict[str, Any]]) -> None:
     base = {r["engine"]: r["seconds"] for r in rows if r["workers"] == 1}
     floor = {r["engine"]: r["dask_floor_seconds"] for r in rows
              if r["workers"] == 1 and "dask_floor_seconds" in r}
+    bare = {r["engine"]: r["bare_product"]["whole_ms"] for r in rows
+            if r["workers"] == 1 and "bare_product" in r}
     write(f"{'engine':<40} {'workers':>7} {'seconds':>9} {'TFLOP/s':>8} {'GB/s moved':>10} "
           f"{'ms/chunk':>9} {'speedup':>7}  split per task (ms)")
     for r in rows:
@@ -583,6 +588,10 @@ def _report(rows: list[dict[str, Any]]) -> None:
                      f"{r['tail_ms']:.1f}), "
                      f"imbalance {r['imbalance']:.2f}; host copy {r['host_copy_gbps']:.1f} GB/s, "
                      f"transfers {r['host_transfer_gbps']:.0f} GB/s")
+            # what the workers' bare products allow, Dask aside: the host's share of them
+            r["bare_speedup"] = (r["workers"] * bare.get(r["engine"], float("nan"))
+                                 / b["whole_ms"])
+            split += f"; bare products allow {r['bare_speedup']:.2f}x"
         if "dask_floor_seconds" in r:
             r["floor_speedup"] = floor.get(r["engine"], float("nan")) / r["dask_floor_seconds"]
             split += (f"; dask floor {r['dask_floor_seconds']:.3f} s (speedup "

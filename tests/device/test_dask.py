@@ -463,6 +463,8 @@ def test_bench_dask_on_two_workers(device, tmp_path):
         # the sleeps' graph: each worker's six / workers sleeps of the bare product, in turn
         assert x["dask_floor_seconds"] >= 6 * split["whole_ms"] / 1e3 / x["workers"]
         assert x["floor_speedup"] > 0
+        assert x["bare_speedup"] == pytest.approx(
+            x["workers"] * rows[0]["bare_product"]["whole_ms"] / split["whole_ms"])
         # the workers' time: each task's compute plus the rest, never less than computing
         assert x["overhead_ms_per_task"] >= 0 and x["imbalance"] >= 1
         # A worker shifts its task times by its estimate of its clock's offset to the
