@@ -257,15 +257,14 @@ def per_task(stream: list[Any], prefix: str, wall: float, workers: int,
             stop - start for runs in busy.values() for start, stop in runs)) / tasks,
         "imbalance": max(len(r) for r in spans.values()) * workers / tasks}
     if submitted is not None:
-        ordered = busy
-        gaps = {w: [b[0] - a[1] for a, b in itertools.pairwise(r)] for w, r in ordered.items()}
+        gaps = {w: [b[0] - a[1] for a, b in itertools.pairwise(r)] for w, r in busy.items()}
         end = submitted + wall
-        got["start_ms"] = 1e3 * sum(r[0][0] - submitted for r in ordered.values()) / workers
+        got["start_ms"] = 1e3 * sum(r[0][0] - submitted for r in busy.values()) / workers
         got["gap_ms"] = 1e3 * sum(sum(g) for g in gaps.values()) / max(1, tasks - len(spans))
-        got["tail_ms"] = 1e3 * sum(end - r[-1][1] for r in ordered.values()) / workers
+        got["tail_ms"] = 1e3 * sum(end - r[-1][1] for r in busy.values()) / workers
         got["per_worker"] = [[1e3 * (r[0][0] - submitted), 1e3 * (r[-1][1] - submitted),
                               len(spans[w]), 1e3 * max(gaps[w], default=0.0)]
-                             for w, r in sorted(ordered.items())]
+                             for w, r in sorted(busy.items())]
     return got
 
 
@@ -285,35 +284,31 @@ def split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
     """On a worker, against the weight its cache keeps: this chunk's upload, kernel and
     download seconds, the kernel's device time (NaN without timestamps), and the whole
     product as a task runs it (matmul_to_host: numpy in, numpy out, overlapped), the best
-    of three."""
-    from coopmat.dask.linalg import DEVICE_LOCK
-    with DEVICE_LOCK:  # alone on the device, as a task's product is
-        return _split_block(x, w, token)
-
-
-def _split_block(x: np.ndarray, w: np.ndarray, token: str) -> np.ndarray:
+    of three; alone on the device, as a task's product is."""
     from coopmat.api.matmul import matmul_to_host
     from coopmat.dask.cache import weight_cache
-    dev_w = weight_cache().get(token, lambda: coopmat.asarray(w))
-    coopmat.synchronize()
-    whole = []
-    for _ in range(3):  # as a task runs it; results let go, as Dask lets go of them
-        t = time.perf_counter()
-        del_me = matmul_to_host(x, dev_w)
-        whole.append(time.perf_counter() - t)
-        del del_me
-    t0 = time.perf_counter()
-    xa = coopmat.asarray(x)
-    coopmat.synchronize()
-    t1 = time.perf_counter()
-    y = coopmat.matmul(xa, dev_w)
-    coopmat.synchronize()
-    t2 = time.perf_counter()
-    kernel = coopmat.last_kernel_time()
-    y.numpy()
-    t3 = time.perf_counter()
-    return np.array([[t1 - t0, t2 - t1, t3 - t2, np.nan if kernel is None else kernel,
-                      min(whole)]])
+    from coopmat.dask.linalg import DEVICE_LOCK
+    with DEVICE_LOCK:
+        dev_w = weight_cache().get(token, lambda: coopmat.asarray(w))
+        coopmat.synchronize()
+        whole = []
+        for _ in range(3):  # as a task runs it; results let go, as Dask lets go of them
+            t = time.perf_counter()
+            del_me = matmul_to_host(x, dev_w)
+            whole.append(time.perf_counter() - t)
+            del del_me
+        t0 = time.perf_counter()
+        xa = coopmat.asarray(x)
+        coopmat.synchronize()
+        t1 = time.perf_counter()
+        y = coopmat.matmul(xa, dev_w)
+        coopmat.synchronize()
+        t2 = time.perf_counter()
+        kernel = coopmat.last_kernel_time()
+        y.numpy()
+        t3 = time.perf_counter()
+        return np.array([[t1 - t0, t2 - t1, t3 - t2, np.nan if kernel is None else kernel,
+                          min(whole)]])
 
 
 def _split(client: Any, x: Any, w: Any, workers: list[str]) -> dict[str, Any]:
