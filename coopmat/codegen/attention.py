@@ -132,7 +132,9 @@ class AttentionTraits:
     per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
     attention_nv2.py); skip_blocks: skip the key steps whose block of scores the mask
     hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
-    the next visible step is not known a step ahead)."""
+    the next visible step is not known a step ahead); fast_steps (nv2, no mask): a key
+    step that no causal edge, key range end or non-positive scale touches takes a
+    softmax without per-score checks (a loop of its own)."""
 
     operand: ComponentType
     out: ComponentType
@@ -152,6 +154,7 @@ class AttentionTraits:
     prefetch: bool = True
     family: str = "khr"
     skip_blocks: bool = False
+    fast_steps: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -186,7 +189,9 @@ class AttentionTraits:
 
     @property
     def scratch_stride(self) -> int:
-        return self.keys + SCRATCH_PAD
+        """float32 elements between rows of the scratch: khr stores a step's scores there,
+        nv2 only the result and the row statistics, one accumulator column at a time."""
+        return (self.n if self.family == "nv2" else self.keys) + SCRATCH_PAD
 
     @property
     def tile_elems(self) -> int:
@@ -229,6 +234,8 @@ class AttentionTraits:
             name += f"-{self.family}"
         if self.skip_blocks:
             name += "-skip"
+        if self.fast_steps:
+            name += "-fast"
         return name
 
     def violation(self) -> str | None:
@@ -262,6 +269,8 @@ class AttentionTraits:
             return "skip_blocks needs a mask"
         if self.skip_blocks and self.prefetch:
             return "skip_blocks prefetches nothing: prefetch must be 0"
+        if self.fast_steps and (self.family != "nv2" or self.mask is not None):
+            return "fast_steps needs the nv2 family and no mask"
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -494,6 +503,9 @@ class AttentionEmitter:
         same = f.op(Op.IEqual, s.bool, s.udiv(self.r0, P["Lq"]), s.udiv(last, P["Lq"]))
         last_query = s.select(s.u32, same, s.umod(last, P["Lq"]), self._sub(P["Lq"], s.c(1)))
         causal_end = self._min(P["Lk"], s.add(last_query, s.c(1)))
+        # The tile's smallest query (0 where it holds rows of two q heads): keys up to it
+        # are seen by every row.
+        self.first_query = s.select(s.u32, same, s.umod(self.r0, P["Lq"]), s.c(0))
         kend = s.select(s.u32, self.causal, causal_end, P["Lk"])
         if t.split:
             self.kbeg = s.mul(self.split_index, P["split_keys"])
@@ -758,7 +770,7 @@ class AttentionEmitter:
             for var, value in zip(regs, first, strict=True):
                 self._store(var, value)
 
-        def run(k0: int) -> None:
+        def run(k0: int, fast: bool) -> None:
             self._barrier()  # the previous step's K, V and P have been read
             if t.prefetch:
                 self._kv_store([self._load(self.unit_t, v) for v in regs])
@@ -769,29 +781,46 @@ class AttentionEmitter:
                 for var, value in zip(regs, self._kv_loads(s.add(k0, s.c(t.keys))),
                                       strict=True):
                     self._store(var, value)
-            self._step(qf, rows, acc_vars, k0)
+            self._step(qf, rows, acc_vars, k0, fast)
 
-        def body() -> None:
+        def body(fast: bool) -> None:
             k0 = self._load(s.u32, k_var)
             if not t.skip_blocks:
-                run(k0)
+                run(k0, fast)
                 return
             # One address for the whole workgroup: the branch, and the barriers in it,
             # stay in uniform control flow. A hidden step would change no row's state.
             assert self.blocks is not None
             word = s.buffer_load(self.blocks, s.add(self.block_words,
                                                     s.udiv(k0, s.c(t.keys))))
-            f.if_(s.f.op(Op.INotEqual, s.bool, word, s.c(0)), lambda: run(k0))
+            f.if_(s.f.op(Op.INotEqual, s.bool, word, s.c(0)), lambda: run(k0, False))
 
         def step() -> None:
             self._store(k_var, s.add(self._load(s.u32, k_var), s.c(t.keys)))
 
-        f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), body, step,
+        # Fast steps are a prefix of the key range (_fast holds until a step reaches a
+        # causal edge or kend), so they take a loop of their own.
+        if t.fast_steps:
+            f.while_(lambda: self._fast(self._load(s.u32, k_var)), lambda: body(True), step,
+                     LoopControl.DontUnroll)
+        f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), lambda: body(False), step,
                  LoopControl.DontUnroll)
 
+    def _fast(self, k0: int) -> int:
+        """Whether the step at k0 needs no per-score check: every key below kend, none
+        past the tile's smallest query where causal, and a positive scale (so the row max
+        of the raw scores, scaled, is the max of the scaled ones). The same for the whole
+        workgroup."""
+        s, f = self.s, self.s.f
+        end = s.add(k0, s.c(self.t.keys))
+        seen = s.le(self._sub(end, s.c(1)), self.first_query)
+        edge = s.select(s.bool, self.causal, seen, s.mb.const_bool(True))
+        positive = f.op(Op.FOrdLessThan, s.bool, self._fconst(0.0), s.param("scale_log2"))
+        return s.and_(s.and_(s.le(end, self.kend), edge), positive)
+
     def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
-              k0: int) -> None:
-        """One key step once K and V are in shared memory."""
+              k0: int, fast: bool) -> None:
+        """One key step once K and V are in shared memory (khr: every step checked)."""
         self._scores(qf)
         self._barrier()  # this subgroup's scores are in its scratch
         self._softmax(rows, k0)

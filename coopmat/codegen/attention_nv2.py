@@ -155,7 +155,10 @@ class Nv2AttentionEmitter(AttentionEmitter):
 
     # -- a key step ------------------------------------------------------------------------
     def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
-              k0: int) -> None:
+              k0: int, fast: bool) -> None:
+        """S, the softmax and O += P V for one key step. fast (see _fast): the scores
+        stay raw, the row max is taken before scaling and each exponent is one
+        fma(s, scale, -m)."""
         s, t = self.s, self.t
         stride = t.tile_stride // t.unit
         zero = s.mb.const_composite(self.mat_acc, [s.mb.const_null(self.f32)])
@@ -166,6 +169,7 @@ class Nv2AttentionEmitter(AttentionEmitter):
             for j in range(blocks) for kk in range(0, t.head_dim_padded, t.k)]
         per = t.head_dim_padded // t.k
         u32, f32 = s.u32, self.f32
+        c = s.param("scale_log2")
         weights: list[list[int]] = []
         for i, row_vars in enumerate(acc_vars):
             scores = []
@@ -173,6 +177,9 @@ class Nv2AttentionEmitter(AttentionEmitter):
                 acc = zero
                 for a, b in zip(qf[i], ks[j * per:(j + 1) * per], strict=True):
                     acc = s.f.op(Op.CooperativeMatrixMulAddKHR, self.mat_acc, a, b, acc)
+                if fast:
+                    scores.append(acc)
+                    continue
                 extras = [self.queries[i]] + ([self.heads[i]] if t.mask is not None else []) \
                     + [s.add(k0, s.c(j * t.n)), self.kend] \
                     + ([self.outer] if t.mask is not None else [])
@@ -183,14 +190,29 @@ class Nv2AttentionEmitter(AttentionEmitter):
             for sc in scores[1:]:
                 top = self._max(top, self._reduce_rows(sc, "max"))
             m_old = self._load(self.mat_acc, self.m_vars[i])
-            m_new = self._max(m_old, top)
-            alpha = self._per_element(
-                "alpha", m_old, [m_new], [f32],
-                lambda p: self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, p[2], self._use(p[3]))))
-            ps = [self._per_element(
-                "exp", sc, [m_new], [f32],
-                lambda p: self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, p[2], self._use(p[3]))))
-                for sc in scores]
+            if fast:  # a finite max: nothing to guard against -inf
+                m_new = self._per_element(
+                    "max_scaled", m_old, [top, c], [f32, f32],
+                    lambda p: self._ext(GLSLstd450.FMax, p[2], self._fop(Op.FMul, p[3], p[4])))
+                alpha = self._per_element(
+                    "alpha_fast", m_old, [m_new], [f32],
+                    lambda p: self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, p[2], p[3])))
+                ps = [self._per_element(
+                    "exp_fast", sc, [m_new, c], [f32, f32],
+                    lambda p: self._ext(GLSLstd450.Exp2, self._ext(
+                        GLSLstd450.Fma, p[2], p[4], self._fop(Op.FNegate, p[3]))))
+                    for sc in scores]
+            else:
+                m_new = self._max(m_old, top)
+                alpha = self._per_element(
+                    "alpha", m_old, [m_new], [f32],
+                    lambda p: self._ext(GLSLstd450.Exp2,
+                                        self._fop(Op.FSub, p[2], self._use(p[3]))))
+                ps = [self._per_element(
+                    "exp", sc, [m_new], [f32],
+                    lambda p: self._ext(GLSLstd450.Exp2,
+                                        self._fop(Op.FSub, p[2], self._use(p[3]))))
+                    for sc in scores]
             total = self._reduce_rows(ps[0], "add")
             for p_j in ps[1:]:
                 total = s.f.op(Op.FAdd, self.mat_acc, total, self._reduce_rows(p_j, "add"))

@@ -188,6 +188,7 @@ class GLSLstd450(enum.IntEnum):
     FMin = 37
     FMax = 40
     FClamp = 43
+    Fma = 50
 
 
 class OpenCLstd(enum.IntEnum):

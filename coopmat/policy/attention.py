@@ -6,10 +6,11 @@ problem's sizes.
   operand type (float16 or bfloat16), the subgroup size the khr kernels require.
 - A subgroup owns m query rows (one row of accumulators); lanes share a row of the
   softmax where the subgroup has more lanes than rows (32 lanes, 16 rows: 2 a row).
-- Prefill: up to 4 subgroups a workgroup on a GPU (64 rows where m is 16; fewer where
-  the rows of a kv head need fewer), 2 on a CPU driver; the key step is the largest of
-  64, 32, 16 (multiples of the matrices' n and k) whose tiles fit the device's shared
-  memory; 32 first where one workgroup holds the rows of a kv head (decode).
+- Prefill: up to 4 subgroups a workgroup on a GPU, 8 for nv2 (K and V staged once for
+  128 rows where m is 16; fewer where the rows of a kv head need fewer, or where the
+  tiles would not fit), 2 on a CPU driver; the key step is the largest of 64, 32, 16
+  (multiples of the matrices' n and k) whose tiles fit the device's shared memory; 32
+  first where one workgroup holds the rows of a kv head (decode).
 - Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
@@ -24,10 +25,12 @@ problem's sizes.
 - With a mask (either kind) and more than one key step, the kernel skips the steps whose
   block of scores the mask hides whole (a first pass marks the blocks), on every device;
   it then prefetches nothing.
+- nv2 without a mask takes fast steps, except for decode's single subgroup: a step that
+  no causal edge or key range end touches skips the per-score checks.
 - A caller may replace fields of the chosen tile, for measuring others
   (Options.attention_tile, COOPMAT_ATTENTION_TILE):
-  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,skip_blocks=0,family=nv2"
-  (any of them).
+  "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,skip_blocks=0,fast_steps=0,
+  family=nv2" (any of them).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_blocks",
-               "family")
-BOOL_FIELDS = ("prefetch", "skip_blocks")
+               "fast_steps", "family")
+BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 512
@@ -64,6 +67,7 @@ MERGE_INVOCATIONS = (512, 256)
 # over many workgroups), 32 keys a step measured faster than 64.
 DECODE_KEY_STEPS = (32, 64, 16)
 GPU_SUBGROUPS = 4
+NV2_SUBGROUPS = 8
 CPU_SUBGROUPS = 2
 
 
@@ -159,30 +163,35 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
     sg = khr_subgroup_size(info.limits)
     rows = cfg.M
     lanes = sg // rows if sg > rows else 1
+    family = "nv2" if not is_cpu(info) and nv2_offered(info) and cfg.N == cfg.K else "khr"
     # A CPU driver takes one tile for every call (few kernels to compile, and small).
     if is_cpu(info):
-        subgroups = CPU_SUBGROUPS
+        most = CPU_SUBGROUPS
     elif decode:
-        subgroups = 1
-    else:  # no idle subgroups where the rows of a kv head fill fewer than GPU_SUBGROUPS
-        subgroups = min(GPU_SUBGROUPS, -(-p.rows // rows))
+        most = 1
+    else:  # no idle subgroups where the rows of a kv head fill fewer
+        most = min(NV2_SUBGROUPS if family == "nv2" else GPU_SUBGROUPS, -(-p.rows // rows))
     step = math.lcm(cfg.N, cfg.K)
-    order = DECODE_KEY_STEPS if p.rows <= subgroups * rows else KEY_STEPS
-    steps = [c for c in order if c % step == 0 and c % lanes == 0] or [step * lanes]
-    if is_cpu(info):  # the smallest step: lavapipe's compile time grows with the tile
-        steps = [step * lanes]
-    family = "nv2" if not is_cpu(info) and nv2_offered(info) and cfg.N == cfg.K else "khr"
     unit = 8 if p.aligned and p.head_dim % 8 == 0 and p.value_dim % 8 == 0 else 1
     choice = None
-    for keys in steps:
-        t = AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
-                            sg, rows=rows, subgroups=subgroups, keys=keys, lanes_per_row=lanes,
-                            unit=unit, mask=p.mask, prefetch=True, family=family)
-        skip = p.mask is not None and p.Lk > keys
-        t = replace(t, skip_blocks=skip,
-                    prefetch=not skip and prefetch_registers(t) <= PREFETCH_REGISTERS)
-        if _fits(t, info):
-            choice = t
+    for subgroups in sorted({most, *(n for n in (4, 2, 1) if n < most)}, reverse=True):
+        order = DECODE_KEY_STEPS if p.rows <= subgroups * rows else KEY_STEPS
+        steps = [c for c in order if c % step == 0 and c % lanes == 0] or [step * lanes]
+        if is_cpu(info):  # the smallest step: lavapipe's compile time grows with the tile
+            steps = [step * lanes]
+        for keys in steps:
+            t = AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N,
+                                cfg.K, sg, rows=rows, subgroups=subgroups, keys=keys,
+                                lanes_per_row=lanes, unit=unit, mask=p.mask, prefetch=True,
+                                family=family)
+            skip = p.mask is not None and p.Lk > keys
+            t = replace(t, skip_blocks=skip,
+                        prefetch=not skip and prefetch_registers(t) <= PREFETCH_REGISTERS,
+                        fast_steps=fast_steps(t, decode))
+            if _fits(t, info):
+                choice = t
+                break
+        if choice is not None:
             break
     if choice is None:
         raise ValueError(f"attention with head dimension {p.head_dim} and value dimension "
@@ -204,6 +213,8 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
         if p.mask is None:  # nothing to skip: the field is moot
             fields.pop("skip_blocks", None)
         traits = replace(traits, **fields)  # type: ignore[arg-type]
+        if "fast_steps" not in fields:  # the policy's rule, for the family forced too
+            traits = replace(traits, fast_steps=fast_steps(traits, decode))
         why = traits.violation()
         if why is None and traits.family == "nv2" and not nv2_offered(info):
             why = f"device {info.name} lacks {', '.join(NV2_FEATURES)}"
@@ -217,6 +228,12 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     split_keys = -(-steps // count) * traits.keys
     count = -(-p.Lk // split_keys)
     return AttentionChoice(replace(traits, split=True), count, split_keys)
+
+
+def fast_steps(t: AttentionTraits, decode: bool) -> bool:
+    """nv2 without a mask, but not decode's single subgroup (measured 2-4% slower with
+    them there: docs/design.md, Attention)."""
+    return t.family == "nv2" and t.mask is None and not decode
 
 
 def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTraits) -> int:

@@ -345,6 +345,21 @@ def test_nv2_split_decode(rt, monkeypatch, Lq, Lk, causal) -> None:
     check(got, q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("extra", ["", ",rows=16,keys=16,subgroups=3"])
+def test_nv2_fast_steps(rt, monkeypatch, extra) -> None:
+    """nv2 without a mask: the steps inside the key range and below every row's causal
+    edge take the fast softmax (raw row max, one fma an exponent),
+    the others the checked one; a scale of 0 or below keeps every step checked. Large
+    logits, ragged sizes; two row blocks, two key blocks a step and three subgroups."""
+    _nv2(rt, monkeypatch, extra)
+    q, k, v = qkv((1, 2, 70, 32), (1, 2, 75, 32), scale=3.0)
+    for causal, scale in ((False, None), (True, None), (False, -0.3), (True, 0.0)):
+        got = coopmat.attention(q, k, v, causal=causal, scale=scale)
+        assert traits().family == "nv2" and traits().fast_steps
+        assert traits().subgroups == (3 if extra else 2)
+        check(got, q, k, v, causal=causal, scale=scale)
+
+
 # -- masks: skipping the key steps a mask hides whole --------------------------------------
 def _block_mask(shape: tuple[int, ...], cell: int = 8, p: float = 0.35) -> np.ndarray:
     """A boolean mask visible in random cells of cell x cell (so that whole key steps

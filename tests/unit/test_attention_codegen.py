@@ -143,28 +143,35 @@ def test_h200_choices() -> None:
 
 def test_choices_where_nv2_is_offered() -> None:
     """A GPU offering the nv2 features takes the nv2 family (n = k); rows that need fewer
-    than four subgroups get no idle ones; decode steps 32 keys at a time."""
+    than eight subgroups get no idle ones; decode steps 32 keys at a time; a head
+    dimension whose eight subgroups' tiles do not fit takes fewer."""
     from coopmat.codegen.attention import NV2_FEATURES
-    from coopmat.policy.attention import DECODE_KEY_STEPS, GPU_SUBGROUPS, nv2_offered
+    from coopmat.policy.attention import DECODE_KEY_STEPS, NV2_SUBGROUPS, nv2_offered
     nv2 = dataclasses.replace(H200, features={**H200.features,
                                               **dict.fromkeys(NV2_FEATURES, True)})
     assert nv2_offered(nv2) and not nv2_offered(H200)
     prefill = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
                                                      4096, 32)).traits
-    assert (prefill.family, prefill.subgroups) == ("nv2", GPU_SUBGROUPS)
+    assert (prefill.family, prefill.subgroups, prefill.keys) == ("nv2", NV2_SUBGROUPS, 64)
+    assert prefill.fast_steps and prefill.prefetch
+    wide = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 256, 256, 4096,
+                                                  4096, 32)).traits
+    assert wide.subgroups < NV2_SUBGROUPS
+    assert wide.shared_memory_bytes <= nv2.limits.max_compute_shared_memory_size
     assert choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
                                                    4096, 32)).traits.family == "khr"
-    for rows, subgroups in ((17, 2), (32, 2), (33, 3), (48, 3), (65, 4)):
+    for rows, subgroups in ((17, 2), (32, 2), (33, 3), (48, 3), (65, 5), (300, 8)):
         t = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, rows,
                                                    32768, 8)).traits
         assert t.subgroups == subgroups, rows
         small = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 64, 64, rows,
                                                        32768, 8)).traits
-        assert small.keys == (DECODE_KEY_STEPS[0] if rows <= 64 else 64), rows
+        assert small.keys == (DECODE_KEY_STEPS[0] if rows <= 128 else 64), rows
     decode = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                     32768, 8))
     assert decode.traits.subgroups == 1 and decode.traits.keys == DECODE_KEY_STEPS[0]
     assert decode.traits.family == "nv2" and decode.splits > 1
+    assert not decode.traits.fast_steps
 
 
 @needs_spirv_val
@@ -191,7 +198,9 @@ def test_nv2_traits_and_instructions() -> None:
     and its module uses the reductions, per-element operations and conversions."""
     t = dataclasses.replace(BASE, family="nv2", mask=MaskKind.ADD)
     assert t.violation() is None and t.describe().endswith("-pf-nv2")
-    assert t.shared_memory_bytes == BASE.shared_memory_bytes - (64 * 40 * 2 + 64 * 4)
+    # no P, no row factors, and a scratch of one accumulator column (n + 4) a row
+    assert t.shared_memory_bytes == BASE.shared_memory_bytes - (64 * 40 * 2 + 64 * 4) \
+        - 64 * (36 - 20) * 4
     odd = dataclasses.replace(t, m=16, n=8, k=16, keys=32)
     assert "n and k must be equal" in (odd.violation() or "")
     kernel = attention_kernel(t)
@@ -206,6 +215,34 @@ def test_nv2_traits_and_instructions() -> None:
                      "Capability CooperativeMatrixConversionsNV", "OpConvertFToU"):
             assert name in text, name
         assert "OpGroupNonUniformShuffleXor" not in text  # no lanes combine rows in nv2
+
+
+def test_fast_steps_traits_and_policy() -> None:
+    """Fast steps: nv2 without a mask only; the policy takes them for nv2 without a mask
+    and drops them where a tile forces khr; their module keeps both softmaxes."""
+    from coopmat.codegen.attention import NV2_FEATURES
+    from coopmat.policy.attention import nv2_offered
+    t = dataclasses.replace(BASE, family="nv2", fast_steps=True)
+    assert t.violation() is None and t.describe().endswith("-pf-nv2-fast")
+    for bad, why in ((dict(family="khr"), "needs the nv2 family"),
+                     (dict(mask=MaskKind.BOOL), "no mask")):
+        assert why in (dataclasses.replace(t, **bad).violation() or "")
+    nv2 = dataclasses.replace(H200, features={**H200.features,
+                                              **dict.fromkeys(NV2_FEATURES, True)})
+    assert nv2_offered(nv2)
+    p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
+    c = choose_attention(nv2, p).traits
+    assert c.family == "nv2" and c.fast_steps
+    assert not choose_attention(nv2, dataclasses.replace(p, mask=MaskKind.ADD)).traits.fast_steps
+    khr = choose_attention(nv2, p, tile="family=khr").traits
+    assert khr.family == "khr" and not khr.fast_steps
+    if find_tool("spirv-val") is not None:
+        validate(attention_kernel(t).spirv)
+        text = _disassemble(attention_kernel(t).spirv)
+        assert text.count("OpCooperativeMatrixMulAddKHR") == \
+            2 * _disassemble(attention_kernel(dataclasses.replace(
+                t, fast_steps=False)).spirv).count("OpCooperativeMatrixMulAddKHR")
+        assert "Fma" in text
 
 
 def test_tile_overrides() -> None:
