@@ -466,6 +466,8 @@ class AttentionEmitter:
         self.v_off = s.add(P["v_base"], s.add(s.mul(self.outer, P["v_outer"]),
                                                s.mul(self.kv_head, P["v_head"])))
         self.sg_row = s.mul(self.sgid, s.c(t.rows))  # the subgroup's first row in the tile
+        # Whether the subgroup has a row (false past the rows: it only stages K and V).
+        self.has_rows = s.lt(s.add(self.r0, self.sg_row), self.rows_total)
         self.causal = s.f.op(Op.INotEqual, s.bool,
                              s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_CAUSAL)), s.c(0))
         self.neg_inf = self._fconst(float("-inf"))
@@ -900,12 +902,16 @@ class AttentionEmitter:
         slot = s.add(s.mul(wz, P["splits"]), self.split_index)
         first_row = s.add(s.mul(slot, P["rows_pad"]), self.r0)
         ld = t.value_dim_padded
-        for i, row_vars in enumerate(acc_vars):
-            block = s.add(first_row, s.add(self.sg_row, s.c(i * t.m)))
-            for j, var in enumerate(row_vars):
-                at = s.add(s.mul(block, s.c(ld)), s.c(j * t.n))
-                s.coop_store_buffer(self.O, at, self._load(self.mat_acc, var),
-                                    CooperativeMatrixLayout.RowMajor, s.c(ld))
+
+        def store_o() -> None:
+            for i, row_vars in enumerate(acc_vars):
+                block = s.add(first_row, s.add(self.sg_row, s.c(i * t.m)))
+                for j, var in enumerate(row_vars):
+                    at = s.add(s.mul(block, s.c(ld)), s.c(j * t.n))
+                    s.coop_store_buffer(self.O, at, self._load(self.mat_acc, var),
+                                        CooperativeMatrixLayout.RowMajor, s.c(ld))
+
+        s.f.if_(self.has_rows, store_o)  # the same for a whole subgroup
         lpr = t.lanes_per_row
         q = s.umod(self.lane, s.c(lpr)) if lpr > 1 else s.c(0)
         assert self.ML is not None

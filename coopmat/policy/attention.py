@@ -6,14 +6,17 @@ problem's sizes.
   operand type (float16 or bfloat16), the subgroup size the khr kernels require.
 - A subgroup owns m query rows (one row of accumulators); lanes share a row of the
   softmax where the subgroup has more lanes than rows (32 lanes, 16 rows: 2 a row).
-- Prefill: up to 4 subgroups a workgroup on a GPU, 8 for nv2 (K and V staged once for
-  128 rows where m is 16; fewer where the rows of a kv head need fewer, or where the
-  tiles would not fit), 2 on a CPU driver; the key step is the largest of 64, 32, 16
+- Prefill: up to 4 subgroups a workgroup on a GPU, 8 for nv2 without a mask (K and V
+  staged once for 128 rows where m is 16; with a mask, 64-row blocks are hidden whole
+  more often than 128-row ones; fewer where the rows of a kv head need fewer, or where
+  the tiles would not fit), 2 on a CPU driver; the key step is the largest of 64, 32, 16
   (multiples of the matrices' n and k) whose tiles fit the device's shared memory; 32
   first where one workgroup holds the rows of a kv head (decode).
 - Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
-  steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices.
+  steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices. Where an
+  nv2 slice has STAGING_STEPS key steps or more, a second subgroup with no rows helps
+  stage K and V (half the loads a lane) and skips the multiplies.
 - The next step's K and V loads are prefetched into registers where they take at most
   PREFETCH_REGISTERS of them (prefill's tiles; decode's single subgroup loads too much a
   lane and relies on many workgroups instead).
@@ -55,6 +58,8 @@ SPLIT_TARGET = 512
 SPLIT_BELOW = 128
 # Slices of fewer key steps than this are not worth their merge.
 MIN_SPLIT_STEPS = 2
+# Decode slices of this many key steps or more take a second, staging-only subgroup.
+STAGING_STEPS = 8
 # The next key step's K and V loads are held in registers (prefetch) where they take at
 # most this many 32-bit registers an invocation; more would spill.
 PREFETCH_REGISTERS = 64
@@ -170,7 +175,8 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
     elif decode:
         most = 1
     else:  # no idle subgroups where the rows of a kv head fill fewer
-        most = min(NV2_SUBGROUPS if family == "nv2" else GPU_SUBGROUPS, -(-p.rows // rows))
+        wide = family == "nv2" and p.mask is None
+        most = min(NV2_SUBGROUPS if wide else GPU_SUBGROUPS, -(-p.rows // rows))
     step = math.lcm(cfg.N, cfg.K)
     unit = 8 if p.aligned and p.head_dim % 8 == 0 and p.value_dim % 8 == 0 else 1
     choice = None
@@ -227,7 +233,12 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     steps = -(-p.Lk // traits.keys)
     split_keys = -(-steps // count) * traits.keys
     count = -(-p.Lk // split_keys)
-    return AttentionChoice(replace(traits, split=True), count, split_keys)
+    traits = replace(traits, split=True)
+    if decode and not fields and traits.family == "nv2" and not traits.prefetch and \
+            split_keys >= STAGING_STEPS * traits.keys:
+        staged = replace(traits, subgroups=2)
+        traits = staged if _fits(staged, info) else traits
+    return AttentionChoice(traits, count, split_keys)
 
 
 def fast_steps(t: AttentionTraits, decode: bool) -> bool:

@@ -158,6 +158,9 @@ def test_choices_where_nv2_is_offered() -> None:
                                                   4096, 32)).traits
     assert wide.subgroups < NV2_SUBGROUPS
     assert wide.shared_memory_bytes <= nv2.limits.max_compute_shared_memory_size
+    masked = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
+                                                    4096, 32, MaskKind.BOOL)).traits
+    assert masked.subgroups == 4 and masked.skip_blocks and not masked.fast_steps
     assert choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
                                                    4096, 32)).traits.family == "khr"
     for rows, subgroups in ((17, 2), (32, 2), (33, 3), (48, 3), (65, 5), (300, 8)):
@@ -169,9 +172,17 @@ def test_choices_where_nv2_is_offered() -> None:
         assert small.keys == (DECODE_KEY_STEPS[0] if rows <= 128 else 64), rows
     decode = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                     32768, 8))
-    assert decode.traits.subgroups == 1 and decode.traits.keys == DECODE_KEY_STEPS[0]
+    assert decode.traits.keys == DECODE_KEY_STEPS[0]
     assert decode.traits.family == "nv2" and decode.splits > 1
     assert not decode.traits.fast_steps
+    # Slices of STAGING_STEPS steps or more take a second subgroup that only stages.
+    from coopmat.policy.attention import STAGING_STEPS
+    assert decode.split_keys >= STAGING_STEPS * decode.traits.keys
+    assert decode.traits.subgroups == 2 and not decode.traits.prefetch
+    short = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                   4096, 8))
+    assert short.splits > 1 and short.split_keys < STAGING_STEPS * short.traits.keys
+    assert short.traits.subgroups == 1
 
 
 @needs_spirv_val
