@@ -77,7 +77,8 @@ class GemvEmitter:
         t.check_tile()
         self.t = t
         self.s = ShaderContext()
-        self.lane_elems = gemv_lane_elems(t.b_quant)  # elements of K per lane and load
+        # elements of K per lane and load
+        self.lane_elems = gemv_lane_elems(t.b_quant, t.half_blocks)
 
     # -- declarations -------------------------------------------------------------------
     def _declare(self) -> None:
