@@ -77,8 +77,7 @@ class GemvEmitter:
         t.check_tile()
         self.t = t
         self.s = ShaderContext()
-        # elements of K per lane and load
-        self.lane_elems = gemv_lane_elems(t.b_quant, t.half_blocks)
+        self.lane_elems = gemv_lane_elems(t.b_quant)  # elements of K per lane and load
 
     # -- declarations -------------------------------------------------------------------
     def _declare(self) -> None:

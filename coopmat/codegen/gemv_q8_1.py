@@ -68,8 +68,6 @@ class GemvQ8_1Traits(GemvTraits):
                              f"{self.b_quant!r}")
         if self.a_type != ComponentType.FLOAT16:
             raise ValueError("the q8_1 integer kernel quantizes float16 activations")
-        if self.half_blocks:
-            raise ValueError("the q8_1 integer kernel reads whole blocks a lane")
 
     def describe(self) -> str:
         return super().describe() + f"-a{ACTIVATION_QUANT}" + ("f" if self.fused_quant else "")

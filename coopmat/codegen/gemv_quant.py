@@ -18,11 +18,6 @@ the unit a lane loads changes, from 16 bytes of a float B to one whole block:
     a time; blocks past K read block 0 of the column, with A's values and the scale's
     word zeroed (subgroup-uniform control flow, as gemv.py's remainder).
 
-With half_blocks, two lanes share a block: load unit u is half u % 2 of block u / 2 (q8_0
-bytes 16 h .. 16 h + 15 of its weights, q4_0 bytes 8 h .. 8 h + 7 of its nibbles, which
-hold weights 8 h .. 8 h + 7 and 16 + 8 h .. 16 + 8 h + 7), with the word holding d and
-A's two 16-byte units of those weights: a subgroup's loads span 16 blocks instead of 32.
-
 Blocks are only 2-byte aligned, so B is bound as 32-bit words (no 8/16-bit storage
 features) and a block at byte p is the words from p / 4 on, as many as cover it: 9 for
 q8_0, 5 for q4_0 (quant.read_words). d is the float16 at bit 0 or 16 of the first
@@ -76,12 +71,6 @@ class QuantGemvEmitter(GemvEmitter):
         assert t.b_quant is not None
         self.fmt = quant_format(t.b_quant)
         self.block_words = block_words(self.fmt)
-        if t.half_blocks:
-            # d's word, then the words from the one holding the half's first data byte
-            # minus 2 (a multiple of 4 bytes after the block's start: the same half shift).
-            self.half_bytes = (self.fmt.block_bytes - 2) // 2
-            self.block_words = 1 + (self.half_bytes + 4) // 4
-            self.a_units = 2
 
     def _declare(self) -> None:
         super()._declare()
@@ -120,44 +109,17 @@ class QuantGemvEmitter(GemvEmitter):
         s = self.s
         if valid is not None:
             block = s.select(s.u32, valid, block, s.c(0))
-        if self.t.half_blocks:
-            b, a = self._half_block(block)
-        else:
-            b_at = s.mul(block, s.c(self.fmt.block_bytes))
-            b = [read_words(s, self.B, s.add(col, b_at), self.block_words)
-                 for col in self.b_col]
-            a_at = s.mul(block, s.c(_A_UNITS))
-            a = [[s.buffer_load(self.A, s.add(row, s.add(a_at, s.c(i))))
-                  for i in range(self.a_units)] for row in self.a_row]
+        b_at = s.mul(block, s.c(self.fmt.block_bytes))
+        b = [read_words(s, self.B, s.add(col, b_at), self.block_words) for col in self.b_col]
+        a_at = s.mul(block, s.c(_A_UNITS))
+        a = [[s.buffer_load(self.A, s.add(row, s.add(a_at, s.c(i)))) for i in range(self.a_units)]
+             for row in self.a_row]
         if valid is not None:
             b = [([s.select(s.u32, valid, words[0], s.c(0)), *words[1:]], sh)
                  for words, sh in b]
             a = [[s.select(self.uvec4, valid, x, self.zero_unit) for x in units]
                  for units in a]
         return a, b
-
-    def _half_block(self, unit: int) -> tuple[list[_Block], list[list[int]]]:
-        """Half unit % 2 of block unit / 2 of every column (d's word first, then the
-        half's data words) and A's two units of its weights for every row."""
-        s = self.s
-        block, h = s.shr(unit, s.c(1)), s.f.op(Op.BitwiseAnd, s.u32, unit, s.c(1))
-        b_at = s.mul(block, s.c(self.fmt.block_bytes))
-        data_at = s.add(b_at, s.mul(h, s.c(self.half_bytes)))  # 2 bytes before the half
-        b = []
-        for col in self.b_col:
-            start = s.add(col, b_at)
-            d_word = s.buffer_load(self.B, s.shr(start, s.c(2)))
-            words, sh = read_words(s, self.B, s.add(col, data_at), self.block_words - 1)
-            b.append(([d_word, *words], sh))
-        a_at = s.mul(block, s.c(_A_UNITS))
-        if self.fmt.nibbles:  # weights 8 h .. 8 h + 7 and 16 + 8 h ..: units h and 2 + h
-            first, second = s.add(a_at, h), s.add(a_at, s.add(h, s.c(2)))
-        else:  # weights 16 h .. 16 h + 15: units 2 h and 2 h + 1
-            first = s.add(a_at, s.mul(h, s.c(2)))
-            second = s.add(first, s.c(1))
-        a = [[s.buffer_load(self.A, s.add(row, first)), s.buffer_load(self.A, s.add(row, second))]
-             for row in self.a_row]
-        return b, a
 
     def _flat(self, loaded: _Loaded) -> list[tuple[int, int]]:
         s = self.s
@@ -190,8 +152,7 @@ class QuantGemvEmitter(GemvEmitter):
         s, f, fmt = self.s, self.s.f, self.fmt
         words, sh = block
         d = scale(s, words[0], sh)
-        # the bytes after d (half_blocks: after the 2 bytes before the half)
-        runs = funnel(s, words[1:] if self.t.half_blocks else words, sh, skip_half=True)
+        runs = funnel(s, words, sh, skip_half=True)  # the bytes after d
         mask, magic = fmt.field_mask | fmt.field_mask << 16, self.magic
         zero = s.mb.constant(self.f16, F16_MAGIC_VALUE + fmt.zero_point)
         offset = s.mb.const_composite(self.h2, [zero, zero])
@@ -210,13 +171,11 @@ class QuantGemvEmitter(GemvEmitter):
 
     def _field_index(self, run: int, bit: int) -> int:
         """Which weight of a block sits at bit `bit` of data run `run`. q8_0: byte
-        4 run + bit / 8; q4_0: the low nibble of byte k is weight k, the high one k + 16.
-        half_blocks: which of the half's 16 weights, in the order of its A units."""
-        byte = 4 * run + bit // 8
+        4 run + bit / 8; q4_0: the low nibble of byte k is weight k, the high one k + 16."""
         if self.fmt.nibbles:
-            high = bit % 8 != 0
-            return byte + ((8 if self.t.half_blocks else BLOCK_ELEMS // 2) if high else 0)
-        return byte
+            byte = 4 * run + bit // 8
+            return byte + (BLOCK_ELEMS // 2 if bit % 8 else 0)
+        return 4 * run + bit // 8
 
     def _accumulate_blocks(self, accs: list[list[int]], loaded: _Loaded) -> None:
         """accs[r][j] += d_j * (the block's weights of column j . A's row r there)."""

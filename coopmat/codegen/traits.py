@@ -401,13 +401,10 @@ GEMV_MAX_ROWS = 8  # rows of D one gemv workgroup holds (M*C float32 sums per la
 GEMV_VECTOR = 8  # 16-bit elements of A and B per 16-byte load along K
 
 
-def gemv_lane_elems(b_quant: str | None, half_blocks: bool = False) -> int:
+def gemv_lane_elems(b_quant: str | None) -> int:
     """Elements of K a gemv lane takes per column and load: a 16-byte unit of a float B
-    (GEMV_VECTOR), a whole block of a quantized one (BLOCK_ELEMS), or half of one
-    (half_blocks)."""
-    if b_quant is None:
-        return GEMV_VECTOR
-    return BLOCK_ELEMS // 2 if half_blocks else BLOCK_ELEMS
+    (GEMV_VECTOR), a whole block of a quantized one (BLOCK_ELEMS)."""
+    return GEMV_VECTOR if b_quant is None else BLOCK_ELEMS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -446,9 +443,6 @@ class GemvTraits(GemmTraits):
     # values carried across the loop (gemv.py's `_walk_k`), so a lane's arithmetic
     # overlaps the next step's memory latency. policy.gemv_tiles.prefetches says where.
     prefetch: bool = False
-    # A quantized B read half a block a lane (two lanes a block: a subgroup's loads of B
-    # and of A span half the bytes they span with a block a lane).
-    half_blocks: bool = False
 
     @property
     def rows(self) -> int:
@@ -477,9 +471,7 @@ class GemvTraits(GemmTraits):
             raise ValueError(f"gemv tile {t.describe()}: at most {GEMV_MAX_ROWS} rows")
         if t.tile_n % t.subgroups_m:
             raise ValueError(f"gemv tile {t.describe()}: tile_n must be splits x cols")
-        if self.half_blocks and self.b_quant is None:
-            raise ValueError("half_blocks needs a quantized B")
-        lane = gemv_lane_elems(self.b_quant, self.half_blocks)
+        lane = gemv_lane_elems(self.b_quant)
         if t.tile_k != lane * self.subgroup_size * t.buffering:
             raise ValueError(f"gemv tile {t.describe()}: tile_k must be {lane} x subgroup "
                              f"size x unroll = {lane * self.subgroup_size * t.buffering}")
@@ -502,18 +494,16 @@ class GemvTraits(GemmTraits):
             extra += "-unchecked"
         if self.prefetch:
             extra += "-prefetch"
-        if self.half_blocks:
-            extra += "-half"
         return self._name((self.rows, self.cols, self.unroll), "general", extra)
 
 
 def gemv_tile(*, rows: int, cols: int, splits: int, unroll: int, subgroup_size: int,
-              b_quant: str | None = None, half_blocks: bool = False) -> Tile:
+              b_quant: str | None = None) -> Tile:
     """The Tile of a gemv kernel (see GemvTraits): `rows` rows of D, `splits` subgroups
     of `cols` columns each, `unroll` loads per column and lane per step (16 bytes of a
-    float B, a block of a quantized one: b_quant, or half of one: half_blocks)."""
-    lane = gemv_lane_elems(b_quant, half_blocks)
-    return Tile(rows, splits * cols, lane * subgroup_size * unroll, splits, 1, unroll)
+    float B, a block of a quantized one: b_quant)."""
+    return Tile(rows, splits * cols, gemv_lane_elems(b_quant) * subgroup_size * unroll,
+                splits, 1, unroll)
 
 
 def rows_tile(m: int, n: int, *, row_frags: int, nf: int, splits: int, unroll: int,

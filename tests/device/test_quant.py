@@ -577,36 +577,6 @@ def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
 
 
-# (fmt, M, C, S, U, prefetch, whole steps) of the half-block kernel (two lanes a block).
-GEMV_HALF = [("q4_0", 1, 2, 4, 2, False, 2), ("q8_0", 2, 2, 2, 1, True, 1),
-             ("q4_0", 3, 4, 2, 1, False, 0)]
-
-
-@pytest.mark.parametrize("fmt,M,cols,splits,unroll,prefetch,steps", GEMV_HALF)
-def test_gemv_half_blocks(rt, fmt, M, cols, splits, unroll, prefetch, steps):
-    """Half a block a lane (half_blocks): each half's d, data words and A units, the
-    weights' order within the half, whole steps and a remainder of odd half-blocks."""
-    from coopmat.codegen.traits import gemv_tile
-    from coopmat.codegen.variants import khr_subgroup_size
-    from coopmat.common.enums import ComponentType as CT
-    from coopmat.policy.gemv_tiles import gemv_traits
-    from coopmat.policy.types import TypePair
-
-    info = rt.device.info
-    sg = khr_subgroup_size(info.limits)
-    tile = gemv_tile(rows=M, cols=cols, splits=splits, unroll=unroll, subgroup_size=sg,
-                     b_quant=fmt, half_blocks=True)
-    traits = replace(gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, False, M, b_quant=fmt),
-                     tile=tile, prefetch=prefetch, half_blocks=True)
-    assert traits.describe().endswith("-half")
-    N, K = 3 * tile.tile_n + 5, steps * tile.tile_k + 96
-    w = exact_weight(fmt, N, K)
-    x = small_x((M, K))
-    y = run_gemv(rt, traits, TypePair(CT.FLOAT16, CT.FLOAT32), x, coopmat.quantize(w, fmt),
-                 np.float32)
-    np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
-
-
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 def test_gemv_bfloat16(rt, fmt):
     """bfloat16 x: A widened with integer operations, the weights decoded in the same
