@@ -234,15 +234,15 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     split_keys = -(-steps // count) * traits.keys
     count = -(-p.Lk // split_keys)
     traits = replace(traits, split=True)
-    if decode and not fields and traits.family == "nv2" and not traits.prefetch and \
-            split_keys >= STAGING_STEPS * traits.keys:
+    if decode and "subgroups" not in fields and traits.family == "nv2" and \
+            not traits.prefetch and split_keys >= STAGING_STEPS * traits.keys:
         staged = replace(traits, subgroups=2)
         traits = staged if _fits(staged, info) else traits
     return AttentionChoice(traits, count, split_keys)
 
 
 def fast_steps(t: AttentionTraits, decode: bool) -> bool:
-    """nv2 without a mask, but not decode's single subgroup (measured 2-4% slower with
+    """nv2 without a mask, but not decode's single subgroup (measured 1-4% slower with
     them there: docs/design.md, Attention)."""
     return t.family == "nv2" and t.mask is None and not decode
 

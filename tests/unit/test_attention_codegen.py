@@ -179,6 +179,9 @@ def test_choices_where_nv2_is_offered() -> None:
     from coopmat.policy.attention import STAGING_STEPS
     assert decode.split_keys >= STAGING_STEPS * decode.traits.keys
     assert decode.traits.subgroups == 2 and not decode.traits.prefetch
+    p4 = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4, 32768, 8)
+    assert choose_attention(nv2, p4, tile="fast_steps=0").traits.subgroups == 2
+    assert choose_attention(nv2, p4, tile="subgroups=1").traits.subgroups == 1
     short = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                    4096, 8))
     assert short.splits > 1 and short.split_keys < STAGING_STEPS * short.traits.keys
