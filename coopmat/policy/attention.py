@@ -242,8 +242,8 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
 
 
 def fast_steps(t: AttentionTraits, decode: bool) -> bool:
-    """nv2 without a mask, but not decode's single subgroup (measured 1-4% slower with
-    them there: docs/design.md, Attention)."""
+    """nv2 without a mask, but not decode's single subgroup (measured slower with them
+    there: docs/design.md, Attention)."""
     return t.family == "nv2" and t.mask is None and not decode
 
 
