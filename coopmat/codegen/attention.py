@@ -466,8 +466,8 @@ class AttentionEmitter:
         self.v_off = s.add(P["v_base"], s.add(s.mul(self.outer, P["v_outer"]),
                                                s.mul(self.kv_head, P["v_head"])))
         self.sg_row = s.mul(self.sgid, s.c(t.rows))  # the subgroup's first row in the tile
-        # Whether the subgroup has a row (false past the rows: it only stages K and V).
-        self.has_rows = s.lt(s.add(self.r0, self.sg_row), self.rows_total)
+        if t.split:  # whether the subgroup has a row (past the rows it only stages K, V)
+            self.has_rows = s.lt(s.add(self.r0, self.sg_row), self.rows_total)
         self.causal = s.f.op(Op.INotEqual, s.bool,
                              s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_CAUSAL)), s.c(0))
         self.neg_inf = self._fconst(float("-inf"))
@@ -803,22 +803,22 @@ class AttentionEmitter:
         # Fast steps are a prefix of the key range (_fast holds until a step reaches a
         # causal edge or kend), so they take a loop of their own.
         if t.fast_steps:
-            f.while_(lambda: self._fast(self._load(s.u32, k_var)), lambda: body(True), step,
-                     LoopControl.DontUnroll)
+            positive = f.op(Op.FOrdLessThan, s.bool, self._fconst(0.0), self.P["scale_log2"])
+            f.while_(lambda: s.and_(positive, self._fast(self._load(s.u32, k_var))),
+                     lambda: body(True), step, LoopControl.DontUnroll)
         f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), lambda: body(False), step,
                  LoopControl.DontUnroll)
 
     def _fast(self, k0: int) -> int:
-        """Whether the step at k0 needs no per-score check: every key below kend, none
-        past the tile's smallest query where causal, and a positive scale (so the row max
-        of the raw scores, scaled, is the max of the scaled ones). The same for the whole
-        workgroup."""
-        s, f = self.s, self.s.f
+        """Whether the step at k0 needs no per-score check, given a positive scale (so
+        the row max of the raw scores, scaled, is the max of the scaled ones): every key
+        below kend, none past the tile's smallest query where causal. The same for the
+        whole workgroup."""
+        s = self.s
         end = s.add(k0, s.c(self.t.keys))
         seen = s.le(self._sub(end, s.c(1)), self.first_query)
         edge = s.select(s.bool, self.causal, seen, s.mb.const_bool(True))
-        positive = f.op(Op.FOrdLessThan, s.bool, self._fconst(0.0), s.param("scale_log2"))
-        return s.and_(s.and_(s.le(end, self.kend), edge), positive)
+        return s.and_(s.le(end, self.kend), edge)
 
     def _step(self, qf: list[list[int]], rows: list[_Row], acc_vars: list[list[int]],
               k0: int, fast: bool) -> None:

@@ -179,7 +179,7 @@ class Nv2AttentionEmitter(AttentionEmitter):
             for j in range(blocks) for kk in range(0, t.head_dim_padded, t.k)]
         per = t.head_dim_padded // t.k
         u32, f32 = s.u32, self.f32
-        c = s.param("scale_log2")
+        c = self.P["scale_log2"]
         weights: list[list[int]] = []
         for i, row_vars in enumerate(acc_vars):
             scores = []

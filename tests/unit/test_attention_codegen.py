@@ -141,14 +141,19 @@ def test_h200_choices() -> None:
     assert forced.splits == 1 and not forced.traits.split
 
 
+def _nv2_device():
+    """The recorded H200 with the nv2 features its record lacks."""
+    from coopmat.codegen.attention import NV2_FEATURES
+    return dataclasses.replace(H200, features={**H200.features,
+                                               **dict.fromkeys(NV2_FEATURES, True)})
+
+
 def test_choices_where_nv2_is_offered() -> None:
     """A GPU offering the nv2 features takes the nv2 family (n = k); rows that need fewer
     than eight subgroups get no idle ones; decode steps 32 keys at a time; a head
     dimension whose eight subgroups' tiles do not fit takes fewer."""
-    from coopmat.codegen.attention import NV2_FEATURES
     from coopmat.policy.attention import DECODE_KEY_STEPS, NV2_SUBGROUPS, nv2_offered
-    nv2 = dataclasses.replace(H200, features={**H200.features,
-                                              **dict.fromkeys(NV2_FEATURES, True)})
+    nv2 = _nv2_device()
     assert nv2_offered(nv2) and not nv2_offered(H200)
     prefill = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
                                                      4096, 32)).traits
@@ -234,15 +239,13 @@ def test_nv2_traits_and_instructions() -> None:
 def test_fast_steps_traits_and_policy() -> None:
     """Fast steps: nv2 without a mask only; the policy takes them for nv2 without a mask
     and drops them where a tile forces khr; their module keeps both softmaxes."""
-    from coopmat.codegen.attention import NV2_FEATURES
     from coopmat.policy.attention import nv2_offered
     t = dataclasses.replace(BASE, family="nv2", fast_steps=True)
     assert t.violation() is None and t.describe().endswith("-pf-nv2-fast")
     for bad, why in ((dict(family="khr"), "needs the nv2 family"),
                      (dict(mask=MaskKind.BOOL), "no mask")):
         assert why in (dataclasses.replace(t, **bad).violation() or "")
-    nv2 = dataclasses.replace(H200, features={**H200.features,
-                                              **dict.fromkeys(NV2_FEATURES, True)})
+    nv2 = _nv2_device()
     assert nv2_offered(nv2)
     p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
     c = choose_attention(nv2, p).traits
