@@ -94,7 +94,7 @@ FLAG_CAUSAL = 1
 # batch and heads), so the kernel reads z 0's.
 FLAG_SHARED_BLOCKS = 2
 
-FAMILIES = ("khr", "nv2")
+FAMILIES = ("khr", "nv2", "gemv")
 # What the nv2 family needs beyond KHR (VkPhysicalDeviceCooperativeMatrix2FeaturesNV).
 NV2_FEATURES = ("cooperativeMatrixReductions", "cooperativeMatrixConversions",
                 "cooperativeMatrixPerElementOperations")
@@ -130,7 +130,9 @@ class AttentionTraits:
     the next step's K and V loads are issued before this step's multiplies; family:
     "khr" (row statistics through shared memory, this module) or "nv2" (row reductions,
     per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
-    attention_nv2.py); skip_blocks: skip the key steps whose block of scores the mask
+    attention_nv2.py) or "gemv" (no matrices, for decode: attention_gemv.py; there rows
+    are the workgroup's rows, keys the subgroup and lanes_per_row the lanes that read one
+    key's row); skip_blocks: skip the key steps whose block of scores the mask
     hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
     the next visible step is not known a step ahead); fast_steps (nv2, no mask): a key
     step that no causal edge, key range end or non-positive scale touches takes a
@@ -201,7 +203,9 @@ class AttentionTraits:
 
     @property
     def shared_memory_bytes(self) -> int:
-        """The tile, the scratch and, for khr, P and the row factors."""
+        """The tile, the scratch and, for khr, P and the row factors (gemv: none)."""
+        if self.family == "gemv":
+            return 0
         item = element(self.operand).itemsize
         total = self.tile_elems * item + self.block_rows * self.scratch_stride * 4
         if self.family == "khr":
@@ -240,6 +244,8 @@ class AttentionTraits:
 
     def violation(self) -> str | None:
         """Why these traits cannot be built (None: they can)."""
+        if self.family == "gemv":
+            return self._gemv_violation()
         if self.operand not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
             return f"operands are float16 or bfloat16, not {element(self.operand).name}"
         if self.out not in (ComponentType.FLOAT16, ComponentType.BFLOAT16,
@@ -276,8 +282,34 @@ class AttentionTraits:
                     f"({self.m} x {self.k}): n and k must be equal")
         return None
 
+    def _gemv_violation(self) -> str | None:
+        """The gemv family (attention_gemv.py): one subgroup, a step of subgroup_size
+        keys, lanes_per_row lanes a key row, 16-byte units, split, no mask."""
+        sg, lanes = self.subgroup_size, self.lanes_per_row
+        if self.operand not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
+            return f"operands are float16 or bfloat16, not {element(self.operand).name}"
+        if self.rows < 1 or self.subgroups != 1:
+            return "gemv takes one subgroup a workgroup and at least one row"
+        if self.keys != sg:
+            return f"gemv steps {sg} keys (the subgroup), not {self.keys}"
+        if lanes < 1 or lanes & (lanes - 1) or sg % lanes:
+            return f"lanes_per_row {lanes} must be a power of two dividing the subgroup"
+        if self.unit != 8 or self.head_dim % 8 or self.value_dim % 8 or \
+                min(self.head_dim, self.value_dim) < 1:
+            return "gemv reads 16-byte units: head and value dimensions multiples of 8"
+        if self.mask is not None or self.skip_blocks or self.fast_steps:
+            return "gemv takes no mask, skip_blocks or fast_steps"
+        if not self.split:
+            return "gemv writes partial states: it is a split kernel"
+        return None
 
 def required_capabilities(t: AttentionTraits) -> set[Capability]:
+    if t.family == "gemv":  # no matrices: subgroup reductions and shuffles
+        caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.GroupNonUniform,
+                Capability.GroupNonUniformArithmetic, Capability.GroupNonUniformShuffle}
+        if t.operand == ComponentType.FLOAT16:  # converted in registers (widen.py)
+            caps.add(Capability.Float16)
+        return caps
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,
             Capability.GroupNonUniform}
     caps.update(type_capabilities(t.operand, in_storage_buffer=t.unit == 1 or

@@ -1,4 +1,5 @@
-"""Build an attention kernel of either family (attention.py: khr, attention_nv2.py: nv2)."""
+"""Build an attention kernel of any family (attention.py: khr, attention_nv2.py: nv2,
+attention_gemv.py: gemv)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from coopmat.codegen.attention import (
     AttentionTraits,
     capability_features,
 )
+from coopmat.codegen.attention_gemv import GemvAttentionEmitter
 from coopmat.codegen.attention_nv2 import Nv2AttentionEmitter
+
+EMITTERS = {"khr": AttentionEmitter, "nv2": Nv2AttentionEmitter, "gemv": GemvAttentionEmitter}
 
 
 @functools.cache
 def attention_kernel(traits: AttentionTraits) -> AttentionKernel:
     """The kernel for `traits`, generated once per process."""
-    emitter = Nv2AttentionEmitter if traits.family == "nv2" else AttentionEmitter
-    spirv = emitter(traits).build()
+    spirv = EMITTERS[traits.family](traits).build()
     return AttentionKernel(traits, spirv, capability_features(traits),
                            (traits.invocations, 1, 1), traits.subgroup_size,
                            traits.shared_memory_bytes)

@@ -25,11 +25,9 @@ clamped (valid) column or row, whose sums are never stored: no branches around t
 A (R rows, a few KiB) is read by every workgroup and stays in cache; it is not staged in
 shared memory. No shared memory and no barriers at all.
 
-Elements are converted to float32 as they are used: float16 by a bitcast of two 32-bit
-words to four halves and OpFConvert; bfloat16 with integer operations only (a bfloat16 is
-the top half of a float32: w << 16 and w & 0xffff0000 are the even and odd elements of
-a word as float32), so a bfloat16 kernel needs no bfloat16 feature unless D holds one.
-A and B go through the same mapping, so a unit's dot product pairs the right elements.
+Elements are converted to float32 as they are used (widen.py), so a bfloat16 kernel needs
+no bfloat16 feature unless D holds one. A and B go through the same mapping, so a unit's
+dot product pairs the right elements.
 
 Preconditions (abi.gemv_violation; the policy checks them): K, lda, ldb and the batch
 strides of A and B multiples of 8 elements (16-byte loads); A row-major and B
@@ -62,6 +60,7 @@ from coopmat.codegen.spv import (
 )
 from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits, gemv_lane_elems
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension
+from coopmat.codegen.widen import UnitWidener
 from coopmat.common.enums import ComponentType
 
 _UNIT_BYTES = 16  # one load: GEMV_VECTOR 16-bit elements as four 32-bit words
@@ -87,16 +86,8 @@ class GemvEmitter:
         if ext:
             mb.extension(ext)
         mb.capability(*sorted(required_capabilities(t)))
-        self.f32 = mb.type_float(32)
-        self.vec4 = mb.type_vector(self.f32, 4)
-        self.uvec4 = mb.type_vector(s.u32, 4)
-        self.uvec2 = mb.type_vector(s.u32, 2)
-        self.bf16 = t.a_type == ComponentType.BFLOAT16
-        if not self.bf16:
-            self.h4 = mb.type_vector(mb.type_float(16), 4)
-        else:
-            self.shift16 = mb.const_composite(self.uvec4, [s.c(16)] * 4)
-            self.high16 = mb.const_composite(self.uvec4, [s.c(0xFFFF0000)] * 4)
+        self.widener = UnitWidener(s, t.a_type)
+        self.f32, self.vec4, self.uvec4 = self.widener.f32, self.widener.vec4, self.widener.uvec4
         self.o_el = scalar_type(mb, t.stored_type)
         self.zero_unit = mb.const_null(self.uvec4)
         self.A = s.storage_buffer(abi.BINDING_A, self.uvec4, _UNIT_BYTES, True, "A",
@@ -163,25 +154,12 @@ class GemvEmitter:
 
     # -- arithmetic ------------------------------------------------------------------------
     def _widen(self, unit: int) -> tuple[int, int]:
-        """A 16-byte unit (uvec4) as two float32 vec4s holding its 8 elements (in an order
-        that is the same for A and B)."""
-        f = self.s.f
-        if self.bf16:
-            even = f.op(Op.ShiftLeftLogical, self.uvec4, unit, self.shift16)
-            odd = f.op(Op.BitwiseAnd, self.uvec4, unit, self.high16)
-            return (f.op(Op.Bitcast, self.vec4, even), f.op(Op.Bitcast, self.vec4, odd))
-        out = []
-        for lo in (0, 2):
-            words = f.op(Op.VectorShuffle, self.uvec2, unit, unit, lo, lo + 1)
-            halves = f.op(Op.Bitcast, self.h4, words)
-            out.append(f.op(Op.FConvert, self.vec4, halves))
-        return out[0], out[1]
+        """A 16-byte unit (uvec4) as two float32 vec4s (widen.py)."""
+        return self.widener.widen(unit)
 
     def _widened(self, half: int) -> tuple[int, ...]:
         """Which of a unit's 8 elements `_widen`'s vec4 number `half` holds, in order."""
-        if self.bf16:
-            return tuple(range(half, GEMV_VECTOR, 2))  # the even or odd halves of words
-        return tuple(range(4 * half, 4 * half + 4))
+        return self.widener.order(half)
 
     def _accumulate(self, accs: list[list[int]],
                     units: tuple[list[int], list[int]]) -> None:

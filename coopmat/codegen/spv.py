@@ -74,6 +74,7 @@ class Op(enum.IntEnum):
     UDiv = 134
     UMod = 137
     VectorTimesScalar = 142
+    Dot = 148
     MatrixTimesScalar = 143
     LogicalOr = 166
     LogicalAnd = 167
@@ -105,8 +106,10 @@ class Op(enum.IntEnum):
     BranchConditional = 250
     Return = 253
     ReturnValue = 254
+    GroupNonUniformShuffle = 345
     GroupNonUniformShuffleXor = 346
     GroupNonUniformFAdd = 350
+    GroupNonUniformFMax = 358
     # SPV_KHR_integer_dot_product (core in SPIR-V 1.6)
     SDot = 4450
     UDot = 4451

@@ -12,7 +12,11 @@ problem's sizes.
   the tiles would not fit), 2 on a CPU driver; the key step is the largest of 64, 32, 16
   (multiples of the matrices' n and k) whose tiles fit the device's shared memory; 32
   first where one workgroup holds the rows of a kv head (decode).
-- Few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
+- Decode on a GPU (at most GEMV_ROWS rows a kv head, GEMV_MIN_KEYS keys or more, no
+  mask, 16-byte units) takes the gemv family: no matrices, K and V read straight into
+  registers (the next step's K prefetched), the keys split to about GEMV_SPLIT_TARGET
+  single-subgroup workgroups.
+- Other few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices. Where an
   nv2 slice has STAGING_STEPS key steps or more, a second subgroup with no rows helps
@@ -20,7 +24,8 @@ problem's sizes.
 - The next step's K and V loads are prefetched into registers where they take at most
   PREFETCH_REGISTERS of them (prefill's tiles; decode's single subgroup loads too much a
   lane and relies on many workgroups instead).
-  A caller may force the slice count (Options.attention_splits; 1: no split).
+  A caller may force the slice count (Options.attention_splits; 1: no split, one slice
+  for gemv).
 - The family: nv2 (row reductions, per-element operations and accumulator -> A
   conversions of VK_NV_cooperative_matrix2) on a GPU that offers them, where the
   matrices' n equals k (measured faster than khr for prefill and no slower for decode:
@@ -33,7 +38,7 @@ problem's sizes.
 - A caller may replace fields of the chosen tile, for measuring others
   (Options.attention_tile, COOPMAT_ATTENTION_TILE):
   "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,skip_blocks=0,fast_steps=0,
-  family=nv2" (any of them).
+  family=nv2" (any of them); family=gemv starts from the gemv kernel for the problem.
 """
 
 from __future__ import annotations
@@ -72,6 +77,12 @@ MERGE_INVOCATIONS = (512, 256)
 # over many workgroups), 32 keys a step measured faster than 64.
 DECODE_KEY_STEPS = (32, 64, 16)
 GPU_SUBGROUPS = 4
+# The gemv family (no matrices) runs decode with at most GEMV_ROWS rows a kv head against
+# at least GEMV_MIN_KEYS keys (below, the matrix kernels measured faster); its split aims
+# at about GEMV_SPLIT_TARGET single-subgroup workgroups.
+GEMV_ROWS = 4
+GEMV_MIN_KEYS = 16384
+GEMV_SPLIT_TARGET = 1024
 NV2_SUBGROUPS = 8
 CPU_SUBGROUPS = 2
 
@@ -206,6 +217,32 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
     return choice
 
 
+def gemv_decode(info: PhysicalDeviceInfo, p: AttentionProblem) -> bool:
+    """Whether the gemv family runs `p`: a GPU, at most GEMV_ROWS rows a kv head against
+    GEMV_MIN_KEYS keys or more, no mask, q, k and v read in 16-byte units."""
+    return not is_cpu(info) and p.rows <= GEMV_ROWS and p.Lk >= GEMV_MIN_KEYS and \
+        p.mask is None and p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
+
+
+def gemv_traits(info: PhysicalDeviceInfo, p: AttentionProblem) -> AttentionTraits:
+    """The gemv kernel for `p`: every row of a kv head in one workgroup (at most
+    GEMV_ROWS), the lanes of a key row its 16-byte units rounded up to a power of two,
+    the next step's K in flight during each step."""
+    cfg = attention_config(info, p.operand)
+    if cfg is None:
+        raise ValueError(f"device {info.name} lists no float32-accumulating matrices of "
+                         f"{p.operand.name}")
+    sg = khr_subgroup_size(info.limits)
+    units = -(-p.head_dim // 8)
+    aligned = p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
+    # The matrix shape only pads the split workspace's rows, as for the other families.
+    return AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
+                           sg, rows=min(p.rows, GEMV_ROWS), subgroups=1, keys=sg,
+                           lanes_per_row=min(sg, 1 << (units - 1).bit_length()),
+                           unit=8 if aligned else 1, mask=p.mask, split=True,
+                           prefetch=True, family="gemv")
+
+
 def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
                      splits: int | None = None, tile: str = "") -> AttentionChoice:
     """The kernel and the key slices for `p`; `splits` forces the slice count, `tile`
@@ -213,9 +250,15 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     cfg = attention_config(info, p.operand)
     decode = cfg is not None and p.rows <= cfg.M
     forced = splits
-    traits = attention_traits(info, p, decode=decode)
     fields = parse_tile(tile)
-    if fields:
+    family = fields.pop("family", None)
+    if family == "gemv" or (family is None and gemv_decode(info, p)):
+        traits = gemv_traits(info, p)
+    else:
+        traits = attention_traits(info, p, decode=decode)
+        if family is not None:
+            fields["family"] = family
+    if fields or family is not None:
         if p.mask is None:  # nothing to skip: the field is moot
             fields.pop("skip_blocks", None)
         traits = replace(traits, **fields)  # type: ignore[arg-type]
@@ -228,7 +271,7 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
             raise ValueError(f"attention tile {tile!r}: {why}")
     count = forced if forced is not None else split_count(info, p, traits)
     count = max(1, min(count, -(-p.Lk // traits.keys)))
-    if count == 1:
+    if count == 1 and not traits.split:  # gemv always writes partial states
         return AttentionChoice(traits)
     steps = -(-p.Lk // traits.keys)
     split_keys = -(-steps // count) * traits.keys
@@ -256,7 +299,8 @@ def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTrait
     steps = -(-p.Lk // t.keys)
     if grid >= SPLIT_BELOW or steps < 2 * MIN_SPLIT_STEPS:
         return 1
-    return max(1, min(-(-SPLIT_TARGET // grid), steps // MIN_SPLIT_STEPS))
+    target = GEMV_SPLIT_TARGET if t.family == "gemv" else SPLIT_TARGET
+    return max(1, min(-(-target // grid), steps // MIN_SPLIT_STEPS))
 
 
 def merge_invocations(limits: DeviceLimits, splits: int | None = None) -> int:

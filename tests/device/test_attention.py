@@ -364,6 +364,42 @@ def test_nv2_fast_steps(rt, monkeypatch, extra) -> None:
         check(got, q, k, v, causal=causal, scale=scale)
 
 
+# -- the gemv family: decode without matrices ----------------------------------------------
+@pytest.mark.parametrize("Lq,heads,E,Ev,Lk,causal,splits,prefetch", [
+    (1, 8, 64, 64, 257, False, 3, 0),   # 4 grouped q heads a kv head: one tile of 4 rows
+    (1, 2, 128, 128, 75, False, 1, 1),  # one slice; 16 units a key row: 2 a lane
+    (2, 6, 80, 96, 100, True, 4, 0),    # odd E (lanes past a key row's units), 6 rows: 2 tiles
+    (2, 6, 80, 96, 100, True, 4, 1),
+    (1, 2, 32, 32, 5, False, 2, 1),     # fewer keys than a step: one slice runs empty
+])
+def test_gemv_decode(rt, Lq, heads, E, Ev, Lk, causal, splits, prefetch) -> None:
+    """The gemv kernel (COOPMAT_ATTENTION_TILE family=gemv) and the merge: key groups'
+    transposing reduction, each key's weight fetched from the lane that scored it, value
+    groups summed at the end, with and without the next step's K prefetched; large
+    logits, a negative scale, a float32 result."""
+    coopmat.set_options(attention_tile=f"family=gemv,prefetch={prefetch}",
+                        attention_splits=splits)
+    q, k, v = qkv((1, heads, Lq, E), (1, 2, Lk, E), Ev=Ev, scale=3.0)
+    for scale, dtype in ((None, None), (-0.2, np.float32)):
+        got = coopmat.attention(q, k, v, causal=causal, scale=scale, dtype=dtype)
+        choice = front.last_attention_choice()
+        assert choice is not None and choice.traits.family == "gemv" and choice.traits.split
+        assert choice.traits.prefetch == bool(prefetch)
+        assert choice.splits == min(splits, -(-Lk // choice.traits.keys))
+        check(got, q, k, v, causal=causal, scale=scale)
+
+
+def test_gemv_decode_bfloat16(rt) -> None:
+    from coopmat.common.enums import ComponentType
+    if ComponentType.BFLOAT16 not in attention_operands(rt.device.info):
+        pytest.skip("the device offers no bfloat16 matrices")
+    coopmat.set_options(attention_tile="family=gemv", attention_splits=2)
+    q, k, v = qkv((2, 4, 1, 64), (2, 2, 70, 64), dtype=BFLOAT16)
+    got = coopmat.attention(q, k, v)
+    assert traits().family == "gemv"
+    check(got, q, k, v)
+
+
 # -- masks: skipping the key steps a mask hides whole --------------------------------------
 def _block_mask(shape: tuple[int, ...], cell: int = 8, p: float = 0.35) -> np.ndarray:
     """A boolean mask visible in random cells of cell x cell (so that whole key steps

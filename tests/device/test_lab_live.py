@@ -34,6 +34,15 @@ def test_attention_merge_runs_and_checks(live_device_info):
     assert float(line.split("relative error ")[1].rstrip(")")) < 1e-5, out
 
 
+def test_attention_passes_runs_and_checks(live_device_info):
+    """Each tile and slice count prints both passes' times and its error against numpy."""
+    out = run_probe("lab/attention_passes.py", "--lk", "300", "--heads", "4", "--kv", "2",
+                    "--dim", "64", "--tiles", "family=gemv", "--splits", "3", "--reps", "1",
+                    "--rounds", "1", "--warm", "1")
+    line = next(x for x in out.splitlines() if "gemv" in x and "first_us=" in x)
+    assert "splits=   3" in line and float(line.split("max_err=")[1].split()[0]) < 2e-3, out
+
+
 def test_epilogue_cost_runs_and_checks(live_device_info):
     """Each case prints its kernel (with the epilogue it asked for) and, for relu, the
     largest error against numpy's float64 product."""

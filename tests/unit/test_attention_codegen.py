@@ -125,7 +125,9 @@ def test_merge_size_merges_every_slice_at_once_where_one_can() -> None:
 def test_h200_choices() -> None:
     """On the H200: 16 x 16 x 16 matrices, 16 rows a subgroup (2 lanes a row), 4
     subgroups for prefill; decode (32 q heads on 8 kv heads, one token) takes one subgroup
-    and splits the keys to about SPLIT_TARGET workgroups."""
+    and splits the keys to about SPLIT_TARGET workgroups (gemv: GEMV_SPLIT_TARGET), a
+    matrix kernel below GEMV_MIN_KEYS keys."""
+    from coopmat.policy.attention import GEMV_MIN_KEYS, GEMV_SPLIT_TARGET
     prefill = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
                                                       4096, 32))
     t = prefill.traits
@@ -135,10 +137,16 @@ def test_h200_choices() -> None:
     decode = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                      32768, 8))
     assert decode.traits.subgroups == 1 and decode.traits.split
-    assert decode.splits * 8 >= SPLIT_TARGET // 2
+    assert decode.traits.family == "gemv" and decode.splits * 8 == GEMV_SPLIT_TARGET
+    short = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                    GEMV_MIN_KEYS - 1, 8))
+    assert short.traits.family == "khr" and short.splits * 8 >= SPLIT_TARGET // 2
     forced = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
-                                                     32768, 8), splits=1)
+                                                     4096, 8), splits=1)
     assert forced.splits == 1 and not forced.traits.split
+    one = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                  32768, 8), splits=1)
+    assert one.splits == 1 and one.traits.split  # gemv always leaves partial states
 
 
 def _nv2_device():
@@ -176,7 +184,7 @@ def test_choices_where_nv2_is_offered() -> None:
                                                        32768, 8)).traits
         assert small.keys == (DECODE_KEY_STEPS[0] if rows <= 128 else 64), rows
     decode = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
-                                                    32768, 8))
+                                                    32768, 8), tile="family=nv2")
     assert decode.traits.keys == DECODE_KEY_STEPS[0]
     assert decode.traits.family == "nv2" and decode.splits > 1
     assert not decode.traits.fast_steps
@@ -185,8 +193,8 @@ def test_choices_where_nv2_is_offered() -> None:
     assert decode.split_keys >= STAGING_STEPS * decode.traits.keys
     assert decode.traits.subgroups == 2 and not decode.traits.prefetch
     p4 = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4, 32768, 8)
-    assert choose_attention(nv2, p4, tile="fast_steps=0").traits.subgroups == 2
-    assert choose_attention(nv2, p4, tile="subgroups=1").traits.subgroups == 1
+    assert choose_attention(nv2, p4, tile="family=nv2,fast_steps=0").traits.subgroups == 2
+    assert choose_attention(nv2, p4, tile="family=nv2,subgroups=1").traits.subgroups == 1
     short = choose_attention(nv2, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                    4096, 8))
     assert short.splits > 1 and short.split_keys < STAGING_STEPS * short.traits.keys
@@ -312,3 +320,44 @@ def test_skip_blocks_traits_and_policy() -> None:
     if find_tool("spirv-val") is not None:
         validate(k.spirv)
         validate(attention_kernel(dataclasses.replace(t, family="nv2")).spirv)
+
+
+def test_gemv_traits_and_policy() -> None:
+    """The gemv family: its rules and name, no shared memory, spirv-val of its kernel
+    with and without prefetch (shuffles and subgroup reductions, no matrices); the
+    policy takes it for decode on a GPU only, for few rows, many keys, no mask and
+    16-byte units, and a tile override forces it anywhere, the CPU driver's too."""
+    from coopmat.policy.attention import GEMV_MIN_KEYS, GEMV_ROWS
+    t = AttentionTraits(CT.FLOAT16, CT.FLOAT32, 128, 128, 16, 16, 16, 32, rows=4, subgroups=1,
+                        keys=32, lanes_per_row=16, split=True, prefetch=True, family="gemv")
+    assert t.violation() is None and t.shared_memory_bytes == 0
+    assert t.describe() == "attn-f16-d128v128-16x16x16-sg32-r4x1-c32-l16-u8-outf32-split-pf-gemv"
+    for bad, why in ((dict(subgroups=2), "one subgroup"), (dict(keys=64), "steps 32 keys"),
+                     (dict(lanes_per_row=3), "power of two"), (dict(unit=1), "16-byte"),
+                     (dict(head_dim=20), "16-byte"), (dict(mask=MaskKind.ADD), "no mask"),
+                     (dict(split=False), "split kernel"),
+                     (dict(operand=CT.FLOAT32), "float16 or bfloat16")):
+        assert why in (dataclasses.replace(t, **bad).violation() or ""), bad
+    if find_tool("spirv-val") is not None:
+        for x in (t, dataclasses.replace(t, prefetch=False, operand=CT.BFLOAT16, head_dim=80,
+                                         lanes_per_row=8)):
+            validate(attention_kernel(x).spirv)
+        text = _disassemble(attention_kernel(t).spirv)
+        assert "OpGroupNonUniformShuffle " in text and "OpGroupNonUniformFMax" in text
+        assert "OpDot" in text and "CooperativeMatrix" not in text
+    p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, GEMV_ROWS, GEMV_MIN_KEYS, 8)
+    c = choose_attention(H200, p)
+    assert (c.traits.family, c.traits.rows, c.traits.lanes_per_row, c.traits.keys) == \
+        ("gemv", GEMV_ROWS, 16, 32)
+    assert c.traits.prefetch and c.splits > 1
+    for other in (dict(rows=GEMV_ROWS + 1), dict(Lk=GEMV_MIN_KEYS - 1), dict(aligned=False),
+                  dict(mask=MaskKind.BOOL), dict(head_dim=100)):
+        assert choose_attention(H200, dataclasses.replace(p, **other)).traits.family != \
+            "gemv", other
+    cpu = RECORDS["lavapipe-mesa26-khr-coopmat"]
+    assert choose_attention(cpu, p).traits.family == "khr"
+    forced = choose_attention(cpu, p, tile="family=gemv,prefetch=0")
+    assert forced.traits.family == "gemv" and not forced.traits.prefetch
+    assert forced.splits == 1 and forced.traits.split  # a CPU driver takes one slice
+    with pytest.raises(ValueError, match="no mask"):
+        choose_attention(H200, dataclasses.replace(p, mask=MaskKind.BOOL), tile="family=gemv")
