@@ -5,6 +5,9 @@ for each tile (COOPMAT_ATTENTION_TILE's syntax) and slice count, on decode's sha
     python lab/attention_passes.py [--lk 32768] [--heads 32] [--kv 8] [--lq 1] [--dim 128]
         [--tiles "family=gemv;family=nv2"] [--splits 64,128,256] [--reps 20] [--rounds 2]
 
+With COOPMAT_PIPELINE_STATS=1 each line adds the driver's register and local-memory
+figures of the first pass's pipeline, where the driver reports them.
+
 Every configuration is measured once a round, rounds one after another, so that a slow
 spell of a shared machine shows as a round that disagrees with the others.
 """
@@ -78,10 +81,13 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 for buf in temps:
                     rt.pool.recycle(buf)
+            stats = rt.pipelines.statistics(ds[0].pipeline)  # COOPMAT_PIPELINE_STATS=1
+            regs = {k: v for k, v in stats.items() if "egister" in k or "ocal" in k}
             print(f"round={rnd} tile={tile:28s} splits={choice.splits:4d}  "
                   f"first_us={times[0]:7.2f} ({kv_bytes / times[0] / 1e6:.2f} TB/s)  "
                   f"both_us={times[1]:7.2f}  max_err={err:.1e}  "
-                  f"kernel={choice.traits.describe()}", flush=True)
+                  f"kernel={choice.traits.describe()}" + (f"  {regs}" if regs else ""),
+                  flush=True)
 
 
 if __name__ == "__main__":
