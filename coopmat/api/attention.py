@@ -159,7 +159,7 @@ def _run(rt: Runtime, s: rules.AttentionShapes, Q: Operand, K: Operand, V: Opera
         sizes = run.Sizes(s.Lq, s.Lk, s.groups, s.kv_heads, s.batch)
         aligned = all(x.aligned() for x in (q, k, v))
         problem = AttentionProblem(operand, out, s.D, s.Dv,
-                                   sizes.rows, s.Lk, sizes.z, kind, aligned)
+                                   sizes.rows, s.Lk, sizes.z, kind, aligned, causal)
         options = get_options()
         choice = choose_attention(rt.device.info, problem, options.attention_splits,
                                   options.attention_tile)

@@ -35,7 +35,9 @@ are plain query rows.
 
 Causal (torch's is_causal, top-left aligned: key j is seen by query i where j <= i) and a
 fully masked tail are skipped: the key range of a workgroup ends after its last row's
-query. With a mask (traits.skip_blocks), a first pass (attention_blocks.py) marks each
+query. With traits.paired a workgroup computes row tile x and then row tile
+tiles - 1 - x (a barrier between them), so causal workgroups walk about as many steps.
+With a mask (traits.skip_blocks), a first pass (attention_blocks.py) marks each
 (workgroup, key step) block that has a visible score; the key loop reads its block's word
 and skips the staging, scores, softmax and P V of the others (a hidden step would change
 no row's running max, sum or O). A split kernel (decode, traits.split) runs the key range
@@ -136,7 +138,9 @@ class AttentionTraits:
     hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
     the next visible step is not known a step ahead); fast_steps (nv2, no mask): a key
     step that no causal edge, key range end or non-positive scale touches takes a
-    softmax without per-score checks (a loop of its own)."""
+    softmax without per-score checks (a loop of its own); paired: a workgroup computes
+    row tile x and then its mirror, tiles - 1 - x, of the same kv head (where causal,
+    every workgroup then walks about as many key steps: the grid stays balanced)."""
 
     operand: ComponentType
     out: ComponentType
@@ -157,6 +161,7 @@ class AttentionTraits:
     family: str = "khr"
     skip_blocks: bool = False
     fast_steps: bool = False
+    paired: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -240,6 +245,8 @@ class AttentionTraits:
             name += "-skip"
         if self.fast_steps:
             name += "-fast"
+        if self.paired:
+            name += "-paired"
         return name
 
     def violation(self) -> str | None:
@@ -277,6 +284,8 @@ class AttentionTraits:
             return "skip_blocks prefetches nothing: prefetch must be 0"
         if self.fast_steps and (self.family != "nv2" or self.mask is not None):
             return "fast_steps needs the nv2 family and no mask"
+        if self.paired and self.split:
+            return "paired row tiles are for unsplit kernels"
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -297,8 +306,8 @@ class AttentionTraits:
         if self.unit != 8 or self.head_dim % 8 or self.value_dim % 8 or \
                 min(self.head_dim, self.value_dim) < 1:
             return "gemv reads 16-byte units: head and value dimensions multiples of 8"
-        if self.mask is not None or self.skip_blocks or self.fast_steps:
-            return "gemv takes no mask, skip_blocks or fast_steps"
+        if self.mask is not None or self.skip_blocks or self.fast_steps or self.paired:
+            return "gemv takes no mask, skip_blocks, fast_steps or paired"
         if not self.split:
             return "gemv writes partial states: it is a split kernel"
         return None
@@ -357,9 +366,11 @@ class AttentionKernel:
             ((BINDING_BLOCKS,) if t.skip_blocks else ())
 
     def workgroups(self, rows: int, z: int, splits: int = 1) -> tuple[int, int, int]:
-        """The grid: row tiles of `rows` query rows (groups x Lq) along x, splits of the
-        key range along y, kv heads of every batch entry along z."""
-        return (-(-rows // self.traits.block_rows), splits, z)
+        """The grid: row tiles of `rows` query rows (groups x Lq) along x (paired: half
+        of them, each workgroup taking a tile and its mirror), splits of the key range
+        along y, kv heads of every batch entry along z."""
+        tiles = -(-rows // self.traits.block_rows)
+        return (-(-tiles // 2) if self.traits.paired else tiles, splits, z)
 
     @staticmethod
     def push_constants(values: dict[str, float | int]) -> bytes:
@@ -491,27 +502,35 @@ class AttentionEmitter:
         self.split_index = wy
         self.outer = s.udiv(wz, P["kv_heads"])
         self.kv_head = s.umod(wz, P["kv_heads"])
-        self.r0 = s.mul(wx, s.c(t.block_rows))
+        self.wx = wx
         self.rows_total = s.mul(P["groups"], P["Lq"])
         self.k_off = s.add(P["k_base"], s.add(s.mul(self.outer, P["k_outer"]),
                                                s.mul(self.kv_head, P["k_head"])))
         self.v_off = s.add(P["v_base"], s.add(s.mul(self.outer, P["v_outer"]),
                                                s.mul(self.kv_head, P["v_head"])))
         self.sg_row = s.mul(self.sgid, s.c(t.rows))  # the subgroup's first row in the tile
-        if t.split:  # whether the subgroup has a row (past the rows it only stages K, V)
-            self.has_rows = s.lt(s.add(self.r0, self.sg_row), self.rows_total)
         self.causal = s.f.op(Op.INotEqual, s.bool,
                              s.f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_CAUSAL)), s.c(0))
         self.neg_inf = self._fconst(float("-inf"))
+        self.row_tiles = s.udiv(s.add(self.rows_total, s.c(t.block_rows - 1)),
+                                s.c(t.block_rows))
+        if t.skip_blocks:
+            shared = s.f.op(Op.INotEqual, s.bool, s.f.op(
+                Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_SHARED_BLOCKS)), s.c(0))
+            self.block_z = s.select(s.u32, shared, s.c(0), wz)
+        self._tile_setup(wx)
+
+    def _tile_setup(self, tile: int) -> None:
+        """What depends on the workgroup's row tile (of a kv head's rows): its first row,
+        its key range, where its block words start."""
+        s, t, P = self.s, self.t, self.P
+        self.r0 = s.mul(tile, s.c(t.block_rows))
+        if t.split:  # whether the subgroup has a row (past the rows it only stages K, V)
+            self.has_rows = s.lt(s.add(self.r0, self.sg_row), self.rows_total)
         self._key_range()
         if t.skip_blocks:
             steps = s.udiv(s.add(P["Lk"], s.c(t.keys - 1)), s.c(t.keys))
-            row_blocks = s.udiv(s.add(self.rows_total, s.c(t.block_rows - 1)),
-                                s.c(t.block_rows))
-            shared = s.f.op(Op.INotEqual, s.bool, s.f.op(
-                Op.BitwiseAnd, s.u32, P["flags"], s.c(FLAG_SHARED_BLOCKS)), s.c(0))
-            z = s.select(s.u32, shared, s.c(0), wz)
-            self.block_words = s.mul(s.add(s.mul(z, row_blocks), wx), steps)
+            self.block_words = s.mul(s.add(s.mul(self.block_z, self.row_tiles), tile), steps)
 
     def _row_query(self, R: int) -> tuple[int, int]:
         """(q head, query index) of row R (R < groups x Lq)."""
@@ -970,6 +989,21 @@ class AttentionEmitter:
         self._declare()
         s, t, f = self.s, self.t, self.s.f
         self._setup()
+        self._tile()
+        if t.paired:  # then the mirror tile, where it is another one
+            mirror = self._sub(self._sub(self.row_tiles, s.c(1)), self.wx)
+
+            def second() -> None:
+                self._barrier()  # the first tile's last reads of shared memory are done
+                self._tile_setup(mirror)
+                self._tile()
+
+            f.if_(s.lt(self.wx, mirror), second)
+        return s.compute_module(t.invocations)
+
+    def _tile(self) -> None:
+        """One row tile, from staging its Q to storing its result."""
+        s, t, f = self.s, self.t, self.s.f
         self._stage_q()
         self._barrier()
         qf = self._load_q_fragments()
@@ -979,4 +1013,3 @@ class AttentionEmitter:
                     for _ in range(t.rows // t.m)]
         self._key_loop(qf, rows, acc_vars)
         self._finish(rows, acc_vars)
-        return s.compute_module(t.invocations)

@@ -34,11 +34,13 @@ problem's sizes.
   block of scores the mask hides whole (a first pass marks the blocks), on every device;
   it then prefetches nothing.
 - nv2 without a mask takes fast steps, except for decode's single subgroup: a step that
-  no causal edge or key range end touches skips the per-score checks.
+  no causal edge or key range end touches skips the per-score checks. Its causal
+  prefill on a grid of at most PAIRED_GRID workgroups pairs row tiles: a workgroup
+  computes tile x and tile (tiles - 1 - x), so that all walk about as many key steps.
 - A caller may replace fields of the chosen tile, for measuring others
   (Options.attention_tile, COOPMAT_ATTENTION_TILE):
   "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,skip_blocks=0,fast_steps=0,
-  family=nv2" (any of them); family=gemv starts from the gemv kernel for the problem.
+  paired=0,family=nv2" (any of them); family=gemv starts from the gemv kernel for the problem.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_blocks",
-               "fast_steps", "family")
-BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps")
+               "fast_steps", "paired", "family")
+BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps", "paired")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 512
@@ -84,13 +86,17 @@ GEMV_ROWS = 4
 GEMV_MIN_KEYS = 16384
 GEMV_SPLIT_TARGET = 1024
 NV2_SUBGROUPS = 8
+# Causal nv2 prefill pairs row tiles where its unpaired grid has at most this many
+# workgroups.
+PAIRED_GRID = 1024
 CPU_SUBGROUPS = 2
 
 
 @dataclass(frozen=True)
 class AttentionProblem:
     """The sizes a kernel is chosen by: rows = groups x Lq query rows per kv head, z = kv
-    heads of every batch entry, aligned: q, k and v may be read in 16-byte units."""
+    heads of every batch entry, aligned: q, k and v may be read in 16-byte units, causal:
+    the call's (the kernel takes it as a flag; the policy pairs row tiles for it)."""
 
     operand: ComponentType
     out: ComponentType
@@ -101,6 +107,7 @@ class AttentionProblem:
     z: int
     mask: MaskKind | None = None
     aligned: bool = True
+    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,8 +149,8 @@ def parse_tile(text: str) -> dict[str, int | bool | str]:
             out[name] = bool(int(value)) if name in BOOL_FIELDS else int(value)
         else:
             raise ValueError(f"attention tile {text!r}: expected NAME=NUMBER with NAME one "
-                             f"of {', '.join(TILE_FIELDS[:-1])}, or family=khr|nv2; got "
-                             f"{part!r}")
+                             f"of {', '.join(TILE_FIELDS[:-1])}, or "
+                             f"family={'|'.join(FAMILIES)}; got {part!r}")
     return out
 
 
@@ -204,7 +211,8 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
             skip = p.mask is not None and p.Lk > keys
             t = replace(t, skip_blocks=skip,
                         prefetch=not skip and prefetch_registers(t) <= PREFETCH_REGISTERS,
-                        fast_steps=fast_steps(t, decode))
+                        fast_steps=fast_steps(t, decode),
+                        paired=paired_tiles(t, p, decode))
             if _fits(t, info):
                 choice = t
                 break
@@ -264,6 +272,8 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
         traits = replace(traits, **fields)  # type: ignore[arg-type]
         if "fast_steps" not in fields:  # the policy's rule, for the family forced too
             traits = replace(traits, fast_steps=fast_steps(traits, decode))
+        if "paired" not in fields and traits.family != "gemv":
+            traits = replace(traits, paired=paired_tiles(traits, p, decode))
         why = traits.violation()
         if why is None and traits.family == "nv2" and not nv2_offered(info):
             why = f"device {info.name} lacks {', '.join(NV2_FEATURES)}"
@@ -276,7 +286,7 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     steps = -(-p.Lk // traits.keys)
     split_keys = -(-steps // count) * traits.keys
     count = -(-p.Lk // split_keys)
-    traits = replace(traits, split=True)
+    traits = replace(traits, split=True, paired=False)
     if decode and "subgroups" not in fields and traits.family == "nv2" and \
             not traits.prefetch and split_keys >= STAGING_STEPS * traits.keys:
         staged = replace(traits, subgroups=2)
@@ -288,6 +298,16 @@ def fast_steps(t: AttentionTraits, decode: bool) -> bool:
     """nv2 without a mask, but not decode's single subgroup (measured slower with them
     there: docs/design.md, Attention)."""
     return t.family == "nv2" and t.mask is None and not decode
+
+
+def paired_tiles(t: AttentionTraits, p: AttentionProblem, decode: bool) -> bool:
+    """Whether a workgroup takes a row tile and its mirror: causal nv2 prefill without a
+    mask whose grid has at most PAIRED_GRID workgroups unpaired (every workgroup then
+    walks about as many key steps; larger grids balance themselves, and there pairing
+    and non-causal runs measured slower: docs/design.md, Attention)."""
+    grid = p.z * -(-p.rows // t.block_rows)
+    return t.family == "nv2" and t.mask is None and not decode and p.causal and \
+        grid <= PAIRED_GRID
 
 
 def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTraits) -> int:

@@ -364,6 +364,23 @@ def test_nv2_fast_steps(rt, monkeypatch, extra) -> None:
         check(got, q, k, v, causal=causal, scale=scale)
 
 
+@pytest.mark.parametrize("tile", ["paired=1", "family=nv2,paired=1"])
+def test_paired_row_tiles(rt, monkeypatch, tile) -> None:
+    """A workgroup computes a row tile and then its mirror: an even count of tiles, an
+    odd one (the middle tile alone), tiles holding rows of two q heads; causal and not."""
+    if "nv2" in tile:
+        _nv2(rt, monkeypatch, "," + tile)
+    else:
+        coopmat.set_options(attention_tile=tile)
+    for q_shape, k_shape in (((1, 2, 64, 32), (1, 2, 70, 32)),
+                             ((1, 4, 37, 32), (1, 2, 40, 32))):
+        q, k, v = qkv(q_shape, k_shape, scale=3.0)
+        for causal in (False, True):
+            got = coopmat.attention(q, k, v, causal=causal)
+            assert traits().paired and not traits().split
+            check(got, q, k, v, causal=causal)
+
+
 # -- the gemv family: decode without matrices ----------------------------------------------
 @pytest.mark.parametrize("Lq,heads,E,Ev,Lk,causal,splits,prefetch", [
     (1, 8, 64, 64, 257, False, 3, 0),   # 4 grouped q heads a kv head: one tile of 4 rows

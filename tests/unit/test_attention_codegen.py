@@ -361,3 +361,35 @@ def test_gemv_traits_and_policy() -> None:
     assert forced.splits == 1 and forced.traits.split  # a CPU driver takes one slice
     with pytest.raises(ValueError, match="no mask"):
         choose_attention(H200, dataclasses.replace(p, mask=MaskKind.BOOL), tile="family=gemv")
+
+
+def test_paired_traits_and_policy() -> None:
+    """Paired row tiles: the name, the grid (half the tiles, rounded up), the rules (no
+    split, not gemv); the policy pairs causal nv2 prefill without a mask on grids of at
+    most PAIRED_GRID workgroups only, drops the pairing where it splits the keys, and a
+    tile override turns it on or off; both families' paired kernels pass spirv-val."""
+    from coopmat.policy.attention import PAIRED_GRID
+    t = dataclasses.replace(BASE, paired=True)
+    assert t.violation() is None and t.describe().endswith("-pf-paired")
+    k = attention_kernel(t)
+    assert k.workgroups(5 * t.block_rows, 3) == (3, 1, 3)
+    assert k.workgroups(4 * t.block_rows + 1, 3) == (3, 1, 3)
+    assert "unsplit" in (dataclasses.replace(t, split=True).violation() or "")
+    nv2 = _nv2_device()
+    p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32, causal=True)
+    assert choose_attention(nv2, p).traits.paired
+    assert PAIRED_GRID == 32 * 4096 // 128  # B1 L4096: 1,024 workgroups unpaired
+    assert not choose_attention(nv2, dataclasses.replace(p, z=33)).traits.paired
+    assert not choose_attention(nv2, dataclasses.replace(p, causal=False)).traits.paired
+    assert choose_attention(nv2, dataclasses.replace(p, causal=False),
+                            tile="paired=1").traits.paired
+    assert not choose_attention(nv2, p, tile="paired=0").traits.paired
+    assert not choose_attention(nv2, dataclasses.replace(p, mask=MaskKind.BOOL)).traits.paired
+    assert not choose_attention(H200, p).traits.paired  # khr: not measured paired
+    small = choose_attention(nv2, dataclasses.replace(p, z=1))  # 32 row tiles: split
+    assert small.splits > 1 and not small.traits.paired
+    decode = choose_attention(nv2, dataclasses.replace(p, rows=16, Lk=32768), tile="family=nv2")
+    assert not decode.traits.paired
+    if find_tool("spirv-val") is not None:
+        validate(attention_kernel(choose_attention(nv2, p).traits).spirv)
+        validate(k.spirv)
