@@ -78,9 +78,6 @@ LOG2_E = math.log2(math.e)
 # Bindings.
 BINDING_Q, BINDING_K, BINDING_V, BINDING_O, BINDING_MASK, BINDING_ML = 0, 1, 2, 3, 4, 5
 BINDING_BLOCKS = 6  # traits.skip_blocks: the words of the block pass (attention_blocks.py)
-# traits.fused_merge (gemv): the result (binding BINDING_O then holds the partial O) and
-# the arrival counters the last workgroup of a tile is found by (the device's split-K ones).
-BINDING_RESULT, BINDING_COUNTERS = 7, 8
 
 # Push constants, 4 bytes each (scale a float32, the rest u32), in this order. Element
 # offsets and strides: *_base where an operand starts, *_ld between rows, *_outer between
@@ -137,9 +134,7 @@ class AttentionTraits:
     per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
     attention_nv2.py) or "gemv" (no matrices, for decode: attention_gemv.py; there rows
     are the workgroup's rows, keys the subgroup and lanes_per_row the lanes that read one
-    key's row, subgroups the subgroups that share a slice, a step each in turn, and
-    fused_merge has the last workgroup of a row tile merge the slices, with no second
-    pass); skip_blocks: skip the key steps whose block of scores the mask
+    key's row); skip_blocks: skip the key steps whose block of scores the mask
     hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
     the next visible step is not known a step ahead); fast_steps (nv2, no mask): a key
     step that no causal edge, key range end or non-positive scale touches takes a
@@ -167,13 +162,12 @@ class AttentionTraits:
     skip_blocks: bool = False
     fast_steps: bool = False
     paired: bool = False
-    fused_merge: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
     def block_rows(self) -> int:
-        """Query rows a workgroup computes (gemv: its subgroups share them)."""
-        return self.rows if self.family == "gemv" else self.rows * self.subgroups
+        """Query rows a workgroup computes."""
+        return self.rows * self.subgroups
 
     @property
     def invocations(self) -> int:
@@ -215,10 +209,8 @@ class AttentionTraits:
     @property
     def shared_memory_bytes(self) -> int:
         """The tile, the scratch and, for khr, P and the row factors (gemv: none)."""
-        if self.family == "gemv":  # the subgroups' states, the last-arrival flag
-            states = self.subgroups * self.rows * (self.value_dim + 2) \
-                if self.subgroups > 1 else 0
-            return 4 * (states + self.fused_merge)
+        if self.family == "gemv":
+            return 0
         item = element(self.operand).itemsize
         total = self.tile_elems * item + self.block_rows * self.scratch_stride * 4
         if self.family == "khr":
@@ -255,8 +247,6 @@ class AttentionTraits:
             name += "-fast"
         if self.paired:
             name += "-paired"
-        if self.fused_merge:
-            name += "-fused"
         return name
 
     def violation(self) -> str | None:
@@ -296,8 +286,6 @@ class AttentionTraits:
             return "fast_steps needs the nv2 family and no mask"
         if self.paired and self.split:
             return "paired row tiles are for unsplit kernels"
-        if self.fused_merge:
-            return "fused_merge is the gemv family's"
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -309,8 +297,8 @@ class AttentionTraits:
         sg, lanes = self.subgroup_size, self.lanes_per_row
         if self.operand not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
             return f"operands are float16 or bfloat16, not {element(self.operand).name}"
-        if self.rows < 1 or self.subgroups < 1:
-            return "gemv takes at least one subgroup and one row"
+        if self.rows < 1 or self.subgroups != 1:
+            return "gemv takes one subgroup a workgroup and at least one row"
         if self.keys != sg:
             return f"gemv steps {sg} keys (the subgroup), not {self.keys}"
         if lanes < 1 or lanes & (lanes - 1) or sg % lanes:
@@ -330,8 +318,6 @@ def required_capabilities(t: AttentionTraits) -> set[Capability]:
                 Capability.GroupNonUniformArithmetic, Capability.GroupNonUniformShuffle}
         if t.operand == ComponentType.FLOAT16:  # converted in registers (widen.py)
             caps.add(Capability.Float16)
-        if t.fused_merge:  # it writes the result
-            caps.update(type_capabilities(t.out, in_storage_buffer=True))
         return caps
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,
             Capability.GroupNonUniform}
@@ -377,8 +363,7 @@ class AttentionKernel:
         return (BINDING_Q, BINDING_K, BINDING_V, BINDING_O) + \
             ((BINDING_MASK,) if t.mask is not None else ()) + \
             ((BINDING_ML,) if t.split else ()) + \
-            ((BINDING_BLOCKS,) if t.skip_blocks else ()) + \
-            ((BINDING_RESULT, BINDING_COUNTERS) if t.fused_merge else ())
+            ((BINDING_BLOCKS,) if t.skip_blocks else ())
 
     def workgroups(self, rows: int, z: int, splits: int = 1) -> tuple[int, int, int]:
         """The grid: row tiles of `rows` query rows (groups x Lq) along x (paired: half

@@ -31,39 +31,21 @@ the workspace's padding rows, which the merge never reads), so no load leaves it
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from coopmat.codegen.attention import (
-    BINDING_COUNTERS,
     BINDING_K,
     BINDING_ML,
     BINDING_O,
     BINDING_Q,
-    BINDING_RESULT,
     BINDING_V,
     PUSH_FIELDS,
     AttentionEmitter,
     required_capabilities,
 )
 from coopmat.codegen.shader import Buffer
-from coopmat.codegen.spv import (
-    GLSLstd450,
-    GroupOperation,
-    LoopControl,
-    MemoryAccess,
-    MemorySemantics,
-    Op,
-    Scope,
-)
-from coopmat.codegen.types import scalar_type, type_extension
+from coopmat.codegen.spv import GLSLstd450, GroupOperation, LoopControl, Op, Scope
 from coopmat.codegen.widen import UNIT_ELEMS, UnitWidener
-from coopmat.common.dtypes import element
 
 _UNIT_BYTES = 16
-# fused_merge: slots whose loads the last workgroup keeps in flight at a time.
-MERGE_UNROLL = 16
-_AVAILABLE = MemoryAccess.MakePointerAvailable | MemoryAccess.NonPrivatePointer
-_VISIBLE = MemoryAccess.MakePointerVisible | MemoryAccess.NonPrivatePointer
 
 
 def value_lanes(value_dim: int, subgroup_size: int) -> int:
@@ -89,18 +71,6 @@ class GemvAttentionEmitter(AttentionEmitter):
         self.V = s.storage_buffer(BINDING_V, self.uvec4, _UNIT_BYTES, True, "v", restrict=True)
         self.O = s.storage_buffer(BINDING_O, self.f32, 4, False, "o", restrict=True)
         self.ml = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True)
-        if t.subgroups > 1:  # the subgroups' states: (m, l) per row, then O
-            self.sm_stats = s.shared_array(self.f32, t.subgroups * t.rows * 2, "stats")
-            self.sm_o = s.shared_array(self.f32, t.subgroups * t.rows * t.value_dim, "o")
-        if t.fused_merge:
-            ext = type_extension(t.out)
-            if ext:
-                mb.extension(ext)
-            self.out_el = scalar_type(mb, t.out)
-            self.result = s.storage_buffer(BINDING_RESULT, self.out_el,
-                                           element(t.out).itemsize, False, "result")
-            self.counters = s.storage_buffer(BINDING_COUNTERS, s.u32, 4, False, "counters")
-            self.sm_flag = s.shared_array(s.u32, 1, "last")
         types = [self.f32 if name == "scale_log2" else s.u32 for name in PUSH_FIELDS]
         s.push_constants(PUSH_FIELDS, types)
 
@@ -275,26 +245,12 @@ class GemvAttentionEmitter(AttentionEmitter):
                 self._store(var, value)
 
     # -- the end --------------------------------------------------------------------------
-    def _ws_store(self, buf: Buffer, at: int, value: int) -> None:
-        """A store to the workspace; where another workgroup merges it (fused_merge),
-        made available to the whole dispatch."""
-        s = self.s
-        if not self.t.fused_merge:
-            s.buffer_store(buf, at, value)
-            return
-        s.f.emit(Op.Store, s.buffer_ptr(buf, at), value, _AVAILABLE, s.c(Scope.QueueFamily))
-
-    def _slot_row(self, slot_index: int, r: int) -> int:
-        """Row r (an id) of the tile in workspace slot (kv head, slot_index)."""
-        s, P = self.s, self.P
+    def _store_state(self) -> None:
+        s, t, f, P = self.s, self.t, self.s.f, self.P
         wz = s.add(s.mul(self.outer, P["kv_heads"]), self.kv_head)
-        slot = s.add(s.mul(wz, P["splits"]), slot_index)
-        return s.add(s.mul(slot, P["rows_pad"]), s.add(self.r0, r))
-
-    def _reduce_state(self) -> list[int]:
-        """Each row's l summed over the subgroup (returned) and O summed over the value
-        groups (in place: every lane of a group then holds its units' sums)."""
-        s, t, f = self.s, self.t, self.s.f
+        slot = s.add(s.mul(wz, P["splits"]), self.split_index)
+        first_row = s.add(s.mul(slot, P["rows_pad"]), self.r0)
+        ld = t.value_dim_padded
         sums = []
         for r in range(t.rows):
             sums.append(self._subgroup(Op.GroupNonUniformFAdd,
@@ -303,217 +259,39 @@ class GemvAttentionEmitter(AttentionEmitter):
                 for var in unit_vars:
                     value = self._load(self.vec4, var)
                     h = self.LV
-                    while h < t.subgroup_size:
+                    while h < t.subgroup_size:  # the value groups' shares of this unit
                         value = f.op(Op.FAdd, self.vec4, value, f.op(
                             Op.GroupNonUniformShuffleXor, self.vec4, s.c(Scope.Subgroup),
                             value, s.c(h)))
                         h *= 2
                     self._store(var, value)
-        return sums
 
-    def _write_units(self, write: Callable[[int, int, int], None]) -> None:
-        """write(r, d, value) for every element of O this lane holds (the first value
-        group's lanes: their units' elements)."""
-        s, t, f = self.s, self.t, self.s.f
-
-        def units() -> None:
+        def store_o() -> None:
             for r in range(t.rows):
+                row_at = s.mul(s.add(first_row, s.c(r)), s.c(ld))
                 for (u, valid), unit_vars in zip(self.v_units, self.o_vars[r], strict=True):
-                    d0 = s.mul(u, s.c(UNIT_ELEMS))
+                    at = s.add(row_at, s.mul(u, s.c(UNIT_ELEMS)))
 
-                    def one(r: int = r, d0: int = d0, unit_vars: list[int] = unit_vars) -> None:
+                    def write(at: int = at, unit_vars: list[int] = unit_vars) -> None:
                         for h, var in enumerate(unit_vars):
                             value = self._load(self.vec4, var)
                             for c, e in enumerate(self.widener.order(h)):
-                                write(r, s.add(d0, s.c(e)),
-                                      f.op(Op.CompositeExtract, self.f32, value, c))
+                                s.buffer_store(self.O, s.add(at, s.c(e)), f.op(
+                                    Op.CompositeExtract, self.f32, value, c))
 
                     if valid is None:
-                        one()
+                        write()
                     else:
-                        f.if_(valid, one)
-
-        f.if_(f.op(Op.IEqual, s.bool, self.gv, s.c(0)), units)
-
-    def _store_slot(self, sums: list[int]) -> None:
-        """One subgroup: its state is the workgroup's slot."""
-        s, t, f = self.s, self.t, self.s.f
-        ld = t.value_dim_padded
-        self._write_units(lambda r, d, v: self._ws_store(
-            self.O, s.add(s.mul(self._slot_row(self.split_index, s.c(r)), s.c(ld)), d), v))
+                        f.if_(valid, write)
 
         def store_ml() -> None:
             for r in range(t.rows):
-                at = s.mul(self._slot_row(self.split_index, s.c(r)), s.c(2))
-                self._ws_store(self.ml, at, self._load(self.f32, self.m_vars[r]))
-                self._ws_store(self.ml, s.add(at, s.c(1)), sums[r])
+                at = s.mul(s.add(first_row, s.c(r)), s.c(2))
+                s.buffer_store(self.ml, at, self._load(self.f32, self.m_vars[r]))
+                s.buffer_store(self.ml, s.add(at, s.c(1)), sums[r])
 
+        f.if_(f.op(Op.IEqual, s.bool, self.gv, s.c(0)), store_o)
         f.if_(f.op(Op.IEqual, s.bool, self.lane, s.c(0)), store_ml)
-
-    def _merge_subgroups(self, sums: list[int]) -> None:
-        """Several subgroups: their states meet in shared memory and the workgroup's
-        invocations merge them, an element each at a time, into the workgroup's slot."""
-        s, t, f = self.s, self.t, self.s.f
-        R, Dv, S = t.rows, t.value_dim, t.subgroups
-        stats, values = self.sm_stats, self.sm_o  # (m, l) per (subgroup, row); O
-        base = s.mul(self.sgid, s.c(R))
-        self._write_units(lambda r, d, v: s.shared_store(
-            values, s.add(s.mul(s.add(base, s.c(r)), s.c(Dv)), d), v))
-
-        def store_ml() -> None:
-            for r in range(R):
-                at = s.mul(s.add(base, s.c(r)), s.c(2))
-                s.shared_store(stats, at, self._load(self.f32, self.m_vars[r]))
-                s.shared_store(stats, s.add(at, s.c(1)), sums[r])
-
-        f.if_(f.op(Op.IEqual, s.bool, self.lane, s.c(0)), store_ml)
-        self._barrier()
-        ld = t.value_dim_padded
-        zero = self._fconst(0.0)
-        for e0 in range(0, R * Dv, t.invocations):
-            e = s.add(self.tid, s.c(e0))
-
-            def element(e: int = e) -> None:
-                r, d = s.udiv(e, s.c(Dv)), s.umod(e, s.c(Dv))
-                ms = [s.shared_load(stats, s.mul(s.add(s.c(g * R), r), s.c(2)))
-                      for g in range(S)]
-                m = ms[0]
-                for x in ms[1:]:
-                    m = self._ext(GLSLstd450.FMax, m, x)
-                empty = f.op(Op.FOrdEqual, s.bool, m, self.neg_inf)
-                m_use = s.select(self.f32, empty, zero, m)
-                o_sum, l_sum = zero, zero
-                for g in range(S):
-                    w = self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, ms[g], m_use))
-                    row = s.add(s.c(g * R), r)
-                    o_g = s.shared_load(values, s.add(s.mul(row, s.c(Dv)), d))
-                    l_g = s.shared_load(stats, s.add(s.mul(row, s.c(2)), s.c(1)))
-                    o_sum = self._fop(Op.FAdd, o_sum, self._fop(Op.FMul, o_g, w))
-                    l_sum = self._fop(Op.FAdd, l_sum, self._fop(Op.FMul, l_g, w))
-                slot_row = self._slot_row(self.split_index, r)
-                self._ws_store(self.O, s.add(s.mul(slot_row, s.c(ld)), d), o_sum)
-
-                def store_ml() -> None:
-                    at = s.mul(slot_row, s.c(2))
-                    self._ws_store(self.ml, at, m)
-                    self._ws_store(self.ml, s.add(at, s.c(1)), l_sum)
-
-                f.if_(f.op(Op.IEqual, s.bool, d, s.c(0)), store_ml)
-
-            if e0 + t.invocations <= R * Dv:
-                element()
-            else:
-                f.if_(s.lt(e, s.c(R * Dv)), element)
-
-    def _ws_load(self, buf: Buffer, at: int) -> int:
-        """A load of another workgroup's slot, made visible to this one."""
-        s = self.s
-        return s.f.op(Op.Load, buf.elem, s.buffer_ptr(buf, at), _VISIBLE,
-                      s.c(Scope.QueueFamily))
-
-    def _merge_slices(self) -> None:
-        """fused_merge: the workgroup counts its arrival at its tile (one counter per kv
-        head and row tile); the last of the tile's `splits` workgroups merges their slots
-        and writes o, and sets the counter back to 0. The slots' stores are released by
-        the barrier and the atomic add and acquired by the last workgroup's, as the
-        Vulkan memory model asks (khr_tiled.py's split-K does the same)."""
-        s, t, f, P = self.s, self.t, self.s.f, self.P
-        qf = s.c(Scope.QueueFamily)
-        sem = s.c(MemorySemantics.AcquireRelease | MemorySemantics.UniformMemory
-                  | MemorySemantics.WorkgroupMemory)
-        f.emit(Op.ControlBarrier, s.c(Scope.Workgroup), qf, sem)
-        wz = s.add(s.mul(self.outer, P["kv_heads"]), self.kv_head)
-        index = s.add(s.mul(wz, self.row_tiles), s.udiv(self.r0, s.c(t.block_rows)))
-
-        def arrive() -> None:
-            counter = s.buffer_ptr(self.counters, index)
-            before = f.op(Op.AtomicIAdd, s.u32, counter, qf,
-                          s.c(MemorySemantics.AcquireRelease | MemorySemantics.UniformMemory),
-                          s.c(1))
-            last = f.op(Op.IEqual, s.bool, before, self._sub(P["splits"], s.c(1)))
-            f.if_(last, lambda: f.emit(Op.AtomicStore, counter, qf,
-                                       s.c(MemorySemantics.NONE), s.c(0)))
-            s.shared_store(self.sm_flag, s.c(0), s.select(s.u32, last, s.c(1), s.c(0)))
-
-        f.if_(f.op(Op.IEqual, s.bool, self.tid, s.c(0)), arrive)
-        f.emit(Op.ControlBarrier, s.c(Scope.Workgroup), qf, sem)
-        flag = s.shared_load(self.sm_flag, s.c(0))
-        f.if_(f.op(Op.INotEqual, s.bool, flag, s.c(0)), self._final_merge)
-
-    def _final_merge(self) -> None:
-        """Every slot of the tile merged, four elements of a row an invocation, MERGE_UNROLL
-        slots' loads in flight at a time: m = max m_s, o = sum O_s 2^(m_s - m) /
-        sum l_s 2^(m_s - m) (0 where that sum is 0), rounded once to o's type."""
-        s, t, f, P = self.s, self.t, self.s.f, self.P
-        R, quad_cols = t.rows, t.value_dim // 4
-        quads, ld = R * quad_cols, t.value_dim_padded
-        zero = self._fconst(0.0)
-        for q0 in range(0, quads, t.invocations):
-            q = s.add(self.tid, s.c(q0))
-
-            def quad(q: int = q) -> None:
-                r = s.udiv(q, s.c(quad_cols))
-                d0 = s.mul(s.umod(q, s.c(quad_cols)), s.c(4))
-                m_var = f.local(self.f32, self.neg_inf)
-                l_var = f.local(self.f32, zero)
-                o_vars = [f.local(self.f32, zero) for _ in range(4)]
-                c_var = f.local(s.u32, s.c(0))
-
-                def chunk() -> None:
-                    c0 = self._load(s.u32, c_var)
-                    loaded = []
-                    for j in range(MERGE_UNROLL):
-                        slot = s.add(c0, s.c(j))
-                        valid = s.lt(slot, P["splits"])
-                        row = self._slot_row(s.select(s.u32, valid, slot, s.c(0)), r)
-                        m_j = self._ws_load(self.ml, s.mul(row, s.c(2)))
-                        l_j = self._ws_load(self.ml, s.add(s.mul(row, s.c(2)), s.c(1)))
-                        at = s.add(s.mul(row, s.c(ld)), d0)
-                        o_j = [self._ws_load(self.O, s.add(at, s.c(c))) for c in range(4)]
-                        loaded.append((s.select(self.f32, valid, m_j, self.neg_inf), l_j, o_j))
-                    m_old = self._load(self.f32, m_var)
-                    m_new = m_old
-                    for m_j, _, _ in loaded:
-                        m_new = self._ext(GLSLstd450.FMax, m_new, m_j)
-                    empty = f.op(Op.FOrdEqual, s.bool, m_new, self.neg_inf)
-                    m_use = s.select(self.f32, empty, zero, m_new)
-                    alpha = self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, m_old, m_use))
-                    l_sum = self._fop(Op.FMul, self._load(self.f32, l_var), alpha)
-                    o_sums = [self._fop(Op.FMul, self._load(self.f32, v), alpha)
-                              for v in o_vars]
-                    for m_j, l_j, o_j in loaded:
-                        w = self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, m_j, m_use))
-                        l_sum = self._fop(Op.FAdd, l_sum, self._fop(Op.FMul, l_j, w))
-                        o_sums = [self._fop(Op.FAdd, acc, self._fop(Op.FMul, x, w))
-                                  for acc, x in zip(o_sums, o_j, strict=True)]
-                    self._store(m_var, m_new)
-                    self._store(l_var, l_sum)
-                    for v, value in zip(o_vars, o_sums, strict=True):
-                        self._store(v, value)
-
-                f.while_(lambda: s.lt(self._load(s.u32, c_var), P["splits"]), chunk,
-                         lambda: self._store(c_var, s.add(self._load(s.u32, c_var),
-                                                          s.c(MERGE_UNROLL))),
-                         LoopControl.DontUnroll)
-                R_all = s.add(self.r0, r)
-
-                def write() -> None:
-                    l_val = self._load(self.f32, l_var)
-                    seen = f.op(Op.FOrdLessThan, s.bool, zero, l_val)
-                    at = s.add(self._row_offset(R_all, "o"), d0)
-                    for c, v in enumerate(o_vars):
-                        value = s.select(self.f32, seen,
-                                         self._fop(Op.FDiv, self._load(self.f32, v), l_val), zero)
-                        if self.out_el != self.f32:
-                            value = f.op(Op.FConvert, self.out_el, value)
-                        s.buffer_store(self.result, s.add(at, s.c(c)), value)
-
-                f.if_(s.lt(R_all, self.rows_total), write)
-
-            if q0 + t.invocations <= quads:
-                quad()
-            else:
-                f.if_(s.lt(q, s.c(quads)), quad)
 
     # -- the module -------------------------------------------------------------------------
     def build(self) -> bytes:
@@ -526,15 +304,11 @@ class GemvAttentionEmitter(AttentionEmitter):
         self.l_vars = [f.local(self.f32, self._fconst(0.0)) for _ in range(t.rows)]
         self.o_vars = [[[f.local(self.vec4, self.zero4) for _ in range(2)]
                         for _ in self.v_units] for _ in range(t.rows)]
-        # Subgroup g of the workgroup walks steps g, g + subgroups, ... of the slice.
-        stride = t.keys * t.subgroups
-        start = s.add(self.kbeg, s.mul(self.sgid, s.c(t.keys))) if t.subgroups > 1 \
-            else self.kbeg
         k_var = f.local(s.u32)
-        self._store(k_var, start)
+        self._store(k_var, self.kbeg)
         regs: list[list[int]] = []
         if t.prefetch:
-            first = self._k_loads(start)
+            first = self._k_loads(self.kbeg)
             regs = [[f.local(self.uvec4) for _ in units] for units in first]
             self._store_all(regs, first)
 
@@ -543,20 +317,14 @@ class GemvAttentionEmitter(AttentionEmitter):
             if t.prefetch:  # this step's V and the next step's K in flight with its math
                 k_units = [[self._load(self.uvec4, var) for var in row] for row in regs]
                 v_units = self._v_loads(k0)
-                self._store_all(regs, self._k_loads(s.add(k0, s.c(stride))))
+                self._store_all(regs, self._k_loads(s.add(k0, s.c(t.keys))))
             else:
                 k_units = self._k_loads(k0)
             ps, alphas = self._weights(k0, self._key_scores(k_units))
             self._accumulate_pv(v_units if t.prefetch else self._v_loads(k0), ps, alphas)
 
         f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), body,
-                 lambda: self._store(k_var, s.add(self._load(s.u32, k_var), s.c(stride))),
+                 lambda: self._store(k_var, s.add(self._load(s.u32, k_var), s.c(t.keys))),
                  LoopControl.DontUnroll)
-        sums = self._reduce_state()
-        if t.subgroups > 1:
-            self._merge_subgroups(sums)
-        else:
-            self._store_slot(sums)
-        if t.fused_merge:
-            self._merge_slices()
+        self._store_state()
         return s.compute_module(t.invocations)

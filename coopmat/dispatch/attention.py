@@ -1,8 +1,6 @@
 """Run an attention choice (coopmat.policy.attention) on operands in device memory: the
-attention kernel, for a split run its workspace and the merging pass (none where the
-kernel's last workgroups merge: traits.fused_merge, with the device's split-K counters),
-for a kernel that skips masked blocks the pass marking them (before it) and its words,
-queued in one
+attention kernel, for a split run its workspace and the merging pass, for a kernel that
+skips masked blocks the pass marking them (before it) and its words, queued in one
 submission on the device's stream (with the call's staging copies before it and a copy
 of a small result to host-visible memory after it, as a product's).
 
@@ -17,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coopmat.codegen import attention as attn
-from coopmat.codegen.abi import SPLIT_K_MAX_TILES
 from coopmat.codegen.attention import AttentionTraits, MaskKind
 from coopmat.codegen.attention_blocks import (
     HIDDEN_BF16,
@@ -182,20 +179,6 @@ def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: 
                                   kernel.push_constants({**common, **values}),
                                   kernel.workgroups(sizes.rows, sizes.z), tuple(offsets))]
     partial, ml = workspace[:2]
-    if t.fused_merge:  # one dispatch: its last workgroup of a row tile writes o
-        tiles = sizes.z * -(-sizes.rows // t.block_rows)
-        if tiles > SPLIT_K_MAX_TILES:
-            raise ValueError(f"attention: {tiles} row tiles need more arrival counters than "
-                             f"the device's {SPLIT_K_MAX_TILES}")
-        buffers, offsets, values = _bindings(t, q, k, v, o, mask)
-        buffers[attn.BINDING_RESULT] = buffers.pop(attn.BINDING_O)
-        offsets = [(attn.BINDING_RESULT if b == attn.BINDING_O else b, at) for b, at in offsets]
-        buffers.update({attn.BINDING_O: partial, attn.BINDING_ML: ml,
-                        attn.BINDING_COUNTERS: rt.split_counters()})
-        return before + [Dispatch(rt.pipelines.get(kernel), buffers,
-                                  kernel.push_constants({**common, **values}),
-                                  kernel.workgroups(sizes.rows, sizes.z, choice.splits),
-                                  tuple(offsets))]
     buffers, offsets, values = _bindings(t, q, k, v, None, mask)
     if t.skip_blocks:
         buffers[attn.BINDING_BLOCKS] = words

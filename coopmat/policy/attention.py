@@ -15,8 +15,7 @@ problem's sizes.
 - Decode on a GPU (at most GEMV_ROWS rows a kv head, GEMV_MIN_KEYS keys or more, no
   mask, 16-byte units) takes the gemv family: no matrices, K and V read straight into
   registers (the next step's K prefetched), the keys split to about GEMV_SPLIT_TARGET
-  subgroups, GEMV_SUBGROUPS a workgroup; the last workgroup of a row tile merges the
-  slices (fused_merge, where the device's split-K counters cover the tiles).
+  single-subgroup workgroups.
 - Other few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices. Where an
@@ -49,7 +48,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from coopmat.codegen.abi import SPLIT_K_MAX_TILES
 from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
 from coopmat.codegen.attention_combine import INVOCATIONS, merged_at_once
 from coopmat.codegen.variants import is_cpu, khr_subgroup_size
@@ -59,8 +57,8 @@ from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_blocks",
-               "fast_steps", "paired", "fused_merge", "family")
-BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps", "paired", "fused_merge")
+               "fast_steps", "paired", "family")
+BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps", "paired")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
 SPLIT_TARGET = 512
@@ -87,9 +85,6 @@ GPU_SUBGROUPS = 4
 GEMV_ROWS = 4
 GEMV_MIN_KEYS = 16384
 GEMV_SPLIT_TARGET = 1024
-# Subgroups of a gemv workgroup (each a step of its slice in turn), whose states meet in
-# shared memory, so that the last workgroup of a row tile merges few slices (fused_merge).
-GEMV_SUBGROUPS = 4
 NV2_SUBGROUPS = 8
 # Causal nv2 prefill pairs row tiles where its unpaired grid has at most this many
 # workgroups.
@@ -248,16 +243,12 @@ def gemv_traits(info: PhysicalDeviceInfo, p: AttentionProblem) -> AttentionTrait
     sg = khr_subgroup_size(info.limits)
     units = -(-p.head_dim // 8)
     aligned = p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
-    rows = min(p.rows, GEMV_ROWS)
-    subgroups = max(1, min(GEMV_SUBGROUPS, info.limits.max_compute_work_group_invocations
-                           // sg))
     # The matrix shape only pads the split workspace's rows, as for the other families.
     return AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
-                           sg, rows=rows, subgroups=subgroups, keys=sg,
+                           sg, rows=min(p.rows, GEMV_ROWS), subgroups=1, keys=sg,
                            lanes_per_row=min(sg, 1 << (units - 1).bit_length()),
                            unit=8 if aligned else 1, mask=p.mask, split=True,
-                           prefetch=True, family="gemv",
-                           fused_merge=p.z * -(-p.rows // rows) <= SPLIT_K_MAX_TILES)
+                           prefetch=True, family="gemv")
 
 
 def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
@@ -288,15 +279,12 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
             why = f"device {info.name} lacks {', '.join(NV2_FEATURES)}"
         if why is not None:
             raise ValueError(f"attention tile {tile!r}: {why}")
-    # A slice is a whole number of a workgroup's steps: a gemv workgroup's subgroups
-    # take a step each in turn.
-    unit = traits.keys * (traits.subgroups if traits.family == "gemv" else 1)
     count = forced if forced is not None else split_count(info, p, traits)
-    count = max(1, min(count, -(-p.Lk // unit)))
+    count = max(1, min(count, -(-p.Lk // traits.keys)))
     if count == 1 and not traits.split:  # gemv always writes partial states
         return AttentionChoice(traits)
-    steps = -(-p.Lk // unit)
-    split_keys = -(-steps // count) * unit
+    steps = -(-p.Lk // traits.keys)
+    split_keys = -(-steps // count) * traits.keys
     count = -(-p.Lk // split_keys)
     traits = replace(traits, split=True, paired=False)
     if decode and "subgroups" not in fields and traits.family == "nv2" and \
@@ -328,11 +316,10 @@ def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTrait
     if is_cpu(info):
         return 1
     grid = p.z * -(-p.rows // t.block_rows)
-    gemv = t.family == "gemv"
-    steps = -(-p.Lk // (t.keys * (t.subgroups if gemv else 1)))
+    steps = -(-p.Lk // t.keys)
     if grid >= SPLIT_BELOW or steps < 2 * MIN_SPLIT_STEPS:
         return 1
-    target = GEMV_SPLIT_TARGET // t.subgroups if gemv else SPLIT_TARGET
+    target = GEMV_SPLIT_TARGET if t.family == "gemv" else SPLIT_TARGET
     return max(1, min(-(-target // grid), steps // MIN_SPLIT_STEPS))
 
 

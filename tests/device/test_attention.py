@@ -265,8 +265,7 @@ def test_split_decode_many_slices(rt, monkeypatch) -> None:
     """Far more slices than a workgroup's invocations, the last one ragged, through the
     front (float64 numpy softmax attention)."""
     coopmat.set_options(attention_splits=10_000)
-    # 5 q heads a kv head: more rows than the gemv kernel takes (its slices merge in it)
-    q, k, v = qkv((1, 10, 1, 32), (1, 2, 600 * 32 + 5, 32))  # > 512 slices of 32 keys
+    q, k, v = qkv((1, 4, 1, 32), (1, 2, 600 * 32 + 5, 32))  # > 512 slices of 32 keys
     got = coopmat.attention(q, k, v)
     choice = front.last_attention_choice()
     assert choice is not None and choice.traits.split and choice.splits > 512
@@ -383,35 +382,27 @@ def test_paired_row_tiles(rt, monkeypatch, tile) -> None:
 
 
 # -- the gemv family: decode without matrices ----------------------------------------------
-@pytest.mark.parametrize("Lq,heads,E,Ev,Lk,causal,splits,extra", [
-    (1, 8, 64, 64, 257, False, 3, "prefetch=0"),  # 4 grouped q heads a kv head: 4 rows
-    (1, 2, 128, 128, 75, False, 1, "subgroups=1,fused_merge=0"),  # 2 units a lane a key
-    (2, 6, 80, 96, 100, True, 4, "subgroups=3,fused_merge=0,prefetch=0"),  # 2 row tiles
-    (2, 6, 80, 96, 100, True, 4, ""),  # odd E: lanes past a key row's units
-    (1, 2, 32, 32, 5, False, 2, "subgroups=1"),  # fewer keys than a step: a slice empty
-    (1, 8, 32, 32, 700, False, 40, ""),  # more slices than the last workgroup loads at once
+@pytest.mark.parametrize("Lq,heads,E,Ev,Lk,causal,splits,prefetch", [
+    (1, 8, 64, 64, 257, False, 3, 0),   # 4 grouped q heads a kv head: one tile of 4 rows
+    (1, 2, 128, 128, 75, False, 1, 1),  # one slice; 16 units a key row: 2 a lane
+    (2, 6, 80, 96, 100, True, 4, 0),    # odd E (lanes past a key row's units), 6 rows: 2 tiles
+    (2, 6, 80, 96, 100, True, 4, 1),
+    (1, 2, 32, 32, 5, False, 2, 1),     # fewer keys than a step: one slice runs empty
 ])
-def test_gemv_decode(rt, Lq, heads, E, Ev, Lk, causal, splits, extra) -> None:
-    """The gemv kernel (COOPMAT_ATTENTION_TILE family=gemv): key groups' transposing
-    reduction, each key's weight fetched from the lane that scored it, value groups
-    summed at the end; one subgroup or several sharing a slice (their states merged in
-    shared memory), the slices merged by the second pass or by the last workgroup of a
-    row tile (fused_merge, the policy's); with and without the next step's K prefetched;
-    large logits, a negative scale, a float32 result."""
-    coopmat.set_options(attention_tile="family=gemv" + ("," + extra if extra else ""),
+def test_gemv_decode(rt, Lq, heads, E, Ev, Lk, causal, splits, prefetch) -> None:
+    """The gemv kernel (COOPMAT_ATTENTION_TILE family=gemv) and the merge: key groups'
+    transposing reduction, each key's weight fetched from the lane that scored it, value
+    groups summed at the end, with and without the next step's K prefetched; large
+    logits, a negative scale, a float32 result."""
+    coopmat.set_options(attention_tile=f"family=gemv,prefetch={prefetch}",
                         attention_splits=splits)
     q, k, v = qkv((1, heads, Lq, E), (1, 2, Lk, E), Ev=Ev, scale=3.0)
-    fields = policy.parse_tile(extra)
     for scale, dtype in ((None, None), (-0.2, np.float32)):
         got = coopmat.attention(q, k, v, causal=causal, scale=scale, dtype=dtype)
         choice = front.last_attention_choice()
         assert choice is not None and choice.traits.family == "gemv" and choice.traits.split
-        t = choice.traits
-        assert (t.prefetch, t.fused_merge) == (fields.get("prefetch", True),
-                                               fields.get("fused_merge", True))
-        assert t.subgroups == fields.get("subgroups", policy.GEMV_SUBGROUPS)
-        assert choice.splits <= splits and choice.split_keys % (t.keys * t.subgroups) == 0
-        assert (choice.splits - 1) * choice.split_keys < Lk <= choice.splits * choice.split_keys
+        assert choice.traits.prefetch == bool(prefetch)
+        assert choice.splits == min(splits, -(-Lk // choice.traits.keys))
         check(got, q, k, v, causal=causal, scale=scale)
 
 

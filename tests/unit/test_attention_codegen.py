@@ -127,7 +127,7 @@ def test_h200_choices() -> None:
     subgroups for prefill; decode (32 q heads on 8 kv heads, one token) takes one subgroup
     and splits the keys to about SPLIT_TARGET workgroups (gemv: GEMV_SPLIT_TARGET), a
     matrix kernel below GEMV_MIN_KEYS keys."""
-    from coopmat.policy.attention import GEMV_MIN_KEYS, GEMV_SPLIT_TARGET, GEMV_SUBGROUPS
+    from coopmat.policy.attention import GEMV_MIN_KEYS, GEMV_SPLIT_TARGET
     prefill = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096,
                                                       4096, 32))
     t = prefill.traits
@@ -136,10 +136,8 @@ def test_h200_choices() -> None:
     assert prefill.splits == 1 and not t.split and t.prefetch
     decode = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                      32768, 8))
-    assert decode.traits.subgroups == GEMV_SUBGROUPS and decode.traits.split
-    assert decode.traits.family == "gemv" and decode.traits.fused_merge
-    assert decode.splits * 8 * GEMV_SUBGROUPS == GEMV_SPLIT_TARGET
-    assert decode.split_keys % (32 * GEMV_SUBGROUPS) == 0
+    assert decode.traits.subgroups == 1 and decode.traits.split
+    assert decode.traits.family == "gemv" and decode.splits * 8 == GEMV_SPLIT_TARGET
     short = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
                                                     GEMV_MIN_KEYS - 1, 8))
     assert short.traits.family == "khr" and short.splits * 8 >= SPLIT_TARGET // 2
@@ -334,21 +332,15 @@ def test_gemv_traits_and_policy() -> None:
                         keys=32, lanes_per_row=16, split=True, prefetch=True, family="gemv")
     assert t.violation() is None and t.shared_memory_bytes == 0
     assert t.describe() == "attn-f16-d128v128-16x16x16-sg32-r4x1-c32-l16-u8-outf32-split-pf-gemv"
-    for bad, why in ((dict(subgroups=0), "one subgroup"), (dict(keys=64), "steps 32 keys"),
+    for bad, why in ((dict(subgroups=2), "one subgroup"), (dict(keys=64), "steps 32 keys"),
                      (dict(lanes_per_row=3), "power of two"), (dict(unit=1), "16-byte"),
                      (dict(head_dim=20), "16-byte"), (dict(mask=MaskKind.ADD), "no mask"),
-                     (dict(split=False), "split kernel"), (dict(paired=True), "paired"),
+                     (dict(split=False), "split kernel"),
                      (dict(operand=CT.FLOAT32), "float16 or bfloat16")):
         assert why in (dataclasses.replace(t, **bad).violation() or ""), bad
-    assert "gemv family's" in (dataclasses.replace(BASE, fused_merge=True).violation() or "")
-    fused = dataclasses.replace(t, subgroups=4, fused_merge=True, out=CT.BFLOAT16)
-    assert fused.block_rows == 4 and fused.invocations == 128  # subgroups share the rows
-    assert fused.shared_memory_bytes == 4 * (4 * 4 * (128 + 2) + 1)
-    assert attention_kernel(fused).bindings == (0, 1, 2, 3, 5, 7, 8)
-    assert attention_kernel(fused).workgroups(6, 8, 32) == (2, 32, 8)
     if find_tool("spirv-val") is not None:
-        for x in (t, fused, dataclasses.replace(t, prefetch=False, operand=CT.BFLOAT16,
-                                                head_dim=80, lanes_per_row=8, subgroups=3)):
+        for x in (t, dataclasses.replace(t, prefetch=False, operand=CT.BFLOAT16, head_dim=80,
+                                         lanes_per_row=8)):
             validate(attention_kernel(x).spirv)
         text = _disassemble(attention_kernel(t).spirv)
         assert "OpGroupNonUniformShuffle " in text and "OpGroupNonUniformFMax" in text
@@ -357,10 +349,7 @@ def test_gemv_traits_and_policy() -> None:
     c = choose_attention(H200, p)
     assert (c.traits.family, c.traits.rows, c.traits.lanes_per_row, c.traits.keys) == \
         ("gemv", GEMV_ROWS, 16, 32)
-    assert c.traits.prefetch and c.splits > 1 and c.traits.fused_merge
-    from coopmat.codegen.abi import SPLIT_K_MAX_TILES
-    many = dataclasses.replace(p, z=SPLIT_K_MAX_TILES + 1)  # more tiles than counters
-    assert not choose_attention(H200, many).traits.fused_merge
+    assert c.traits.prefetch and c.splits > 1
     for other in (dict(rows=GEMV_ROWS + 1), dict(Lk=GEMV_MIN_KEYS - 1), dict(aligned=False),
                   dict(mask=MaskKind.BOOL), dict(head_dim=100)):
         assert choose_attention(H200, dataclasses.replace(p, **other)).traits.family != \
