@@ -350,6 +350,9 @@ def test_gemv_traits_and_policy() -> None:
     assert (c.traits.family, c.traits.rows, c.traits.lanes_per_row, c.traits.keys) == \
         ("gemv", GEMV_ROWS, 16, 32)
     assert c.traits.prefetch and c.splits > 1
+    wide = choose_attention(H200, dataclasses.replace(p, head_dim=256, value_dim=256))
+    assert wide.traits.family == "gemv" and wide.traits.lanes_per_row == 32
+    assert not wide.traits.prefetch  # a step's K would take 128 registers a lane
     for other in (dict(rows=GEMV_ROWS + 1), dict(Lk=GEMV_MIN_KEYS - 1), dict(aligned=False),
                   dict(mask=MaskKind.BOOL), dict(head_dim=100)):
         assert choose_attention(H200, dataclasses.replace(p, **other)).traits.family != \
