@@ -133,8 +133,8 @@ class AttentionTraits:
     "khr" (row statistics through shared memory, this module) or "nv2" (row reductions,
     per-element operations and accumulator -> A conversions of VK_NV_cooperative_matrix2,
     attention_nv2.py) or "gemv" (no matrices, for decode: attention_gemv.py; there rows
-    are the workgroup's rows, keys a multiple of the subgroup and lanes_per_row the lanes
-    that read one key's row); skip_blocks: skip the key steps whose block of scores the mask
+    are the workgroup's rows, keys the subgroup and lanes_per_row the lanes that read one
+    key's row); skip_blocks: skip the key steps whose block of scores the mask
     hides whole, as the block pass's words (binding BINDING_BLOCKS) say (no prefetch:
     the next visible step is not known a step ahead); fast_steps (nv2, no mask): a key
     step that no causal edge, key range end or non-positive scale touches takes a
@@ -299,8 +299,8 @@ class AttentionTraits:
             return f"operands are float16 or bfloat16, not {element(self.operand).name}"
         if self.rows < 1 or self.subgroups != 1:
             return "gemv takes one subgroup a workgroup and at least one row"
-        if self.keys % sg or self.keys < sg:
-            return f"gemv steps a multiple of {sg} keys (the subgroup), not {self.keys}"
+        if self.keys != sg:
+            return f"gemv steps {sg} keys (the subgroup), not {self.keys}"
         if lanes < 1 or lanes & (lanes - 1) or sg % lanes:
             return f"lanes_per_row {lanes} must be a power of two dividing the subgroup"
         if self.unit != 8 or self.head_dim % 8 or self.value_dim % 8 or \

@@ -6,9 +6,8 @@ as gemv.py reads a weight, and leaving the partial states that attention_combine
 A matrix kernel at decode wastes most of its rows (4 grouped heads of one query fill 4 of
 16) and stages every key through shared memory; this kernel has no shared memory and no
 barriers. One subgroup a workgroup, rows [r0, r0 + rows) of one kv head (attention.py's
-rows: groups x Lq), keys [kbeg, kend) of one slice (attention.py's key range). A step of
-traits.keys keys loads all of them first, then takes them in parts of sg =
-subgroup_size keys from k0 (the softmax's max over the whole step):
+rows: groups x Lq), keys [kbeg, kend) of one slice (attention.py's key range). In steps of
+sg = subgroup_size keys from k0:
 
     scores: key groups of L = lanes_per_row lanes (G = sg / L groups). Lane p of group g
         reads units p, p + L, ... (16 bytes each) of keys k0 + g + G i for i < L, so L
@@ -194,63 +193,47 @@ class GemvAttentionEmitter(AttentionEmitter):
             h //= 2
         return [vals[0] for vals in parts]
 
-    def _weights(self, k0: int, scores: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-        """(p per part and row, alpha per row) of a step's parts' scores (part j: keys
-        k0 + j sg + ...); updates m and this lane's share of l."""
-        s, t, f = self.s, self.t, self.s.f
+    def _weights(self, k0: int, scores: list[int]) -> tuple[list[int], list[int]]:
+        """(p, alpha) of every row; updates m and this lane's share of l."""
+        s, f = self.s, self.s.f
+        j = s.add(k0, self.own_key)
+        inside = s.lt(j, self.kend)
         zero = self._fconst(0.0)
-        xs: list[list[int]] = []
-        for j, part in enumerate(scores):
-            key = s.add(s.add(k0, s.c(j * t.subgroup_size)), self.own_key)
-            inside = s.lt(key, self.kend)
-            row_xs = []
-            for r, score in enumerate(part):
-                hidden = s.and_(self.causal, f.op(Op.UGreaterThan, s.bool, key, self.query[r]))
-                seen = s.and_(inside, f.op(Op.LogicalNot, s.bool, hidden))
-                row_xs.append(s.select(self.f32, seen, score, self.neg_inf))
-            xs.append(row_xs)
-        ps: list[list[int]] = [[] for _ in xs]
-        alphas = []
-        for r in range(t.rows):
-            mx = xs[0][r]
-            for part_xs in xs[1:]:
-                mx = self._ext(GLSLstd450.FMax, mx, part_xs[r])
+        ps, alphas = [], []
+        for r, score in enumerate(scores):
+            hidden = s.and_(self.causal, f.op(Op.UGreaterThan, s.bool, j, self.query[r]))
+            seen = s.and_(inside, f.op(Op.LogicalNot, s.bool, hidden))
+            x = s.select(self.f32, seen, score, self.neg_inf)
             m_old = self._load(self.f32, self.m_vars[r])
-            m_new = self._ext(GLSLstd450.FMax, m_old,
-                              self._subgroup(Op.GroupNonUniformFMax, mx))
+            m_new = self._ext(GLSLstd450.FMax, m_old, self._subgroup(Op.GroupNonUniformFMax, x))
             empty = f.op(Op.FOrdEqual, s.bool, m_new, self.neg_inf)
             m_use = s.select(self.f32, empty, zero, m_new)
+            p = self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, x, m_use))
             alpha = self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, m_old, m_use))
-            total = self._fop(Op.FMul, self._load(self.f32, self.l_vars[r]), alpha)
-            for j, part_xs in enumerate(xs):
-                p = self._ext(GLSLstd450.Exp2, self._fop(Op.FSub, part_xs[r], m_use))
-                total = self._fop(Op.FAdd, total, p)
-                ps[j].append(p)
-            self._store(self.l_vars[r], total)
+            l_old = self._load(self.f32, self.l_vars[r])
+            self._store(self.l_vars[r], self._fop(Op.FAdd, self._fop(Op.FMul, l_old, alpha), p))
             self._store(self.m_vars[r], m_new)
+            ps.append(p)
             alphas.append(alpha)
         return ps, alphas
 
-    def _accumulate_pv(self, loads: list[list[list[int]]], ps: list[list[int]],
+    def _accumulate_pv(self, loads: list[list[int]], ps: list[int],
                        alphas: list[int]) -> None:
-        """O = O alpha + P V over the step's parts (loads and p per part)."""
         s, t, f = self.s, self.t, self.s.f
         G, L = self.G, t.lanes_per_row
         acc = [[[f.op(Op.VectorTimesScalar, self.vec4, self._load(self.vec4, var), alphas[r])
                  for var in unit_vars] for unit_vars in row_vars]
                for r, row_vars in enumerate(self.o_vars)]
-        for part_loads, part_ps in zip(loads, ps, strict=True):
-            for kk, units in zip(self.v_keys, part_loads, strict=True):
-                # The lane that scored key kk: group kk mod G, lane kk / G of it.
-                owner = s.add(s.mul(s.umod(kk, s.c(G)), s.c(L)), s.udiv(kk, s.c(G)))
-                v = [self.widener.widen(x) for x in units]
-                for r in range(t.rows):
-                    p = f.op(Op.GroupNonUniformShuffle, self.f32, s.c(Scope.Subgroup),
-                             part_ps[r], owner)
-                    for c, pair in enumerate(v):
-                        for h, x in enumerate(pair):
-                            acc[r][c][h] = f.op(Op.FAdd, self.vec4, acc[r][c][h],
-                                                f.op(Op.VectorTimesScalar, self.vec4, x, p))
+        for kk, units in zip(self.v_keys, loads, strict=True):
+            # The lane that scored key kk: group kk mod G, lane kk / G of it.
+            owner = s.add(s.mul(s.umod(kk, s.c(G)), s.c(L)), s.udiv(kk, s.c(G)))
+            v = [self.widener.widen(x) for x in units]
+            for r in range(t.rows):
+                p = f.op(Op.GroupNonUniformShuffle, self.f32, s.c(Scope.Subgroup), ps[r], owner)
+                for c, pair in enumerate(v):
+                    for h, x in enumerate(pair):
+                        acc[r][c][h] = f.op(Op.FAdd, self.vec4, acc[r][c][h],
+                                            f.op(Op.VectorTimesScalar, self.vec4, x, p))
         for row_vars, row_acc in zip(self.o_vars, acc, strict=True):
             for unit_vars, unit_acc in zip(row_vars, row_acc, strict=True):
                 for var, value in zip(unit_vars, unit_acc, strict=True):
@@ -323,35 +306,22 @@ class GemvAttentionEmitter(AttentionEmitter):
                         for _ in self.v_units] for _ in range(t.rows)]
         k_var = f.local(s.u32)
         self._store(k_var, self.kbeg)
-        sg = t.subgroup_size
-        parts = range(t.keys // sg)  # a step's parts of a subgroup's keys each
-
-        def k_loads(k0: int) -> list[list[int]]:
-            return [u for j in parts for u in self._k_loads(s.add(k0, s.c(j * sg)))]
-
-        def split(flat: list[list[int]]) -> list[list[list[int]]]:
-            n = len(flat) // len(parts)
-            return [flat[j * n:(j + 1) * n] for j in parts]
-
         regs: list[list[int]] = []
         if t.prefetch:
-            first = k_loads(self.kbeg)
+            first = self._k_loads(self.kbeg)
             regs = [[f.local(self.uvec4) for _ in units] for units in first]
             self._store_all(regs, first)
 
         def body() -> None:
             k0 = self._load(s.u32, k_var)
-            v_units = None
             if t.prefetch:  # this step's V and the next step's K in flight with its math
                 k_units = [[self._load(self.uvec4, var) for var in row] for row in regs]
-                v_units = [self._v_loads(s.add(k0, s.c(j * sg))) for j in parts]
-                self._store_all(regs, k_loads(s.add(k0, s.c(t.keys))))
+                v_units = self._v_loads(k0)
+                self._store_all(regs, self._k_loads(s.add(k0, s.c(t.keys))))
             else:
-                k_units = k_loads(k0)
-            ps, alphas = self._weights(k0, [self._key_scores(u) for u in split(k_units)])
-            if v_units is None:
-                v_units = [self._v_loads(s.add(k0, s.c(j * sg))) for j in parts]
-            self._accumulate_pv(v_units, ps, alphas)
+                k_units = self._k_loads(k0)
+            ps, alphas = self._weights(k0, self._key_scores(k_units))
+            self._accumulate_pv(v_units if t.prefetch else self._v_loads(k0), ps, alphas)
 
         f.while_(lambda: s.lt(self._load(s.u32, k_var), self.kend), body,
                  lambda: self._store(k_var, s.add(self._load(s.u32, k_var), s.c(t.keys))),

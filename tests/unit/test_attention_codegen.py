@@ -332,7 +332,7 @@ def test_gemv_traits_and_policy() -> None:
                         keys=32, lanes_per_row=16, split=True, prefetch=True, family="gemv")
     assert t.violation() is None and t.shared_memory_bytes == 0
     assert t.describe() == "attn-f16-d128v128-16x16x16-sg32-r4x1-c32-l16-u8-outf32-split-pf-gemv"
-    for bad, why in ((dict(subgroups=2), "one subgroup"), (dict(keys=48), "multiple of 32"),
+    for bad, why in ((dict(subgroups=2), "one subgroup"), (dict(keys=64), "steps 32 keys"),
                      (dict(lanes_per_row=3), "power of two"), (dict(unit=1), "16-byte"),
                      (dict(head_dim=20), "16-byte"), (dict(mask=MaskKind.ADD), "no mask"),
                      (dict(split=False), "split kernel"),
@@ -340,7 +340,7 @@ def test_gemv_traits_and_policy() -> None:
         assert why in (dataclasses.replace(t, **bad).violation() or ""), bad
     if find_tool("spirv-val") is not None:
         for x in (t, dataclasses.replace(t, prefetch=False, operand=CT.BFLOAT16, head_dim=80,
-                                         lanes_per_row=8, keys=64)):
+                                         lanes_per_row=8)):
             validate(attention_kernel(x).spirv)
         text = _disassemble(attention_kernel(t).spirv)
         assert "OpGroupNonUniformShuffle " in text and "OpGroupNonUniformFMax" in text
