@@ -14,8 +14,8 @@ problem's sizes.
   first where one workgroup holds the rows of a kv head (decode).
 - Decode on a GPU (at most GEMV_ROWS rows a kv head, GEMV_MIN_KEYS keys or more, no
   mask, 16-byte units) takes the gemv family: no matrices, K and V read straight into
-  registers (the next step's K prefetched), the keys split to about GEMV_SPLIT_TARGET
-  single-subgroup workgroups.
+  registers (the next step's K prefetched where it takes at most PREFETCH_REGISTERS of
+  them), the keys split to about GEMV_SPLIT_TARGET single-subgroup workgroups.
 - Other few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
   the grid is small the keys are split over workgroups, each slice a whole number of key
   steps, about SPLIT_TARGET workgroups in all; a second pass merges the slices. Where an
@@ -236,7 +236,8 @@ def gemv_traits(info: PhysicalDeviceInfo, p: AttentionProblem) -> AttentionTrait
     """The gemv kernel for `p`: every row of a kv head in one workgroup (at most
     GEMV_ROWS), the lanes of a key row its 16-byte units rounded up to a power of two,
     the next step's K in flight during each step where its loads take at most
-    PREFETCH_REGISTERS registers a lane (E = 256 measured 1.8x faster without)."""
+    PREFETCH_REGISTERS registers a lane (more measured slower: docs/design.md,
+    Attention)."""
     cfg = attention_config(info, p.operand)
     if cfg is None:
         raise ValueError(f"device {info.name} lists no float32-accumulating matrices of "
