@@ -3,6 +3,7 @@ kernel's slices) alone, and with the merge? GPU timestamps over --reps runs back
 for each tile (COOPMAT_ATTENTION_TILE's syntax) and slice count, on decode's shape.
 
     python lab/attention_passes.py [--lk 32768] [--heads 32] [--kv 8] [--lq 1] [--dim 128]
+        [--batch 1]
         [--tiles "family=gemv;family=nv2"] [--splits 64,128,256] [--reps 20] [--rounds 2]
 
 With COOPMAT_PIPELINE_STATS=1 each line adds the driver's register and local-memory
@@ -31,9 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv", type=int, default=8)
     ap.add_argument("--lq", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--tiles", default="family=gemv;family=nv2")
-    ap.add_argument("--splits", default="64,128,256")
+    ap.add_argument("--splits", default="64,128,256",
+                    help="slice counts; 0: the policy's")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warm", type=int, default=400,
@@ -42,9 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     rt = runtime()
-    q = coopmat.asarray(rng.standard_normal((1, a.heads, a.lq, a.dim)).astype(np.float16))
-    k = coopmat.asarray(rng.standard_normal((1, a.kv, a.lk, a.dim)).astype(np.float16))
-    v = coopmat.asarray(rng.standard_normal((1, a.kv, a.lk, a.dim)).astype(np.float16))
+    B = a.batch
+    q = coopmat.asarray(rng.standard_normal((B, a.heads, a.lq, a.dim)).astype(np.float16))
+    k = coopmat.asarray(rng.standard_normal((B, a.kv, a.lk, a.dim)).astype(np.float16))
+    v = coopmat.asarray(rng.standard_normal((B, a.kv, a.lk, a.dim)).astype(np.float16))
     kv_bytes = 2 * k.nbytes
     # float64 softmax attention, each q head on its kv head (grouped-query attention).
     qn, kn, vn = (np.repeat(x.numpy().astype(np.float64), a.heads // a.kv, axis=1)
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     configs = [(tile, int(x)) for tile in a.tiles.split(";") for x in a.splits.split(",")]
     for rnd in range(a.rounds):
         for tile, splits in configs:
-            coopmat.set_options(attention_tile=tile, attention_splits=splits)
+            coopmat.set_options(attention_tile=tile, attention_splits=splits or None)
             out = coopmat.attention(q, k, v)
             err = float(np.abs(out.numpy().astype(np.float64) - want).max())
             choice = last_attention_choice()

@@ -60,7 +60,8 @@ TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_b
                "fast_steps", "paired", "family")
 BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps", "paired")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
-# runs whose unsplit grid already has SPLIT_BELOW workgroups are not split.
+# runs whose unsplit grid already has SPLIT_BELOW workgroups are not split, decode's (one
+# workgroup a kv head) where it already has SPLIT_TARGET.
 SPLIT_TARGET = 512
 SPLIT_BELOW = 128
 # Slices of fewer key steps than this are not worth their merge.
@@ -80,8 +81,8 @@ MERGE_INVOCATIONS = (512, 256)
 DECODE_KEY_STEPS = (32, 64, 16)
 GPU_SUBGROUPS = 4
 # The gemv family (no matrices) runs decode with at most GEMV_ROWS rows a kv head against
-# at least GEMV_MIN_KEYS keys (below, the matrix kernels measured faster); its split aims
-# at about GEMV_SPLIT_TARGET single-subgroup workgroups.
+# at least GEMV_MIN_KEYS keys (below, the matrix kernels measured faster); a grid of fewer
+# than GEMV_SPLIT_TARGET single-subgroup workgroups is split to about that many.
 GEMV_ROWS = 4
 GEMV_MIN_KEYS = 16384
 GEMV_SPLIT_TARGET = 1024
@@ -322,9 +323,16 @@ def split_count(info: PhysicalDeviceInfo, p: AttentionProblem, t: AttentionTrait
         return 1
     grid = p.z * -(-p.rows // t.block_rows)
     steps = -(-p.Lk // t.keys)
-    if grid >= SPLIT_BELOW or steps < 2 * MIN_SPLIT_STEPS:
+    # Decode (a kv head's rows in one workgroup of one or two subgroups) splits any grid
+    # short of its target; gemv workgroups are one subgroup each.
+    if t.family == "gemv":
+        below = target = GEMV_SPLIT_TARGET
+    elif p.rows <= t.block_rows:
+        below = target = SPLIT_TARGET
+    else:
+        below, target = SPLIT_BELOW, SPLIT_TARGET
+    if grid >= below or steps < 2 * MIN_SPLIT_STEPS:
         return 1
-    target = GEMV_SPLIT_TARGET if t.family == "gemv" else SPLIT_TARGET
     return max(1, min(-(-target // grid), steps // MIN_SPLIT_STEPS))
 
 

@@ -350,6 +350,13 @@ def test_gemv_traits_and_policy() -> None:
     assert (c.traits.family, c.traits.rows, c.traits.lanes_per_row, c.traits.keys) == \
         ("gemv", GEMV_ROWS, 16, 32)
     assert c.traits.prefetch and c.splits > 1
+    batched = choose_attention(H200, dataclasses.replace(p, z=16 * 8, Lk=32768))
+    assert batched.splits == 8  # 128 single-subgroup workgroups unsplit: too few
+    assert choose_attention(H200, dataclasses.replace(p, z=1024)).splits == 1
+    matrix = choose_attention(H200, dataclasses.replace(p, z=16 * 8, Lk=8192))  # khr decode
+    assert matrix.traits.family == "khr" and matrix.splits == SPLIT_TARGET // 128
+    prefill = choose_attention(H200, dataclasses.replace(p, rows=1024, Lk=1024, z=32))
+    assert prefill.splits == 1  # 32 x 16 row tiles: not split
     wide = choose_attention(H200, dataclasses.replace(p, head_dim=256, value_dim=256))
     assert wide.traits.family == "gemv" and wide.traits.lanes_per_row == 32
     assert not wide.traits.prefetch  # a step's K would take 128 registers a lane
