@@ -3,7 +3,7 @@ kernel's slices) alone, and with the merge? GPU timestamps over --reps runs back
 for each tile (COOPMAT_ATTENTION_TILE's syntax) and slice count, on decode's shape.
 
     python lab/attention_passes.py [--lk 32768] [--heads 32] [--kv 8] [--lq 1] [--dim 128]
-        [--batch 1]
+        [--batch 1] [--mask none|bool]
         [--tiles "family=gemv;family=nv2"] [--splits 64,128,256] [--reps 20] [--rounds 2]
 
 With COOPMAT_PIPELINE_STATS=1 each line adds the driver's register and local-memory
@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv", type=int, default=8)
     ap.add_argument("--lq", type=int, default=1)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--mask", choices=("none", "bool"), default="none",
+                    help="bool: a padding mask, each sequence's keys past a random length "
+                         "in [Lk / 2, Lk) hidden (first_us is then the first dispatch's: "
+                         "the block pass, where the kernel skips hidden blocks)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--tiles", default="family=gemv;family=nv2")
     ap.add_argument("--splits", default="64,128,256",
@@ -50,32 +54,41 @@ def main(argv: list[str] | None = None) -> None:
     k = coopmat.asarray(rng.standard_normal((B, a.kv, a.lk, a.dim)).astype(np.float16))
     v = coopmat.asarray(rng.standard_normal((B, a.kv, a.lk, a.dim)).astype(np.float16))
     kv_bytes = 2 * k.nbytes
+    mask = keep = None
+    if a.mask == "bool":
+        lengths = rng.integers(a.lk // 2, a.lk, size=B)
+        keep = (np.arange(a.lk)[None, :] < lengths[:, None])[:, None, None, :]
+        mask = coopmat.asarray(keep)
     # float64 softmax attention, each q head on its kv head (grouped-query attention).
     qn, kn, vn = (np.repeat(x.numpy().astype(np.float64), a.heads // a.kv, axis=1)
                   if x is not q else x.numpy().astype(np.float64) for x in (q, k, v))
     s = qn @ kn.swapaxes(-1, -2) / np.sqrt(a.dim)
+    if keep is not None:
+        s = np.where(keep, s, -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))
     want = (w / w.sum(-1, keepdims=True)) @ vn
     configs = [(tile, int(x)) for tile in a.tiles.split(";") for x in a.splits.split(",")]
     for rnd in range(a.rounds):
         for tile, splits in configs:
             coopmat.set_options(attention_tile=tile, attention_splits=splits or None)
-            out = coopmat.attention(q, k, v)
+            out = coopmat.attention(q, k, v, mask=mask)
             err = float(np.abs(out.numpy().astype(np.float64) - want).max())
             choice = last_attention_choice()
             assert choice is not None
-            s = rules.attention_shapes(q.shape, k.shape, v.shape, None)
+            s = rules.attention_shapes(q.shape, k.shape, v.shape,
+                                       mask.shape if mask is not None else None)
             ops = []
-            for x in (q, k, v):
-                walk = rules.walk(x.shape, x.element_strides, s, matrix=False)
+            for x in (q, k, v) + ((mask,) if mask is not None else ()):
+                walk = rules.walk(x.shape, x.element_strides, s, matrix=x is mask)
                 assert walk is not None
                 ops.append(run.Operand(x.buffer, x.offset_bytes, x.itemsize, *walk))
+            m_op = ops[3] if mask is not None else None
             o = run.Operand(out.buffer, out.offset_bytes, out.itemsize, s.heads * s.Lq * s.Dv,
                             s.Lq * s.Dv, s.Dv)
             sizes = run.Sizes(s.Lq, s.Lk, s.groups, s.kv_heads, s.batch)
-            temps = run.take_workspace(rt, choice, sizes)
+            temps = run.take_workspace(rt, choice, sizes, m_op)
             try:
-                ds = run.attention_dispatches(rt, choice, sizes, *ops, o, None,
+                ds = run.attention_dispatches(rt, choice, sizes, *ops[:3], o, m_op,
                                               rules.scale_of(None, s.D), False, temps)
                 times = []
                 for part in (ds[:1], ds):

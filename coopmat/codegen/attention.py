@@ -306,8 +306,8 @@ class AttentionTraits:
         if self.unit != 8 or self.head_dim % 8 or self.value_dim % 8 or \
                 min(self.head_dim, self.value_dim) < 1:
             return "gemv reads 16-byte units: head and value dimensions multiples of 8"
-        if self.mask is not None or self.skip_blocks or self.fast_steps or self.paired:
-            return "gemv takes no mask, skip_blocks, fast_steps or paired"
+        if self.skip_blocks or self.fast_steps or self.paired:
+            return "gemv takes no skip_blocks, fast_steps or paired"
         if not self.split:
             return "gemv writes partial states: it is a split kernel"
         return None
@@ -318,6 +318,10 @@ def required_capabilities(t: AttentionTraits) -> set[Capability]:
                 Capability.GroupNonUniformArithmetic, Capability.GroupNonUniformShuffle}
         if t.operand == ComponentType.FLOAT16:  # converted in registers (widen.py)
             caps.add(Capability.Float16)
+        if t.mask is MaskKind.BOOL:
+            caps.update({Capability.Int8, Capability.StorageBuffer8BitAccess})
+        elif t.mask is MaskKind.ADD:
+            caps.update(type_capabilities(t.operand, in_storage_buffer=True))
         return caps
     caps = {Capability.Shader, Capability.VulkanMemoryModel, Capability.CooperativeMatrixKHR,
             Capability.GroupNonUniform}

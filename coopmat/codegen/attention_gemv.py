@@ -33,17 +33,22 @@ from __future__ import annotations
 
 from coopmat.codegen.attention import (
     BINDING_K,
+    BINDING_MASK,
     BINDING_ML,
     BINDING_O,
     BINDING_Q,
     BINDING_V,
     PUSH_FIELDS,
     AttentionEmitter,
+    MaskKind,
+    _Row,
     required_capabilities,
 )
 from coopmat.codegen.shader import Buffer
 from coopmat.codegen.spv import GLSLstd450, GroupOperation, LoopControl, Op, Scope
+from coopmat.codegen.types import scalar_type, type_extension
 from coopmat.codegen.widen import UNIT_ELEMS, UnitWidener
+from coopmat.common.dtypes import element
 
 _UNIT_BYTES = 16
 
@@ -71,6 +76,18 @@ class GemvAttentionEmitter(AttentionEmitter):
         self.V = s.storage_buffer(BINDING_V, self.uvec4, _UNIT_BYTES, True, "v", restrict=True)
         self.O = s.storage_buffer(BINDING_O, self.f32, 4, False, "o", restrict=True)
         self.ml = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True)
+        self.mask_buf: Buffer | None = None
+        if t.mask is MaskKind.BOOL:
+            self.u8 = mb.type_int(8, False)
+            self.mask_buf = s.storage_buffer(BINDING_MASK, self.u8, 1, True, "mask",
+                                             restrict=True)
+        elif t.mask is MaskKind.ADD:
+            ext = type_extension(t.operand)
+            if ext:
+                mb.extension(ext)
+            self.mask_buf = s.storage_buffer(BINDING_MASK, scalar_type(mb, t.operand),
+                                             element(t.operand).itemsize, True, "mask",
+                                             restrict=True)
         types = [self.f32 if name == "scale_log2" else s.u32 for name in PUSH_FIELDS]
         s.push_constants(PUSH_FIELDS, types)
 
@@ -137,9 +154,13 @@ class GemvAttentionEmitter(AttentionEmitter):
         last = self._sub(self.rows_total, s.c(1))
         self.q: list[list[tuple[int, int]]] = []
         self.query: list[int] = []
+        self.mask_rows: list[_Row] = []  # where the mask's row of each row starts
         for r in range(t.rows):
             R = self._min(s.add(self.r0, s.c(r)), last)
             self.query.append(self._row_query(R)[1])
+            if t.mask is not None:
+                self.mask_rows.append(_Row(s.c(r), self.query[-1], self._row_offset(R, "m"),
+                                           0, 0, R))
             at = s.shr(self._row_offset(R, "q"), s.c(3))
             units = []
             for u, valid in self.k_units:
@@ -195,12 +216,15 @@ class GemvAttentionEmitter(AttentionEmitter):
 
     def _weights(self, k0: int, scores: list[int]) -> tuple[list[int], list[int]]:
         """(p, alpha) of every row; updates m and this lane's share of l."""
-        s, f = self.s, self.s.f
+        s, t, f = self.s, self.t, self.s.f
         j = s.add(k0, self.own_key)
         inside = s.lt(j, self.kend)
         zero = self._fconst(0.0)
+        jc = self._min(j, self._sub(self.P["Lk"], s.c(1)))  # where the mask is read
         ps, alphas = [], []
         for r, score in enumerate(scores):
+            if t.mask is not None:
+                score = self._mask_value(self.mask_rows[r], jc, score)
             hidden = s.and_(self.causal, f.op(Op.UGreaterThan, s.bool, j, self.query[r]))
             seen = s.and_(inside, f.op(Op.LogicalNot, s.bool, hidden))
             x = s.select(self.f32, seen, score, self.neg_inf)

@@ -12,8 +12,8 @@ problem's sizes.
   the tiles would not fit), 2 on a CPU driver; the key step is the largest of 64, 32, 16
   (multiples of the matrices' n and k) whose tiles fit the device's shared memory; 32
   first where one workgroup holds the rows of a kv head (decode).
-- Decode on a GPU (at most GEMV_ROWS rows a kv head, GEMV_MIN_KEYS keys or more, no
-  mask, 16-byte units) takes the gemv family: no matrices, K and V read straight into
+- Decode on a GPU (at most GEMV_ROWS rows a kv head, GEMV_MIN_KEYS keys or more,
+  16-byte units, a mask or none) takes the gemv family: no matrices, K and V read straight into
   registers (the next step's K prefetched where it takes at most PREFETCH_REGISTERS of
   them), the keys split to about GEMV_SPLIT_TARGET single-subgroup workgroups.
 - Other few rows (decode: groups x Lq of at most m) take one subgroup a workgroup, and where
@@ -228,9 +228,11 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
 
 def gemv_decode(info: PhysicalDeviceInfo, p: AttentionProblem) -> bool:
     """Whether the gemv family runs `p`: a GPU, at most GEMV_ROWS rows a kv head against
-    GEMV_MIN_KEYS keys or more, no mask, q, k and v read in 16-byte units."""
+    GEMV_MIN_KEYS keys or more, q, k and v read in 16-byte units (with or without a mask:
+    it reads every key, and still measured faster than the matrix kernels that skip the
+    hidden blocks: docs/design.md, Attention)."""
     return not is_cpu(info) and p.rows <= GEMV_ROWS and p.Lk >= GEMV_MIN_KEYS and \
-        p.mask is None and p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
+        p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
 
 
 def gemv_traits(info: PhysicalDeviceInfo, p: AttentionProblem) -> AttentionTraits:

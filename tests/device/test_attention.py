@@ -406,6 +406,23 @@ def test_gemv_decode(rt, Lq, heads, E, Ev, Lk, causal, splits, prefetch) -> None
         check(got, q, k, v, causal=causal, scale=scale)
 
 
+def test_gemv_decode_masks(rt) -> None:
+    """The gemv kernel with a boolean mask (broadcast over q heads, one row fully masked:
+    0) and an additive one (per q head, -inf and large values), causal or not."""
+    coopmat.set_options(attention_tile="family=gemv", attention_splits=3)
+    q, k, v = qkv((2, 4, 2, 64), (2, 2, 90, 64), scale=3.0)
+    keep = RNG.random((2, 1, 2, 90)) > 0.3
+    keep[1, 0, 1] = False
+    bias = (RNG.standard_normal((2, 4, 2, 90)) * 4).astype(np.float32)
+    bias[RNG.random(bias.shape) < 0.2] = -np.inf
+    for mask, kind in ((keep, MaskKind.BOOL), (bias.astype(F16), MaskKind.ADD)):
+        for causal in (False, True):
+            got = coopmat.attention(q, k, v, mask=mask, causal=causal)
+            assert traits().family == "gemv" and traits().mask is kind
+            check(got, q, k, v, mask=mask, causal=causal)
+    assert not coopmat.attention(q, k, v, mask=keep)[1, :, 1].any()
+
+
 def test_gemv_decode_bfloat16(rt) -> None:
     from coopmat.common.enums import ComponentType
     if ComponentType.BFLOAT16 not in attention_operands(rt.device.info):

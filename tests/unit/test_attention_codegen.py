@@ -308,8 +308,8 @@ def test_skip_blocks_traits_and_policy() -> None:
         assert not one.skip_blocks and one.prefetch
         off = choose_attention(H200, p, tile="skip_blocks=0").traits
         assert not off.skip_blocks
-        split = choose_attention(H200, dataclasses.replace(p, rows=4, Lk=32768, z=8)).traits
-        assert split.split and split.skip_blocks
+        split = choose_attention(H200, dataclasses.replace(p, rows=8, Lk=32768, z=8)).traits
+        assert split.split and split.skip_blocks  # 8 rows: a matrix kernel (not gemv)
     plain = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
     assert not choose_attention(H200, plain, tile="skip_blocks=1").traits.skip_blocks
     k = block_kernel()
@@ -325,7 +325,7 @@ def test_skip_blocks_traits_and_policy() -> None:
 def test_gemv_traits_and_policy() -> None:
     """The gemv family: its rules and name, no shared memory, spirv-val of its kernel
     with and without prefetch (shuffles and subgroup reductions, no matrices); the
-    policy takes it for decode on a GPU only, for few rows, many keys, no mask and
+    policy takes it for decode on a GPU only, for few rows, many keys (masked or not) and
     16-byte units, and a tile override forces it anywhere, the CPU driver's too."""
     from coopmat.policy.attention import GEMV_MIN_KEYS, GEMV_ROWS
     t = AttentionTraits(CT.FLOAT16, CT.FLOAT32, 128, 128, 16, 16, 16, 32, rows=4, subgroups=1,
@@ -334,7 +334,7 @@ def test_gemv_traits_and_policy() -> None:
     assert t.describe() == "attn-f16-d128v128-16x16x16-sg32-r4x1-c32-l16-u8-outf32-split-pf-gemv"
     for bad, why in ((dict(subgroups=2), "one subgroup"), (dict(keys=64), "steps 32 keys"),
                      (dict(lanes_per_row=3), "power of two"), (dict(unit=1), "16-byte"),
-                     (dict(head_dim=20), "16-byte"), (dict(mask=MaskKind.ADD), "no mask"),
+                     (dict(head_dim=20), "16-byte"), (dict(skip_blocks=True), "skip_blocks"),
                      (dict(split=False), "split kernel"),
                      (dict(operand=CT.FLOAT32), "float16 or bfloat16")):
         assert why in (dataclasses.replace(t, **bad).violation() or ""), bad
@@ -360,8 +360,11 @@ def test_gemv_traits_and_policy() -> None:
     wide = choose_attention(H200, dataclasses.replace(p, head_dim=256, value_dim=256))
     assert wide.traits.family == "gemv" and wide.traits.lanes_per_row == 32
     assert not wide.traits.prefetch  # a step's K would take 128 registers a lane
+    for kind in MaskKind:  # masks too: no blocks to skip
+        c = choose_attention(H200, dataclasses.replace(p, mask=kind)).traits
+        assert c.family == "gemv" and c.mask is kind and not c.skip_blocks
     for other in (dict(rows=GEMV_ROWS + 1), dict(Lk=GEMV_MIN_KEYS - 1), dict(aligned=False),
-                  dict(mask=MaskKind.BOOL), dict(head_dim=100)):
+                  dict(head_dim=100)):
         assert choose_attention(H200, dataclasses.replace(p, **other)).traits.family != \
             "gemv", other
     cpu = RECORDS["lavapipe-mesa26-khr-coopmat"]
@@ -369,8 +372,13 @@ def test_gemv_traits_and_policy() -> None:
     forced = choose_attention(cpu, p, tile="family=gemv,prefetch=0")
     assert forced.traits.family == "gemv" and not forced.traits.prefetch
     assert forced.splits == 1 and forced.traits.split  # a CPU driver takes one slice
-    with pytest.raises(ValueError, match="no mask"):
-        choose_attention(H200, dataclasses.replace(p, mask=MaskKind.BOOL), tile="family=gemv")
+    masked = choose_attention(H200, dataclasses.replace(p, mask=MaskKind.BOOL),
+                              tile="family=gemv").traits
+    assert masked.family == "gemv" and masked.mask is MaskKind.BOOL and not masked.skip_blocks
+    if find_tool("spirv-val") is not None:
+        for kind in MaskKind:
+            validate(attention_kernel(dataclasses.replace(t, mask=kind,
+                                                          operand=CT.BFLOAT16)).spirv)
 
 
 def test_paired_traits_and_policy() -> None:
