@@ -15,8 +15,9 @@ sg = subgroup_size keys from k0:
         every row's q (registers, scaled by scale log2(e) once). A transposing reduction
         over the group (log2 L rounds of OpGroupNonUniformShuffleXor, each halving the
         values a lane holds) leaves lane p with the score of key k0 + g + G p, all rows.
-    softmax, per row: -inf past kend and, where causal, past the row's query; the step's
-        max over the subgroup (OpGroupNonUniformFMax); m' = max(m, it); p = 2^(s - m');
+    softmax, per row: the mask's value for the key (as attention.py reads it); -inf past
+        kend and, where causal, past the row's query; the step's max over the subgroup
+        (OpGroupNonUniformFMax); m' = max(m, it); p = 2^(s - m');
         alpha = 2^(m - m') (m' of -inf counts as 0); each lane keeps its share of l.
     P V: value groups of LV lanes (the value row's units rounded up to a power of two, at
         most sg; GV = sg / LV groups). Lane pv of group gv reads units pv, pv + LV, ... of
