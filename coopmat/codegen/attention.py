@@ -293,7 +293,7 @@ class AttentionTraits:
 
     def _gemv_violation(self) -> str | None:
         """The gemv family (attention_gemv.py): one subgroup, a step of subgroup_size
-        keys, lanes_per_row lanes a key row, 16-byte units, split, no mask."""
+        keys, lanes_per_row lanes a key row, 16-byte units, split, no blocks skipped."""
         sg, lanes = self.subgroup_size, self.lanes_per_row
         if self.operand not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
             return f"operands are float16 or bfloat16, not {element(self.operand).name}"
