@@ -20,10 +20,8 @@ import argparse
 import numpy as np
 
 import coopmat
-from coopmat.api import attention_rules as rules
-from coopmat.api.attention import last_attention_choice
-from coopmat.dispatch import attention as run
 from coopmat.dispatch.runtime import runtime
+from coopmat.tools.bench_attention import prepared_run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,33 +69,13 @@ def main(argv: list[str] | None = None) -> None:
     for rnd in range(a.rounds):
         for tile, splits in configs:
             coopmat.set_options(attention_tile=tile, attention_splits=splits or None)
-            out = coopmat.attention(q, k, v, mask=mask)
-            err = float(np.abs(out.numpy().astype(np.float64) - want).max())
-            choice = last_attention_choice()
-            assert choice is not None
-            s = rules.attention_shapes(q.shape, k.shape, v.shape,
-                                       mask.shape if mask is not None else None)
-            ops = []
-            for x in (q, k, v) + ((mask,) if mask is not None else ()):
-                walk = rules.walk(x.shape, x.element_strides, s, matrix=x is mask)
-                assert walk is not None
-                ops.append(run.Operand(x.buffer, x.offset_bytes, x.itemsize, *walk))
-            m_op = ops[3] if mask is not None else None
-            o = run.Operand(out.buffer, out.offset_bytes, out.itemsize, s.heads * s.Lq * s.Dv,
-                            s.Lq * s.Dv, s.Dv)
-            sizes = run.Sizes(s.Lq, s.Lk, s.groups, s.kv_heads, s.batch)
-            temps = run.take_workspace(rt, choice, sizes, m_op)
-            try:
-                ds = run.attention_dispatches(rt, choice, sizes, *ops[:3], o, m_op,
-                                              rules.scale_of(None, s.D), False, temps)
+            with prepared_run(q, k, v, False, mask) as (choice, ds, out):
+                err = float(np.abs(out.numpy().astype(np.float64) - want).max())
                 times = []
                 for part in (ds[:1], ds):
                     rt.executor.serial_seconds(part, a.warm, 1)
                     t = rt.executor.serial_seconds(part, a.reps, 3)
                     times.append(1e6 * t if t is not None else float("nan"))
-            finally:
-                for buf in temps:
-                    rt.pool.recycle(buf)
             stats = rt.pipelines.statistics(ds[0].pipeline)  # COOPMAT_PIPELINE_STATS=1
             regs = {k: v for k, v in stats.items() if "egister" in k or "ocal" in k}
             print(f"round={rnd} tile={tile:28s} splits={choice.splits:4d}  "

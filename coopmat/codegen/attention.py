@@ -473,14 +473,7 @@ class AttentionEmitter:
         self.V = s.storage_buffer(BINDING_V, self.unit_t, unit_bytes, True, "v", restrict=True)
         out_bytes = 4 if t.split else element(t.out).itemsize
         self.O = s.storage_buffer(BINDING_O, self.out_el, out_bytes, False, "o", restrict=True)
-        self.mask_buf: Buffer | None = None
-        if t.mask is MaskKind.BOOL:
-            self.u8 = mb.type_int(8, False)
-            self.mask_buf = s.storage_buffer(BINDING_MASK, self.u8, 1, True, "mask",
-                                             restrict=True)
-        elif t.mask is MaskKind.ADD:
-            self.mask_buf = s.storage_buffer(BINDING_MASK, self.op_el, item, True, "mask",
-                                             restrict=True)
+        self._declare_mask()
         self.ML = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True) \
             if t.split else None
         self.blocks = s.storage_buffer(BINDING_BLOCKS, s.u32, 4, True, "blocks",
@@ -492,6 +485,23 @@ class AttentionEmitter:
             self.stats = s.shared_array(self.f32, t.block_rows, "row_factors")
         types = [self.f32 if name == "scale_log2" else s.u32 for name in PUSH_FIELDS]
         s.push_constants(PUSH_FIELDS, types)
+
+    def _declare_mask(self) -> None:
+        """The mask's binding, where the kernel reads one: bytes (boolean) or the
+        operand type (additive)."""
+        s, t, mb = self.s, self.t, self.s.mb
+        self.mask_buf: Buffer | None = None
+        if t.mask is MaskKind.BOOL:
+            self.u8 = mb.type_int(8, False)
+            self.mask_buf = s.storage_buffer(BINDING_MASK, self.u8, 1, True, "mask",
+                                             restrict=True)
+        elif t.mask is MaskKind.ADD:
+            ext = type_extension(t.operand)
+            if ext:
+                mb.extension(ext)
+            self.mask_buf = s.storage_buffer(BINDING_MASK, scalar_type(mb, t.operand),
+                                             element(t.operand).itemsize, True, "mask",
+                                             restrict=True)
 
     # -- setup ----------------------------------------------------------------------------
     def _setup(self) -> None:

@@ -34,22 +34,18 @@ from __future__ import annotations
 
 from coopmat.codegen.attention import (
     BINDING_K,
-    BINDING_MASK,
     BINDING_ML,
     BINDING_O,
     BINDING_Q,
     BINDING_V,
     PUSH_FIELDS,
     AttentionEmitter,
-    MaskKind,
     _Row,
     required_capabilities,
 )
 from coopmat.codegen.shader import Buffer
 from coopmat.codegen.spv import GLSLstd450, GroupOperation, LoopControl, Op, Scope
-from coopmat.codegen.types import scalar_type, type_extension
 from coopmat.codegen.widen import UNIT_ELEMS, UnitWidener
-from coopmat.common.dtypes import element
 
 _UNIT_BYTES = 16
 
@@ -77,18 +73,7 @@ class GemvAttentionEmitter(AttentionEmitter):
         self.V = s.storage_buffer(BINDING_V, self.uvec4, _UNIT_BYTES, True, "v", restrict=True)
         self.O = s.storage_buffer(BINDING_O, self.f32, 4, False, "o", restrict=True)
         self.ml = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True)
-        self.mask_buf: Buffer | None = None
-        if t.mask is MaskKind.BOOL:
-            self.u8 = mb.type_int(8, False)
-            self.mask_buf = s.storage_buffer(BINDING_MASK, self.u8, 1, True, "mask",
-                                             restrict=True)
-        elif t.mask is MaskKind.ADD:
-            ext = type_extension(t.operand)
-            if ext:
-                mb.extension(ext)
-            self.mask_buf = s.storage_buffer(BINDING_MASK, scalar_type(mb, t.operand),
-                                             element(t.operand).itemsize, True, "mask",
-                                             restrict=True)
+        self._declare_mask()
         types = [self.f32 if name == "scale_log2" else s.u32 for name in PUSH_FIELDS]
         s.push_constants(PUSH_FIELDS, types)
 

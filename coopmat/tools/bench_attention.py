@@ -22,8 +22,10 @@ a CPU driver.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,9 @@ from coopmat.api import attention_rules as rules
 from coopmat.api.array import Array, asarray
 from coopmat.api.attention import attention, last_attention_choice
 from coopmat.dispatch import attention as run
+from coopmat.dispatch.executor import Dispatch
 from coopmat.dispatch.runtime import runtime
-from coopmat.policy.attention import parse_tile
+from coopmat.policy.attention import AttentionChoice, parse_tile
 from coopmat.policy.options import options
 from coopmat.tools.bench_infer import _array_call_ms, _emit, cuda_torch, torch_ms, warm_up
 from coopmat.tools.cli import prog
@@ -67,13 +70,14 @@ def decode_list(text: str) -> list[tuple[int, ...]]:
     return _dims(text, 2, "LqxLk")
 
 
-def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int,
-              mask: Array | None = None) -> tuple[float, str]:
-    """(GPU milliseconds per run, the kernel's name) of the policy's choice for these
-    device arrays, `repeat` runs back to back (serial_seconds, as torch's figures are
-    taken); a mask's block pass included."""
+@contextlib.contextmanager
+def prepared_run(q: Array, k: Array, v: Array, causal: bool, mask: Array | None = None
+                 ) -> Iterator[tuple[AttentionChoice, list[Dispatch], Array]]:
+    """(the policy's choice, its dispatches, the result they write) for these device
+    arrays, after one call (the kernels compiled); the run's workspace is held until the
+    block ends. For timing the dispatches, together or one by one."""
     rt = runtime()
-    out = attention(q, k, v, causal=causal, mask=mask)  # the choice, and the kernels compiled
+    out = attention(q, k, v, causal=causal, mask=mask)
     choice = last_attention_choice()
     assert choice is not None
     s = rules.attention_shapes(q.shape, k.shape, v.shape,
@@ -89,13 +93,23 @@ def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int,
     sizes = run.Sizes(s.Lq, s.Lk, s.groups, s.kv_heads, s.batch)
     temps = run.take_workspace(rt, choice, sizes, m_op)
     try:
-        dispatches = run.attention_dispatches(rt, choice, sizes, ops[0], ops[1], ops[2], o,
-                                              m_op, rules.scale_of(None, s.D), causal, temps)
-        rt.executor.serial_seconds(dispatches, repeat, 1)  # untimed: first runs can lag
-        t = rt.executor.serial_seconds(dispatches, repeat, 3)
+        yield choice, run.attention_dispatches(rt, choice, sizes, ops[0], ops[1], ops[2], o,
+                                               m_op, rules.scale_of(None, s.D), causal,
+                                               temps), out
     finally:
         for buf in temps:
             rt.pool.recycle(buf)
+
+
+def kernel_ms(q: Array, k: Array, v: Array, causal: bool, repeat: int,
+              mask: Array | None = None) -> tuple[float, str]:
+    """(GPU milliseconds per run, the kernel's name) of the policy's choice for these
+    device arrays, `repeat` runs back to back (serial_seconds, as torch's figures are
+    taken); a mask's block pass included."""
+    rt = runtime()
+    with prepared_run(q, k, v, causal, mask) as (choice, dispatches, _):
+        rt.executor.serial_seconds(dispatches, repeat, 1)  # untimed: first runs can lag
+        t = rt.executor.serial_seconds(dispatches, repeat, 3)
     name = choice.traits.describe() + (f" x{choice.splits} slices" if choice.splits > 1 else "")
     return (1e3 * t if t is not None else float("nan")), name
 
