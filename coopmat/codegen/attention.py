@@ -251,13 +251,13 @@ class AttentionTraits:
 
     def violation(self) -> str | None:
         """Why these traits cannot be built (None: they can)."""
-        if self.family == "gemv":
-            return self._gemv_violation()
         if self.operand not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
             return f"operands are float16 or bfloat16, not {element(self.operand).name}"
         if self.out not in (ComponentType.FLOAT16, ComponentType.BFLOAT16,
                             ComponentType.FLOAT32):
             return f"results are float16, bfloat16 or float32, not {element(self.out).name}"
+        if self.family == "gemv":
+            return self._gemv_violation()
         if min(self.head_dim, self.value_dim) < 1:
             return "head and value dimensions must be positive"
         if self.rows % self.m or self.rows < self.m:
@@ -295,8 +295,6 @@ class AttentionTraits:
         """The gemv family (attention_gemv.py): one subgroup, a step of subgroup_size
         keys, lanes_per_row lanes a key row, 16-byte units, split, no blocks skipped."""
         sg, lanes = self.subgroup_size, self.lanes_per_row
-        if self.operand not in (ComponentType.FLOAT16, ComponentType.BFLOAT16):
-            return f"operands are float16 or bfloat16, not {element(self.operand).name}"
         if self.rows < 1 or self.subgroups != 1:
             return "gemv takes one subgroup a workgroup and at least one row"
         if self.keys != sg:
@@ -311,6 +309,7 @@ class AttentionTraits:
         if not self.split:
             return "gemv writes partial states: it is a split kernel"
         return None
+
 
 def required_capabilities(t: AttentionTraits) -> set[Capability]:
     if t.family == "gemv":  # no matrices: subgroup reductions and shuffles

@@ -45,15 +45,14 @@ from coopmat.codegen.attention import (
 )
 from coopmat.codegen.shader import Buffer
 from coopmat.codegen.spv import GLSLstd450, GroupOperation, LoopControl, Op, Scope
-from coopmat.codegen.widen import UNIT_ELEMS, UnitWidener
-
-_UNIT_BYTES = 16
+from coopmat.codegen.widen import UNIT_BYTES, UNIT_ELEMS, UnitWidener
 
 
-def value_lanes(value_dim: int, subgroup_size: int) -> int:
-    """LV: lanes that read one value row (its 16-byte units, rounded up to a power of
-    two, at most the subgroup)."""
-    units = -(-value_dim // UNIT_ELEMS)
+def row_lanes(dim: int, subgroup_size: int) -> int:
+    """Lanes that read one row of `dim` elements, a K row (L: traits.lanes_per_row, the
+    policy's choice) or a V row (LV): its 16-byte units rounded up to a power of two, at
+    most the subgroup."""
+    units = -(-dim // UNIT_ELEMS)
     return min(subgroup_size, 1 << (units - 1).bit_length())
 
 
@@ -68,9 +67,9 @@ class GemvAttentionEmitter(AttentionEmitter):
             self.widener.uvec4
         self.zero_unit = mb.const_null(self.uvec4)
         self.zero4 = mb.const_null(self.vec4)
-        self.Q = s.storage_buffer(BINDING_Q, self.uvec4, _UNIT_BYTES, True, "q", restrict=True)
-        self.K = s.storage_buffer(BINDING_K, self.uvec4, _UNIT_BYTES, True, "k", restrict=True)
-        self.V = s.storage_buffer(BINDING_V, self.uvec4, _UNIT_BYTES, True, "v", restrict=True)
+        self.Q = s.storage_buffer(BINDING_Q, self.uvec4, UNIT_BYTES, True, "q", restrict=True)
+        self.K = s.storage_buffer(BINDING_K, self.uvec4, UNIT_BYTES, True, "k", restrict=True)
+        self.V = s.storage_buffer(BINDING_V, self.uvec4, UNIT_BYTES, True, "v", restrict=True)
         self.O = s.storage_buffer(BINDING_O, self.f32, 4, False, "o", restrict=True)
         self.ml = s.storage_buffer(BINDING_ML, self.f32, 4, False, "ml", restrict=True)
         self._declare_mask()
@@ -120,7 +119,7 @@ class GemvAttentionEmitter(AttentionEmitter):
         s, t, P = self.s, self.t, self.P
         sg, L = t.subgroup_size, t.lanes_per_row
         self.G = sg // L
-        self.LV = value_lanes(t.value_dim, sg)
+        self.LV = row_lanes(t.value_dim, sg)
         self.GV = sg // self.LV
         self.p = s.umod(self.lane, s.c(L))
         self.g = s.udiv(self.lane, s.c(L))

@@ -60,10 +60,8 @@ from coopmat.codegen.spv import (
 )
 from coopmat.codegen.traits import GEMV_VECTOR, GemvTraits, gemv_lane_elems
 from coopmat.codegen.types import scalar_type, type_capabilities, type_extension
-from coopmat.codegen.widen import UnitWidener
+from coopmat.codegen.widen import UNIT_BYTES, UnitWidener
 from coopmat.common.enums import ComponentType
-
-_UNIT_BYTES = 16  # one load: GEMV_VECTOR 16-bit elements as four 32-bit words
 
 Loaded = TypeVar("Loaded")  # what one load step gives the K loop's accumulation
 
@@ -90,7 +88,7 @@ class GemvEmitter:
         self.f32, self.vec4, self.uvec4 = self.widener.f32, self.widener.vec4, self.widener.uvec4
         self.o_el = scalar_type(mb, t.stored_type)
         self.zero_unit = mb.const_null(self.uvec4)
-        self.A = s.storage_buffer(abi.BINDING_A, self.uvec4, _UNIT_BYTES, True, "A",
+        self.A = s.storage_buffer(abi.BINDING_A, self.uvec4, UNIT_BYTES, True, "A",
                                   restrict=True)
         self.B = self._b_buffer()
         ob = element_bytes(t.stored_type)
@@ -100,7 +98,7 @@ class GemvEmitter:
         s.push_constants(abi.PUSH_FIELDS, [s.u32] * 11 + [self.f32, self.f32, s.u32])
 
     def _b_buffer(self) -> Buffer:
-        return self.s.storage_buffer(abi.BINDING_B, self.uvec4, _UNIT_BYTES, True, "B",
+        return self.s.storage_buffer(abi.BINDING_B, self.uvec4, UNIT_BYTES, True, "B",
                                      restrict=True)
 
     def _b_setup(self, batch: int) -> None:

@@ -74,8 +74,8 @@ class Op(enum.IntEnum):
     UDiv = 134
     UMod = 137
     VectorTimesScalar = 142
-    Dot = 148
     MatrixTimesScalar = 143
+    Dot = 148
     LogicalOr = 166
     LogicalAnd = 167
     LogicalNot = 168

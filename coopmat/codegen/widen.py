@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from coopmat.codegen.shader import ShaderContext
 from coopmat.codegen.spv import Op
+from coopmat.codegen.traits import GEMV_VECTOR as UNIT_ELEMS
 from coopmat.common.enums import ComponentType
 
-UNIT_ELEMS = 8  # 16-bit elements in one 16-byte unit
+UNIT_BYTES = 16  # one load: UNIT_ELEMS 16-bit elements as four 32-bit words
 
 
 class UnitWidener:

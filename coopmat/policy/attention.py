@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 
 from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
 from coopmat.codegen.attention_combine import INVOCATIONS, merged_at_once
+from coopmat.codegen.attention_gemv import row_lanes
 from coopmat.codegen.variants import is_cpu, khr_subgroup_size
 from coopmat.common.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
@@ -197,7 +198,7 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
         wide = family == "nv2" and p.mask is None
         most = min(NV2_SUBGROUPS if wide else GPU_SUBGROUPS, -(-p.rows // rows))
     step = math.lcm(cfg.N, cfg.K)
-    unit = 8 if p.aligned and p.head_dim % 8 == 0 and p.value_dim % 8 == 0 else 1
+    unit = load_unit(p)
     choice = None
     for subgroups in sorted({most, *(n for n in (4, 2, 1) if n < most)}, reverse=True):
         order = DECODE_KEY_STEPS if p.rows <= subgroups * rows else KEY_STEPS
@@ -226,13 +227,19 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
     return choice
 
 
+def load_unit(p: AttentionProblem) -> int:
+    """Elements a load of q, k and v takes: 8 (16-byte units) where their strides and
+    offsets and both dimensions allow, else 1."""
+    return 8 if p.aligned and p.head_dim % 8 == 0 and p.value_dim % 8 == 0 else 1
+
+
 def gemv_decode(info: PhysicalDeviceInfo, p: AttentionProblem) -> bool:
     """Whether the gemv family runs `p`: a GPU, at most GEMV_ROWS rows a kv head against
     GEMV_MIN_KEYS keys or more, q, k and v read in 16-byte units (with or without a mask:
     it reads every key, and still measured faster than the matrix kernels that skip the
     hidden blocks: docs/design.md, Attention)."""
     return not is_cpu(info) and p.rows <= GEMV_ROWS and p.Lk >= GEMV_MIN_KEYS and \
-        p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
+        load_unit(p) == 8
 
 
 def gemv_traits(info: PhysicalDeviceInfo, p: AttentionProblem) -> AttentionTraits:
@@ -246,15 +253,13 @@ def gemv_traits(info: PhysicalDeviceInfo, p: AttentionProblem) -> AttentionTrait
         raise ValueError(f"device {info.name} lists no float32-accumulating matrices of "
                          f"{p.operand.name}")
     sg = khr_subgroup_size(info.limits)
-    units = -(-p.head_dim // 8)
-    lanes = min(sg, 1 << (units - 1).bit_length())
-    aligned = p.aligned and not (p.head_dim % 8 or p.value_dim % 8)
+    lanes = row_lanes(p.head_dim, sg)
     # A lane loads `lanes` keys' units of K a step, 4 registers a unit.
-    k_registers = 4 * lanes * -(-units // lanes)
+    k_registers = 4 * lanes * -(-p.head_dim // (8 * lanes))
     # The matrix shape only pads the split workspace's rows, as for the other families.
     return AttentionTraits(p.operand, p.out, p.head_dim, p.value_dim, cfg.M, cfg.N, cfg.K,
                            sg, rows=min(p.rows, GEMV_ROWS), subgroups=1, keys=sg,
-                           lanes_per_row=lanes, unit=8 if aligned else 1, mask=p.mask,
+                           lanes_per_row=lanes, unit=load_unit(p), mask=p.mask,
                            split=True, prefetch=k_registers <= PREFETCH_REGISTERS,
                            family="gemv")
 
@@ -280,7 +285,7 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
         traits = replace(traits, **fields)  # type: ignore[arg-type]
         if "fast_steps" not in fields:  # the policy's rule, for the family forced too
             traits = replace(traits, fast_steps=fast_steps(traits, decode))
-        if "paired" not in fields and traits.family != "gemv":
+        if "paired" not in fields:
             traits = replace(traits, paired=paired_tiles(traits, p, decode))
         why = traits.violation()
         if why is None and traits.family == "nv2" and not nv2_offered(info):
