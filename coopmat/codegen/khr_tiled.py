@@ -449,8 +449,6 @@ class TiledGemmEmitter:
             # previous step's multiply, which the barrier ending that step has ordered.
             self._stage_to_shared(s.add(k0, tk))
             self._prefetch(s.add(k0, s.c(2 * tile.tile_k)))
-            if self.t.warm_ahead:
-                self._warm(k0)
             self._multiply()
             s.barrier(Scope.Workgroup)  # this step's stores visible, its reads done
             f.emit(Op.Store, phase_var, self._sub(s.c(1), phase))
@@ -497,50 +495,6 @@ class TiledGemmEmitter:
                  self._k_loop_control)
         use(0)
 
-    # -- warming B in L2 ahead of its prefetch (KhrTraits.warm_ahead) -------------------
-    def _warm_touches(self) -> int:
-        """16-byte loads per invocation and K step: one per 32-byte sector of B's tile."""
-        tile = self.t.tile
-        sectors = tile.tile_n * max(1, tile.tile_k * element_bytes(self.t.b_type) // 32)
-        return -(-sectors // self.t.invocations)
-
-    def _warm(self, k0: int) -> None:
-        """Fold the values the previous step's touches returned into a running xor (they
-        have had a step to arrive), then touch B's sectors warm_ahead K steps past k0,
-        clamped into the slice and the matrix."""
-        s, f, B, tile = self.s, self.s.f, self.B, self.t.tile
-        acc = f.op(Op.Load, B.unit, self.warm_acc)
-        for held in self.warm_held:
-            acc = f.op(Op.BitwiseXor, B.unit, acc, f.op(Op.Load, B.unit, held))
-        f.emit(Op.Store, self.warm_acc, acc)
-        eb = element_bytes(self.t.b_type)
-        per_sector = max(1, 32 // eb)  # elements of K a sector holds
-        spl = max(1, tile.tile_k // per_sector)  # sectors a column of the tile
-        unit = B.stage.unit_elems
-        kw = s.add(k0, s.c(self.t.warm_ahead * tile.tile_k))
-        for i, held in enumerate(self.warm_held):
-            g = s.add(self.tid, s.c(i * self.t.invocations))
-            line = self._clamp(s.udiv(g, s.c(spl)), s.c(tile.tile_n), 1)
-            k = s.add(kw, s.mul(s.umod(g, s.c(spl)), s.c(per_sector)))
-            n = self._clamp(s.add(B.outer0, line), self.P["N"], 1)
-            index = s.add(s.add(B.base, s.mul(n, B.ld)), self._clamp(k, self.P["K"], unit))
-            index = s.shr(index, s.c(unit.bit_length() - 1))
-            f.emit(Op.Store, held, s.buffer_load(B.buf, index))
-
-    def _warm_sink(self) -> None:
-        """The touches' xor, stored to D only where M is 2^32 - 1 (never): the driver
-        cannot prove the branch dead, so it keeps the loads."""
-        s, f, B = self.s, self.s.f, self.B
-        acc = f.op(Op.Load, B.unit, self.warm_acc)
-        for held in self.warm_held:
-            acc = f.op(Op.BitwiseXor, B.unit, acc, f.op(Op.Load, B.unit, held))
-        word = f.op(Op.CompositeExtract, s.u32, acc, 0) if B.stage.unit_words > 1 else acc
-
-        def sink() -> None:
-            s.buffer_store(self.D, s.c(0), f.op(Op.ConvertUToF, self.o_el, word))
-
-        f.if_(f.op(Op.IEqual, s.bool, self.P["M"], s.c(0xFFFFFFFF)), sink)
-
     def _step(self, k0: int, ahead: int) -> None:
         """One K step of the one-stage loops: stage K step k0 (a runtime value) into shared
         memory, issue the loads of the step `ahead` elements of K further (0: none),
@@ -551,8 +505,6 @@ class TiledGemmEmitter:
         s.barrier(Scope.Workgroup)  # this step's tile is in shared memory
         if ahead:
             self._prefetch(s.add(k0, s.c(ahead)))
-        if self.t.warm_ahead:
-            self._warm(k0)
         self._multiply()
 
     def _k_loop(self) -> None:
@@ -870,14 +822,7 @@ class TiledGemmEmitter:
                 op.regs = self._registers(op)
                 if p.tile.buffering == 5:  # a second set, one K step further ahead
                     op.regs2 = self._registers(op)
-        if self.t.warm_ahead:
-            zero_unit = self.B.zero
-            self.warm_acc = s.f.local(self.B.unit, zero_unit)
-            self.warm_held = [s.f.local(self.B.unit, zero_unit)
-                              for _ in range(self._warm_touches())]
         self._k_loop()
-        if self.t.warm_ahead:
-            self._warm_sink()
         if self.t.split_k > 1:
             self._split_epilogue()
         else:

@@ -243,11 +243,6 @@ class KhrTraits(GemmTraits):
     # a quantized B's columns.
     clamp_rows: bool = False
     clamp_cols: bool = False
-    # > 0: each K step also touches every 32-byte sector of B's tile warm_ahead K steps
-    # further on (one 16-byte load a sector, its value kept until the next step), so that
-    # a B streamed once from memory (few rows against a large weight) is in L2 when its
-    # prefetch comes. The aligned or exact variant with B column-major and not quantized.
-    warm_ahead: int = 0
 
     @property
     def variant(self) -> str:
@@ -286,12 +281,6 @@ class KhrTraits(GemmTraits):
                              f"subgroup")
         if t.tile_k % self.k:
             raise ValueError(f"tile_k={t.tile_k} is not a multiple of K={self.k}")
-        if self.warm_ahead:
-            if self.warm_ahead < 0 or not self.aligned or self.b_quant is not None \
-                    or self.b_layout != Layout.COLUMN_MAJOR \
-                    or self.stored_type not in (ComponentType.FLOAT16, ComponentType.FLOAT32):
-                raise ValueError("warm_ahead needs the aligned variant, a column-major "
-                                 "B not quantized and a float16 or float32 D")
 
     def describe(self) -> str:
         extra = f"-for{'x'.join(map(str, self.specialized))}" if self.specialized else ""
@@ -309,8 +298,6 @@ class KhrTraits(GemmTraits):
             extra += "-clamped"
         if self.clamp_cols:
             extra += "-clampedcols"
-        if self.warm_ahead:
-            extra += f"-warm{self.warm_ahead}"
         return self._name((self.m, self.n, self.k), self.variant, extra)
 
 
