@@ -84,6 +84,9 @@ from coopmat.common.quant_formats import quant_format
 # The fused epilogue loads a block's residual this many blocks before storing it
 # (_residuals): a larger lead hides more latency and holds more registers.
 RESIDUAL_AHEAD = 1
+# A split-K's finishing workgroup issues this many vec4 loads of partials an invocation
+# before summing them (_split_epilogue).
+SPLIT_FINISH_LOADS = 16
 
 
 class _Operand:
@@ -718,32 +721,52 @@ class TiledGemmEmitter:
         f.emit(Op.ControlBarrier, s.c(Scope.Workgroup), qf, sem)
 
         def finish() -> None:
-            # Four partials of a row at a time: the loads (inside the padded workspace,
-            # unchecked) all issue before any sum is used; only D's side is checked.
             vec4 = s.mb.type_vector(self.r_el, 4)
             quads, per_row = tile.tile_m * tile.tile_n // 4, tile.tile_n // 4
             if quads % self.plan.invocations:
                 raise ValueError(f"a split-K tile of {quads} vec4s does not spread evenly "
                                  f"over {self.plan.invocations} invocations")
-            for e in range(0, quads, self.plan.invocations):
-                q = s.add(self.tid, s.c(e))
-                gi = s.add(self.m0, s.udiv(q, s.c(per_row)))
-                quad = s.umod(q, s.c(per_row))  # the vec4's place in its row of the tile
-                at = s.add(s.mul(gi, ldp4), s.add(s.shr(self.n0, s.c(2)), quad))
-                total = None
-                for sl in range(t.split_k):
-                    ptr = s.buffer_ptr(self.partials, s.add(s.mul(s.c(sl), stride_p4), at))
-                    x = f.op(Op.Load, vec4, ptr, load, qf)
-                    total = x if total is None else f.op(Op.FAdd, vec4, total, x)
-                assert total is not None
-                for c in range(4):
-                    gj = s.add(self.n0, s.add(s.mul(quad, s.c(4)), s.c(c)))
-                    value = f.op(Op.CompositeExtract, self.r_el, total, c)
+            # Four partials of a row a load, SPLIT_FINISH_LOADS of them issued before any
+            # is summed: the finishing workgroup is alone on its multiprocessor, so the
+            # loads in flight, not the arithmetic, set its time.
+            batch = max(1, SPLIT_FINISH_LOADS // t.split_k)
+            firsts = range(0, quads, self.plan.invocations)
 
-                    def element(v: int = value, gi: int = gi, gj: int = gj) -> None:
-                        self._finish_element(v, gi, gj)
+            def run(checked: bool) -> None:
+                for b0 in range(0, len(firsts), batch):
+                    group = []
+                    for e in firsts[b0:b0 + batch]:
+                        q = s.add(self.tid, s.c(e))
+                        gi = s.add(self.m0, s.udiv(q, s.c(per_row)))
+                        quad = s.umod(q, s.c(per_row))  # the vec4's place in its tile row
+                        at = s.add(s.mul(gi, ldp4), s.add(s.shr(self.n0, s.c(2)), quad))
+                        parts = [f.op(Op.Load, vec4, s.buffer_ptr(
+                            self.partials, s.add(s.mul(s.c(sl), stride_p4), at)), load, qf)
+                            for sl in range(t.split_k)]  # inside the padded workspace
+                        group.append((gi, quad, parts))
+                    for gi, quad, parts in group:
+                        total = parts[0]
+                        for x in parts[1:]:
+                            total = f.op(Op.FAdd, vec4, total, x)
+                        for c in range(4):
+                            gj = s.add(self.n0, s.add(s.mul(quad, s.c(4)), s.c(c)))
+                            value = f.op(Op.CompositeExtract, self.r_el, total, c)
 
-                    f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), element)
+                            def element(v: int = value, gi: int = gi, gj: int = gj) -> None:
+                                self._finish_element(v, gi, gj)
+
+                            if checked:
+                                f.if_(s.and_(s.lt(gi, P["M"]), s.lt(gj, P["N"])), element)
+                            else:
+                                element()
+
+            if not t.edges:
+                run(False)
+                return
+            # Whole tiles (the workgroup's choice, uniform) store without checks.
+            interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
+                              s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
+            f.if_(interior, lambda: run(False), lambda: run(True))
 
         finishes = s.shared_load(self.finishes, s.c(0))
         f.if_(f.op(Op.INotEqual, s.bool, finishes, s.c(0)), finish)

@@ -167,6 +167,9 @@ SPLIT_K_CHOICES = (2, 4, 8)
 # slices of at least MID_SPLIT_MIN_SLICE each: more or shorter slices measured slower.
 MID_SPLIT_MAX = 4
 MID_SPLIT_MIN_SLICE = 1792
+# A quantized B's grid splits only up to this many workgroups: its fused kernel measured
+# slower split from 224 workgroups, faster from 128 and fewer.
+MID_SPLIT_QUANT_MAX_GROUPS = 128
 # Slices shorter than this leave each workgroup too little of K to stream.
 SPLIT_K_MIN_SLICE = 512
 
@@ -700,20 +703,24 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
 
 
 def mid_split_k(info: PhysicalDeviceInfo, problem: Problem) -> int:
-    """The split-K of a product of more than SMALL_M rows (float B) whose general tile's
-    grid G leaves the GPU part idle (G < FILL_GROUPS): the smallest power of two S with
+    """The split-K of a product of more than SMALL_M rows whose general tile's grid G
+    leaves the GPU part idle (G < FILL_GROUPS): the smallest power of two S with
     G S >= FILL_GROUPS, at most MID_SPLIT_MAX, each slice at least MID_SPLIT_MIN_SLICE
     deep and whole K steps; else 1 (unsplit: the filling tile runs it). The slices take
     the tile the batch of S slices gets (tiles.filling_tile): the general tile where
     G S fills the GPU, which outruns the smaller filling tiles on long K
-    (docs/design.md, Policy)."""
+    (docs/design.md, Policy). A quantized B (where it is not dequantized first) counts
+    G on its own general tile (tiles.quant_general_tile), which its slices run, and
+    splits only G <= MID_SPLIT_QUANT_MAX_GROUPS."""
     p = problem
     cfg = config_for(info, p.pair)
-    if cfg is None or p.b_quant is not None:
+    if cfg is None:
         return 1
     t = _default_tile(cfg, info.limits, False, False)
+    if p.b_quant is not None:
+        t = _quant_tile(cfg, info.limits, quant_tile(t), SMALL_M + 1)
     groups = -(-p.M // t.tile_m) * -(-p.N // t.tile_n)
-    if groups >= FILL_GROUPS:
+    if groups >= FILL_GROUPS or (p.b_quant is not None and groups > MID_SPLIT_QUANT_MAX_GROUPS):
         return 1
     S = min(MID_SPLIT_MAX, 1 << max(0, math.ceil(math.log2(FILL_GROUPS / groups))))
     if p.K % (S * t.tile_k) or p.K // S < MID_SPLIT_MIN_SLICE:

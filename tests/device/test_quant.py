@@ -82,6 +82,25 @@ def test_split_k_exact(rt, monkeypatch, fmt, S, array_x):
     np.testing.assert_array_equal(np.asarray(y), ref)
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_mid_size_policy_exact(rt, fmt):
+    """The policy's own choice for more than SMALL_M rows against a long quantized K (on a
+    GPU a split-K of the fused kernel, policy.kernel.mid_split_k; unsplit on a CPU), N
+    not a multiple of the general tile's columns: exact weights and x."""
+    from coopmat.codegen.variants import is_cpu
+    from coopmat.policy import SMALL_M
+
+    M, K, N = SMALL_M + 32, 7168, 200
+    w = exact_weight(fmt, N, K)
+    q = coopmat.quantize(w, fmt)
+    x = small_x((M, K))
+    y = coopmat.matmul(x, q.T, dtype=np.float32)
+    np.testing.assert_array_equal(host(y), x.astype(np.float64) @ oracle(fmt, w).T)
+    result = coopmat.api.matmul._last.result
+    assert traits_used().b_quant == fmt
+    assert result.split_k == (1 if is_cpu(rt.device.info) else 4)
+
+
 # -- dequantized first (COOPMAT_DEQUANT=first; codegen/dequant.py) ------------------------
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("M,K,N,S", [(5, 96, 40, 1), (100, 256, 72, 1), (7, 512, 40, 2),

@@ -69,6 +69,35 @@ def test_h200_picks_khr_with_whole_blocks(h200, fmt, M):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
+def test_mid_size_split(h200, fmt):
+    """policy.kernel.mid_split_k for a quantized B the fused kernel runs (more than SMALL_M
+    rows, not dequantized first): its general tile's grid G splits to fill the GPU while
+    G <= MID_SPLIT_QUANT_MAX_GROUPS and the slices stay MID_SPLIT_MIN_SLICE deep."""
+    lavapipe = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
+
+    def split(info, M: int, N: int, K: int) -> tuple[int, KhrTraits]:
+        choice = choose(info, _problem(info, M, N, K, fmt))
+        assert not [p for p in choice.packs if p.quant is not None]  # the fused kernel
+        assert isinstance(choice.traits, KhrTraits) and choice.traits.b_quant == fmt
+        return choice.split_k, choice.traits
+
+    # 128 x 64 tiles: 64 workgroups split in 4, 128 in 2, with the slices' own units
+    for M, N, K, S in ((128, 4096, 14336, 4), (256, 4096, 14336, 2), (256, 4096, 4096, 2),
+                       (96, 4096, 7168, 4)):
+        got, traits = split(h200, M, N, K)
+        assert got == S and traits.split_k == S
+        assert (traits.tile.tile_m, traits.tile.tile_n) == (128, 64)
+        assert traits.b_quant_unit >= 8  # plan.SPLIT_MIN_QUANT_UNIT
+    assert split(h200, 128, 14336, 4096)[0] == 1  # 224 workgroups: measured slower split
+    assert split(h200, 128, 4096, 4096)[0] == 1  # 4 slices of 1024 are too short
+    assert split(h200, 512, 4096, 4096)[0] == 1  # 256 workgroups fill the GPU
+    assert split(h200, 512, 4096, 14336)[0] == 1
+    assert split(lavapipe, 128, 4096, 14336)[0] == 1  # a CPU never splits
+    assert choose(h200, _problem(h200, 128, 4096, 14336, fmt),
+                  Options(split_k=1)).split_k == 1
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
 def test_dequantize_first_rule(h200, fmt, monkeypatch: pytest.MonkeyPatch):
     """policy.kernel.dequantizes_first: many rows against a quantized weight run a pass
     into a float16 B, then the float problem's own choice (tuned tile and all); the
