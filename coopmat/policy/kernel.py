@@ -38,8 +38,9 @@ The rules (their measurements: docs/design.md, Policy):
   the epilogue, KhrTraits.split_k): forced by Options.split_k where
   `split_k_violation` allows it (else unsplit); else, while SPLIT_K_DEFAULT is on,
   `split_k_for`: a GPU, the khr family, batch 1; M <= SMALL_M: S by the tile's rows and
-  unsplit grid (SPLIT_K_BY_TILE_ROWS) or by its workgroup count; more rows (a float B):
-  `mid_split_k`, S that fills the GPU with the general tile where K is long.
+  unsplit grid (SPLIT_K_BY_TILE_ROWS) or by its workgroup count; more rows:
+  `mid_split_k`, S that fills the GPU with the general tile where K is long (a quantized
+  B's own general tile, on grids of up to MID_SPLIT_QUANT_MAX_GROUPS).
 """
 
 from __future__ import annotations
