@@ -71,3 +71,12 @@ def test_split_tiles_runs_and_checks(live_device_info):
     assert " policy " in lines[0] and len(lines) == 3, out
     assert all("ok=True" in x for x in lines), out
     assert all("split2" in x for x in lines[1:]), out
+
+
+def test_nv2_slices_runs_and_checks(live_device_info):
+    """The policy's line first (nv2 tiles follow where the device has them), each checked."""
+    out = run_probe("lab/nv2_slices.py", "--shapes", "64x64x256", "--repeat", "2",
+                    "--max-tiles", "2")
+    lines = [x for x in out.splitlines() if x.startswith("64x64x256 ")]
+    assert lines and all("ok=True" in x for x in lines), out
+    assert all(" nv2-" in x for x in lines[1:]), out
