@@ -12,36 +12,21 @@ TFLOP/s, and whether rows 0-7 match float64 numpy.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from split_tiles import time_one  # the same timing and check as the split sweep
 
 from coopmat import policy
 from coopmat.codegen import Layout
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.traits import ComponentType
-from coopmat.dispatch.gemm import PreparedGemm
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy.tiles import nv2_tiles
-from coopmat.tools.bench import make_operands, spin_until_steady
+from coopmat.tools.bench import make_operands
 from coopmat.tools.bench_infer import hold_clock
-
-
-def time_one(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, traits: Any,
-             repeat: int) -> tuple[float, np.ndarray, str]:
-    g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, traits=traits)
-    try:
-        g.execute()
-        spin_until_steady(lambda: g.execute(transfers=False), 0.1)
-        times = [g.execute(transfers=False) or 0.0 for _ in range(repeat)]
-        out = np.empty((1,) + g.shape[1:3], g.result_dtype)
-        g.read(out)
-        return statistics.median(times), out[0], g.choice.traits.describe()
-    finally:
-        g.release()
 
 
 def main() -> int:
@@ -72,12 +57,11 @@ def main() -> int:
                 print(f"{shape} nv2 {tile.describe()}: {e}")
         for traits in candidates:
             try:
-                t, out, name = time_one(rt, pair, a, b, traits, args.repeat)
+                t, ok, _, name = time_one(rt, pair, a, b, ref, traits, None, args.repeat)
             except Exception as e:  # a tile the driver or the plan refuses: say so, go on
                 print(f"{shape} {traits.tile.describe() if traits else 'policy'}: "
                       f"{str(e)[:100]}", flush=True)
                 continue
-            ok = bool(np.allclose(out[:8], ref, rtol=2e-2, atol=2e-2 * np.sqrt(K)))
             print(f"{shape} {1e6 * t:8.1f} us {flops / t / 1e12:6.1f} T ok={ok} {name}",
                   flush=True)
     return 0
