@@ -140,7 +140,11 @@ class AttentionTraits:
     step that no causal edge, key range end or non-positive scale touches takes a
     softmax without per-score checks (a loop of its own); paired: a workgroup computes
     row tile x and then its mirror, tiles - 1 - x, of the same kv head (where causal,
-    every workgroup then walks about as many key steps: the grid stays balanced)."""
+    every workgroup then walks about as many key steps: the grid stays balanced);
+    direct_store (unsplit): a workgroup whose tile lies whole inside the rows, within
+    whole q heads and on 16-byte boundaries stores its result matrices straight to o (the
+    device lists an accumulator matrix of the result's type); others go through the
+    scratch element by element."""
 
     operand: ComponentType
     out: ComponentType
@@ -162,6 +166,7 @@ class AttentionTraits:
     skip_blocks: bool = False
     fast_steps: bool = False
     paired: bool = False
+    direct_store: bool = False
 
     # -- derived sizes ------------------------------------------------------------------
     @property
@@ -247,6 +252,8 @@ class AttentionTraits:
             name += "-fast"
         if self.paired:
             name += "-paired"
+        if self.direct_store:
+            name += "-ds"
         return name
 
     def violation(self) -> str | None:
@@ -286,6 +293,9 @@ class AttentionTraits:
             return "fast_steps needs the nv2 family and no mask"
         if self.paired and self.split:
             return "paired row tiles are for unsplit kernels"
+        if self.direct_store and (self.split or self.value_dim % self.n):
+            return (f"direct_store is for unsplit kernels whose value dimension is a multiple "
+                    f"of n = {self.n}")
         if self.family == "nv2" and self.n != self.k:
             return (f"nv2 converts accumulators ({self.m} x {self.n}) to A matrices "
                     f"({self.m} x {self.k}): n and k must be equal")
@@ -459,6 +469,10 @@ class AttentionEmitter:
         self.mat_b = mb.type_coopmat(self.op_el, sub, t.k, t.n, CooperativeMatrixUse.MatrixB)
         self.mat_acc = mb.type_coopmat(self.f32, sub, t.m, t.n,
                                        CooperativeMatrixUse.MatrixAccumulator)
+        # Declared only where the policy found the device listing it (direct_store).
+        self.mat_out = mb.type_coopmat(self.out_el, sub, t.m, t.n,
+                                       CooperativeMatrixUse.MatrixAccumulator) \
+            if t.direct_store and t.out != ComponentType.FLOAT32 else self.mat_acc
         item = element(t.operand).itemsize
         if t.unit == 8:
             self.unit_t = mb.type_vector(s.u32, 4)
@@ -918,6 +932,40 @@ class AttentionEmitter:
         self._scale_rows(acc_vars)
 
     def _store_result(self, rows: list[_Row], acc_vars: list[list[int]]) -> None:
+        """The result to o: matrices straight to memory where the tile allows
+        (direct_store), else through the scratch."""
+        s, t, P = self.s, self.t, self.P
+        if not t.direct_store:
+            self._store_scratch(rows, acc_vars)
+            return
+        # The same for the whole workgroup: the branch keeps the scratch path's barriers in
+        # uniform control flow.
+        inside = s.le(s.add(self.r0, s.c(t.block_rows)), self.rows_total)
+        whole_heads = s.f.op(Op.IEqual, s.bool, s.umod(P["Lq"], s.c(t.m)), s.c(0))
+        align = 16 // element(t.out).itemsize - 1  # elements below a 16-byte boundary
+        offsets = s.f.op(Op.BitwiseOr, s.u32, s.f.op(Op.BitwiseOr, s.u32, P["o_base"],
+                                                     P["o_ld"]),
+                         s.f.op(Op.BitwiseOr, s.u32, P["o_outer"], P["o_head"]))
+        aligned = s.f.op(Op.IEqual, s.bool, s.f.op(Op.BitwiseAnd, s.u32, offsets,
+                                                   s.c(align)), s.c(0))
+        s.f.if_(s.and_(s.and_(inside, whole_heads), aligned),
+                lambda: self._store_direct(acc_vars),
+                lambda: self._store_scratch(rows, acc_vars))
+
+    def _store_direct(self, acc_vars: list[list[int]]) -> None:
+        """Each accumulator, rounded to the result type, stored as a matrix: its m rows
+        are rows of one q head (Lq a multiple of m), ld apart in o."""
+        s, t = self.s, self.t
+        for i, row_vars in enumerate(acc_vars):
+            first = self._row_offset(s.add(self.r0, s.add(self.sg_row, s.c(i * t.m))), "o")
+            for j, var in enumerate(row_vars):
+                value = self._load(self.mat_acc, var)
+                if self.mat_out != self.mat_acc:
+                    value = s.f.op(Op.FConvert, self.mat_out, value)
+                s.coop_store_buffer(self.O, s.add(first, s.c(j * t.n)), value,
+                                    CooperativeMatrixLayout.RowMajor, self.P["o_ld"])
+
+    def _store_scratch(self, rows: list[_Row], acc_vars: list[list[int]]) -> None:
         """Groups of accumulator columns through the subgroup's scratch, then by the
         softmax's rows and lanes, rounded to the result type, to o where inside the rows
         and Dv."""

@@ -8,10 +8,10 @@ Per key step, for each of a subgroup's row blocks (m rows), with S_j its score b
     S_j = Q K_j^T;  S_j = f(S_j)   per element: scale (base 2), mask, causal, keys past
                                    kend -> -inf (the row's query index comes from a matrix
                                    built once before the loop, so no division per element)
-    M' = max(M, reduce_row_max(S_j) over j)   (OpCooperativeMatrixReduceNV, Row: every
+    M' = max(M, reduce_row_max(max_j S_j))    (OpCooperativeMatrixReduceNV, Row: every
                                                column of a row holds the row's value)
     P_j = 2^(S_j - M');  alpha = 2^(M - M')   (per element; M' of -inf counts as 0)
-    L = L alpha + sum_j reduce_row_sum(P_j);  O *= alpha (element-wise)
+    L = L alpha + reduce_row_sum(sum_j P_j);  O *= alpha (element-wise)
     O += convert(P_j to A) V_j                (OpFConvert: float32 accumulator -> the
                                                operand type's A matrix; n = k)
 
@@ -196,9 +196,11 @@ class Nv2AttentionEmitter(AttentionEmitter):
                 types = [f32] + ([f32] if t.mask is not None else []) + [u32, u32] + \
                     ([u32] if t.mask is not None else [])
                 scores.append(self._per_element("score", acc, extras, types, self._score))
-            top = self._reduce_rows(scores[0], "max")
+            # Blocks meet element-wise first: one row reduction a step, not one a block.
+            top = scores[0]
             for sc in scores[1:]:
-                top = self._max(top, self._reduce_rows(sc, "max"))
+                top = self._max(top, sc)
+            top = self._reduce_rows(top, "max")
             m_old = self._load(self.mat_acc, self.m_vars[i])
             if fast:  # a finite max: nothing to guard against -inf
                 m_new = self._per_element(
@@ -223,9 +225,10 @@ class Nv2AttentionEmitter(AttentionEmitter):
                     lambda p: self._ext(GLSLstd450.Exp2,
                                         self._fop(Op.FSub, p[2], self._use(p[3]))))
                     for sc in scores]
-            total = self._reduce_rows(ps[0], "add")
+            total = ps[0]
             for p_j in ps[1:]:
-                total = s.f.op(Op.FAdd, self.mat_acc, total, self._reduce_rows(p_j, "add"))
+                total = s.f.op(Op.FAdd, self.mat_acc, total, p_j)
+            total = self._reduce_rows(total, "add")
             l_old = self._load(self.mat_acc, self.l_vars[i])
             self._store(self.l_vars[i], s.f.op(Op.FAdd, self.mat_acc, s.f.op(
                 Op.FMul, self.mat_acc, l_old, alpha), total))

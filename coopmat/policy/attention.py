@@ -37,10 +37,15 @@ problem's sizes.
   no causal edge or key range end touches skips the per-score checks. Its causal
   prefill on a grid of at most PAIRED_GRID workgroups pairs row tiles: a workgroup
   computes tile x and tile (tiles - 1 - x), so that all walk about as many key steps.
+- An unsplit kernel stores its result matrices straight to memory (direct_store) where
+  the device lists an accumulator matrix of the result's type and Dv is a multiple of n
+  (through the scratch, element by element, measured far slower); the kernel falls back
+  to the scratch for a tile the matrices cannot cover (ragged rows, unaligned views).
 - A caller may replace fields of the chosen tile, for measuring others
   (Options.attention_tile, COOPMAT_ATTENTION_TILE):
   "rows=32,subgroups=4,keys=64,lanes_per_row=2,prefetch=0,skip_blocks=0,fast_steps=0,
-  paired=0,family=nv2" (any of them); family=gemv starts from the gemv kernel for the problem.
+  paired=0,direct_store=0,family=nv2" (any of them); family=gemv starts from the gemv kernel
+  for the problem.
 """
 
 from __future__ import annotations
@@ -51,15 +56,15 @@ from dataclasses import dataclass, replace
 from coopmat.codegen.attention import FAMILIES, NV2_FEATURES, AttentionTraits, MaskKind
 from coopmat.codegen.attention_combine import INVOCATIONS, merged_at_once
 from coopmat.codegen.attention_gemv import row_lanes
-from coopmat.codegen.variants import is_cpu, khr_subgroup_size
+from coopmat.codegen.variants import is_cpu, khr_subgroup_size, lists_out_matrix
 from coopmat.common.enums import ComponentType
 from coopmat.device.model import CooperativeMatrixProperties, DeviceLimits, PhysicalDeviceInfo
 from coopmat.policy.types import TypePair, config_for
 
 OPERANDS = (ComponentType.FLOAT16, ComponentType.BFLOAT16)
 TILE_FIELDS = ("rows", "subgroups", "keys", "lanes_per_row", "prefetch", "skip_blocks",
-               "fast_steps", "paired", "family")
-BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps", "paired")
+               "fast_steps", "paired", "direct_store", "family")
+BOOL_FIELDS = ("prefetch", "skip_blocks", "fast_steps", "paired", "direct_store")
 # A split run aims at about this many workgroups (kv heads x row tiles x slices) on a GPU;
 # runs whose unsplit grid already has SPLIT_BELOW workgroups are not split, decode's (one
 # workgroup a kv head) where it already has SPLIT_TARGET.
@@ -214,7 +219,8 @@ def attention_traits(info: PhysicalDeviceInfo, p: AttentionProblem, *,
             t = replace(t, skip_blocks=skip,
                         prefetch=not skip and prefetch_registers(t) <= PREFETCH_REGISTERS,
                         fast_steps=fast_steps(t, decode),
-                        paired=paired_tiles(t, p, decode))
+                        paired=paired_tiles(t, p, decode),
+                        direct_store=direct_store(info, t))
             if _fits(t, info):
                 choice = t
                 break
@@ -287,6 +293,8 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
             traits = replace(traits, fast_steps=fast_steps(traits, decode))
         if "paired" not in fields:
             traits = replace(traits, paired=paired_tiles(traits, p, decode))
+        if "direct_store" not in fields:
+            traits = replace(traits, direct_store=direct_store(info, traits))
         why = traits.violation()
         if why is None and traits.family == "nv2" and not nv2_offered(info):
             why = f"device {info.name} lacks {', '.join(NV2_FEATURES)}"
@@ -299,7 +307,7 @@ def choose_attention(info: PhysicalDeviceInfo, p: AttentionProblem,
     steps = -(-p.Lk // traits.keys)
     split_keys = -(-steps // count) * traits.keys
     count = -(-p.Lk // split_keys)
-    traits = replace(traits, split=True, paired=False)
+    traits = replace(traits, split=True, paired=False, direct_store=False)
     if decode and "subgroups" not in fields and traits.family == "nv2" and \
             not traits.prefetch and split_keys >= STAGING_STEPS * traits.keys:
         staged = replace(traits, subgroups=2)
@@ -311,6 +319,16 @@ def fast_steps(t: AttentionTraits, decode: bool) -> bool:
     """nv2 without a mask, but not decode's single subgroup (measured slower with them
     there: docs/design.md, Attention)."""
     return t.family == "nv2" and t.mask is None and not decode
+
+
+def direct_store(info: PhysicalDeviceInfo, t: AttentionTraits) -> bool:
+    """Whether an unsplit matrix kernel stores its result as matrices: Dv a multiple of
+    n, a result of the operand type or float32, and the device listing an accumulator
+    matrix of that type at m x n (an unlisted matrix type may not be declared)."""
+    cfg = attention_config(info, t.operand)
+    return cfg is not None and t.family != "gemv" and not t.split and \
+        t.value_dim % t.n == 0 and t.out in (t.operand, ComponentType.FLOAT32) and \
+        lists_out_matrix(info, cfg, t.out)
 
 
 def paired_tiles(t: AttentionTraits, p: AttentionProblem, decode: bool) -> bool:

@@ -24,6 +24,7 @@ from matmul_oracle import BFLOAT16
 import coopmat
 import coopmat.api.attention as front
 from coopmat.codegen.attention import MaskKind
+from coopmat.common.enums import ComponentType
 from coopmat.policy import attention as policy
 from coopmat.policy.attention import attention_operands
 
@@ -379,6 +380,29 @@ def test_paired_row_tiles(rt, monkeypatch, tile) -> None:
             got = coopmat.attention(q, k, v, causal=causal)
             assert traits().paired and not traits().split
             check(got, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("tile", ["", "family=nv2"])
+def test_direct_store(rt, monkeypatch, tile) -> None:
+    """Result matrices stored straight to o where a tile lies whole inside the rows and
+    Lq is a multiple of m; through the scratch elsewhere, in the same run: a last tile
+    past the rows, 8-row blocks across q heads (grouped-query), Lq not a multiple of m,
+    a float32 result, a value dimension other than the head's (48)."""
+    if tile:
+        _nv2(rt, monkeypatch)
+    m = policy.attention_config(rt.device.info, ComponentType.FLOAT16).M
+    cases = [((1, 2, 3 * m, 32), (1, 2, 40, 32), None, False),   # a last tile past the rows
+             ((1, 4, 3 * m, 32), (1, 2, 40, 32), None, True),    # grouped heads
+             ((1, 2, 3 * m + 1, 32), (1, 2, 40, 32), None, True),  # Lq not a multiple of m
+             ((2, 2, 2 * m, 32), (2, 2, 40, 32), np.float32, False),
+             ((1, 2, 4 * m, 32), (1, 2, 40, 32), None, False)]
+    for q_shape, k_shape, dtype, causal in cases:
+        q, k, v = qkv(q_shape, k_shape, Ev=48 if dtype is None else 32, scale=2.0)
+        got = coopmat.attention(q, k, v, causal=causal, dtype=dtype)
+        assert traits().direct_store and not traits().split
+        assert traits().family == ("nv2" if tile else traits().family)
+        check(got, q, k, v, causal=causal, out_dtype=dtype)
+        assert got.dtype == (dtype or np.float16)
 
 
 # -- the gemv family: decode without matrices ----------------------------------------------

@@ -411,3 +411,34 @@ def test_paired_traits_and_policy() -> None:
     if find_tool("spirv-val") is not None:
         validate(attention_kernel(choose_attention(nv2, p).traits).spirv)
         validate(k.spirv)
+
+
+def test_direct_store_traits_and_policy() -> None:
+    """Result matrices stored straight to o: the name and rules (unsplit, Dv a multiple of
+    n); the policy stores so where the device lists an accumulator matrix of the result's
+    type (the operand's or float32) and Dv allows, never for split or gemv kernels, and a
+    tile override turns it off; the kernels pass spirv-val."""
+    t = dataclasses.replace(BASE, direct_store=True)
+    assert t.violation() is None and t.describe().endswith("-ds")
+    assert "direct_store" in (dataclasses.replace(t, split=True).violation() or "")
+    assert "direct_store" in (dataclasses.replace(t, value_dim=72).violation() or "")
+    nv2 = _nv2_device()
+    p = AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4096, 4096, 32)
+    for device in (H200, nv2):
+        assert choose_attention(device, p).traits.direct_store
+        assert choose_attention(device, dataclasses.replace(p, out=CT.FLOAT32)
+                                ).traits.direct_store
+        assert not choose_attention(device, dataclasses.replace(p, out=CT.BFLOAT16)
+                                    ).traits.direct_store
+        assert not choose_attention(device, dataclasses.replace(p, value_dim=72)
+                                    ).traits.direct_store
+        assert not choose_attention(device, p, tile="direct_store=0").traits.direct_store
+    split = choose_attention(nv2, dataclasses.replace(p, rows=16, Lk=8192, z=8))
+    assert split.splits > 1 and not split.traits.direct_store
+    gemv = choose_attention(nv2, dataclasses.replace(p, rows=4, Lk=32768, z=8))
+    assert gemv.traits.family == "gemv" and not gemv.traits.direct_store
+    if find_tool("spirv-val") is not None:
+        for device, out in ((H200, CT.FLOAT16), (nv2, CT.FLOAT16), (nv2, CT.FLOAT32)):
+            c = choose_attention(device, dataclasses.replace(p, out=out)).traits
+            assert c.direct_store
+            validate(attention_kernel(c).spirv)
