@@ -80,3 +80,20 @@ def test_nv2_slices_runs_and_checks(live_device_info):
     lines = [x for x in out.splitlines() if x.startswith("64x64x256 ")]
     assert lines and all("ok=True" in x for x in lines), out
     assert all(" nv2-" in x for x in lines[1:]), out
+
+
+def test_attention_prefill_runs_and_checks(live_device_info):
+    """One line per key count and tile, each checked against float64 numpy; with
+    --no-softmax the nv2 kernel against its own formula (P V over the steps)."""
+    out = run_probe("lab/attention_prefill.py", "--lq", "40", "--lks", "33,70", "--heads",
+                    "2", "--kv", "1", "--dim", "32", "--reps", "1")
+    lines = [x for x in out.splitlines() if x.startswith("lk=")]
+    assert len(lines) == 2 and all(float(x.split("rel_err=")[1].split()[0]) < 5e-3
+                                   for x in lines), out
+    from coopmat.policy.attention import nv2_offered
+    if nv2_offered(live_device_info):
+        out = run_probe("lab/attention_prefill.py", "--lq", "40", "--lks", "70", "--heads",
+                        "2", "--kv", "1", "--dim", "32", "--reps", "1", "--tiles",
+                        "family=nv2", "--no-softmax")
+        line = next(x for x in out.splitlines() if x.startswith("lk="))
+        assert "no-softmax" in line and float(line.split("rel_err=")[1].split()[0]) < 5e-3
