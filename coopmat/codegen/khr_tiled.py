@@ -142,7 +142,7 @@ class TiledGemmEmitter:
         self.o_el = scalar_type(mb, t.stored_type)
         self.mat_out = mb.type_coopmat(self.o_el, sub, t.m, t.n,
                                        CooperativeMatrixUse.MatrixAccumulator) \
-            if t.out_matrix else None
+            if t.out_matrix and t.split_k == 1 else None  # a split-K stores D by element
         self.float_result = t.result_type.is_float
         self.alpha_t = mb.type_float(32) if self.float_result else self.r_el
 
@@ -760,56 +760,16 @@ class TiledGemmEmitter:
                             else:
                                 element()
 
-            def matrices() -> None:
-                self._finish_matrices(ldp4, stride_p4, load, qf)
-
-            if t.scratch_epilogue:  # no matrix of D's type: element by element
-                if not t.edges:
-                    run(False)
-                    return
-                # Whole tiles (the workgroup's choice, uniform) store without checks.
-                interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
-                                  s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
-                f.if_(interior, lambda: run(False), lambda: run(True))
-                return
             if not t.edges:
-                matrices()
+                run(False)
                 return
+            # Whole tiles (the workgroup's choice, uniform) store without checks.
             interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
                               s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
-            if not t.aligned:  # the general variant checks C/D alignment at run time
-                flag = f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(abi.FLAG_DIRECT_CD))
-                interior = s.and_(interior, f.op(Op.INotEqual, s.bool, flag, s.c(0)))
-            f.if_(interior, matrices, lambda: run(True))
+            f.if_(interior, lambda: run(False), lambda: run(True))
 
         finishes = s.shared_load(self.finishes, s.c(0))
         f.if_(f.op(Op.INotEqual, s.bool, finishes, s.c(0)), finish)
-
-    def _finish_matrices(self, ldp4: int, stride_p4: int, access: int, scope: int) -> None:
-        """The finishing workgroup of a split-K, inside M x N: each of this subgroup's
-        blocks summed from the S partials, loaded as matrices and added in slice order
-        (the element path's order, so either path gives the same bits), then finished
-        and stored as the unsplit kernel stores its accumulators. `access` and `scope`
-        make the other workgroups' partials visible."""
-        s, t, p, f = self.s, self.t, self.plan, self.s.f
-        row = CooperativeMatrixLayout.RowMajor
-        coords = [(s.add(self.m0, s.add(self.sg_row, s.c(i * t.m))),
-                   s.add(self.n0, s.add(self.sg_col, s.c(j * t.n))))
-                  for i in range(p.acc_rows) for j in range(p.acc_cols)]
-        residual = self._residuals([(0, i0, j0) for i0, j0 in coords]) \
-            if t.ops is not None else None
-        for b, (i0, j0) in enumerate(coords):
-            at = s.add(s.mul(i0, ldp4), s.shr(j0, s.c(2)))
-            parts = [f.op(Op.CooperativeMatrixLoadKHR, self.mat_acc, s.buffer_ptr(
-                self.partials, s.add(s.mul(s.c(sl), stride_p4), at)), s.c(row), ldp4,
-                access, scope) for sl in range(t.split_k)]
-            total = parts[0]
-            for x in parts[1:]:
-                total = f.op(Op.FAdd, self.mat_acc, total, x)
-            if residual is None:
-                self._store_direct(total, i0, j0)
-            else:
-                self._store_fused(total, i0, j0, residual(b))
 
     def _blocks(self) -> list[tuple[int, int, int]]:
         """(accumulator, row, column) of each of this subgroup's blocks of D."""
