@@ -625,6 +625,26 @@ def test_exact_variant_and_column_major_a(live_device_info, monkeypatch) -> None
     np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(F16))
 
 
+@pytest.mark.parametrize("out", [F16, F32])
+def test_finishing_workgroups_inside_and_past_the_edges(live_device_info, monkeypatch,
+                                                        out) -> None:
+    """A split whose tiles lie both inside M x N and past both edges, each finished by its
+    last arrival: C, alpha and beta, then the fused bias, activation and residual,
+    against float64."""
+    forced(monkeypatch, 4)
+    M, N, K = 70, 72, 256  # whole tiles and tiles past both edges
+    a, w, c = normal(M, K), normal(N, K), normal(M, N).astype(out)
+    d = coopmat.matmul(a, w.T, c=c, alpha=0.5, beta=-2.0, dtype=out)
+    assert ran_split() == 4
+    t = coopmat.api.matmul._last.result.traits.tile
+    assert M // t.tile_m and N // t.tile_n and (M % t.tile_m or N % t.tile_n), t
+    check(d, *oracle(a, w.T, c=c, alpha=0.5, beta=-2.0), out)
+    bias, res = normal(N), normal(M, N)
+    y = coopmat.matmul(a, w.T, bias=bias, activation="gelu_tanh", residual=res)
+    assert ran_split() == 4
+    check(y, *oracle(a, w.T, bias=bias, gelu=True, residual=res), F16)
+
+
 def test_k_not_divisible_runs_unsplit(live_device_info, monkeypatch) -> None:
     forced(monkeypatch, 4)
     M, N, K = 5, 40, 130
