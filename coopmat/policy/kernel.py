@@ -165,8 +165,11 @@ SPLIT_K_TARGET_GROUPS = 256
 SPLIT_K_MAX_GROUPS = 128
 SPLIT_K_CHOICES = (2, 4, 8)
 # Products of more than SMALL_M rows split K (mid_split_k) into at most MID_SPLIT_MAX
-# slices of at least MID_SPLIT_MIN_SLICE each: more or shorter slices measured slower.
-MID_SPLIT_MAX = 4
+# slices of at least MID_SPLIT_MIN_SLICE each: shorter slices measured slower. Eight
+# slices keep the general tile where four would leave the grid short of filling the GPU
+# (the filling tile then); where eight would be too shallow, at most MID_SPLIT_SHALLOW_MAX.
+MID_SPLIT_MAX = 8
+MID_SPLIT_SHALLOW_MAX = 4
 MID_SPLIT_MIN_SLICE = 1792
 # A quantized B's grid splits only up to this many workgroups: its fused kernel measured
 # slower split from 224 workgroups, faster from 128 and fewer.
@@ -706,8 +709,9 @@ def split_k_for(info: PhysicalDeviceInfo, problem: Problem, traits: GemmTraits,
 def mid_split_k(info: PhysicalDeviceInfo, problem: Problem) -> int:
     """The split-K of a product of more than SMALL_M rows whose general tile's grid G
     leaves the GPU part idle (G < FILL_GROUPS): the smallest power of two S with
-    G S >= FILL_GROUPS, at most MID_SPLIT_MAX, each slice at least MID_SPLIT_MIN_SLICE
-    deep and whole K steps; else 1 (unsplit: the filling tile runs it). The slices take
+    G S >= FILL_GROUPS, at most MID_SPLIT_MAX (MID_SPLIT_SHALLOW_MAX where that many
+    slices would be too shallow), each slice at least MID_SPLIT_MIN_SLICE deep and whole
+    K steps; else 1 (unsplit: the filling tile runs it). The slices take
     the tile the batch of S slices gets (tiles.filling_tile): the general tile where
     G S fills the GPU, which outruns the smaller filling tiles on long K
     (docs/design.md, Policy). A quantized B (where it is not dequantized first) counts
@@ -724,7 +728,13 @@ def mid_split_k(info: PhysicalDeviceInfo, problem: Problem) -> int:
     if groups >= FILL_GROUPS or (p.b_quant is not None and groups > MID_SPLIT_QUANT_MAX_GROUPS):
         return 1
     S = min(MID_SPLIT_MAX, 1 << max(0, math.ceil(math.log2(FILL_GROUPS / groups))))
-    if p.K % (S * t.tile_k) or p.K // S < MID_SPLIT_MIN_SLICE:
+
+    def too_shallow(S: int) -> bool:
+        return bool(p.K % (S * t.tile_k)) or p.K // S < MID_SPLIT_MIN_SLICE
+
+    if S > MID_SPLIT_SHALLOW_MAX and too_shallow(S):
+        S = MID_SPLIT_SHALLOW_MAX
+    if too_shallow(S):
         return 1
     return S if split_k_violation(info, p, S) is None else 1
 

@@ -202,14 +202,19 @@ _BYTES_PER_WEIGHT = {"q8_0": 34 / 32, "q4_0": 18 / 32}
 
 def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
             coopmat_ms: dict[MatMulCase, float],
-            int_ms: dict[MatMulCase, float] | None = None) -> dict[str, Any]:
+            int_ms: dict[MatMulCase, float] | None = None,
+            f32acc: bool = False) -> dict[str, Any]:
     """ggml's kernel time for each case (a subprocess, after coopmat's timings), one row
     per case beside coopmat's: microseconds, TFLOP/s and speedup = ggml / coopmat time
     (above 1: coopmat faster); where `int_ms` has the case, coopmat's integer path
-    (activation_quant='q8_1', ggml's own arithmetic) and its speedup too. Returns what
-    the JSON keeps of ggml's run."""
+    (activation_quant='q8_1', ggml's own arithmetic) and its speedup too; with `f32acc`,
+    ggml run again accumulating in float32 as coopmat does (ggml_peer.FLOAT32_ACCUMULATION)
+    and its speedup. Returns what the JSON keeps of ggml's run."""
     int_ms = int_ms or {}
-    peer = ggml_peer.run(binary, cases, runtime().device.info.index)
+    index = runtime().device.info.index
+    peer = ggml_peer.run(binary, cases, index)
+    peer32 = ggml_peer.run(binary, cases, index, extra_env=ggml_peer.FLOAT32_ACCUMULATION) \
+        if f32acc else None
     if peer.device and peer.device != runtime().device.info.name:
         print(f"warning: ggml ran on {peer.device!r}, coopmat on "
               f"{runtime().device.info.name!r}", flush=True)
@@ -217,7 +222,8 @@ def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
              f"{peer.build_commit or '?'}; kernel us and TFLOP/s, speedup = ggml / coopmat time",
              f"{'weight':>6} {'rows':>5} {'K':>6} {'N':>6} {'coopmat us':>11} {'TFLOP/s':>8} "
              f"{'ggml us':>10} {'TFLOP/s':>8} {'speedup':>8}"
-             + (f" {'q8_1 us':>9} {'speedup':>8}" if int_ms else "")]
+             + (f" {'q8_1 us':>9} {'speedup':>8}" if int_ms else "")
+             + (f" {'ggml f32acc us':>14} {'speedup':>8}" if peer32 else "")]
     for c in cases:
         row: dict[str, Any] = {"case": f"vs-ggml {c.label()}"}
         t = coopmat_ms.get(c, float("nan"))
@@ -234,17 +240,25 @@ def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
             row["coopmat_q8_1_us"] = 1e3 * int_ms[c]
             if got is not None:
                 row["speedup_q8_1"] = got.us / row["coopmat_q8_1_us"]
+        got32 = peer32.results.get(c) if peer32 else None
+        if got32 is not None:
+            row["ggml_f32acc_us"] = got32.us
+            row["speedup_f32acc"] = got32.us / (1e3 * t)
         _emit(rows, row)
         theirs = f"{got.us:10.1f} {got.tflops:8.2f} {row['speedup']:8.2f}" if got else \
             f"{'not supported':>28}"
         if int_ms:
             theirs += f" {row['coopmat_q8_1_us']:9.1f} {row.get('speedup_q8_1', nan):8.2f}" \
                 if c in int_ms else f" {'-':>9} {'-':>8}"
+        if peer32:
+            theirs += f" {got32.us:14.1f} {row['speedup_f32acc']:8.2f}" if got32 else \
+                f" {'not supported':>23}"
         table.append(f"{c.weight:>6} {c.rows:>5} {c.k:>6} {c.outputs:>6} "
                      f"{row['coopmat_us']:11.1f} {row['coopmat_TFLOPs']:8.2f} {theirs}")
     print("\n".join(table), flush=True)
     return {"binary": peer.binary, "device": peer.device, "matrix_cores": peer.matrix_cores,
-            "build_commit": peer.build_commit}
+            "build_commit": peer.build_commit,
+            "f32acc_env": ggml_peer.FLOAT32_ACCUMULATION if peer32 else None}
 
 
 def _weight_kernel_ms(x: Any, w: Any, d: Any, activation_quant: str | None = None,
@@ -382,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vs-ggml", action="store_true",
                     help="also run ggml's Vulkan MUL_MAT on the quantized part's shapes "
                          "(a subprocess) and print its figures beside coopmat's")
+    ap.add_argument("--ggml-f32acc", action="store_true",
+                    help="with --vs-ggml: also run ggml accumulating in float32, as coopmat "
+                         "does (GGML_VK_DISABLE_F16=1; by default ggml accumulates its "
+                         "matrix-matrix products in float16 where the device offers it)")
     ap.add_argument("--ggml", metavar="PATH", help="ggml's test-backend-ops for --vs-ggml: "
                     "the binary, its unpacked folder or test-backend-ops-vulkan.tar.xz "
                     "(default: where ../shared/peers/ggml-vulkan's run.sh and stage.sh "
@@ -398,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = ggml_peer.matmul_cases(args.quant_formats,
                                    [int(v) for v in args.quant_rows.split(",") if v], K, N)
     binary = None
+    if args.ggml_f32acc and not args.vs_ggml:
+        ap.error("--ggml-f32acc runs ggml again beside --vs-ggml: give both")
     if args.vs_ggml:  # before any device work: a missing peer is a one-line usage error
         if "quantized" in skip:
             ap.error("--vs-ggml compares the quantized part, which --skip leaves out")
@@ -415,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         times, int_times = quantized(rows, cases, args.activation_quant)
     if binary is not None:
         try:
-            out["ggml"] = vs_ggml(rows, binary, cases, times, int_times)
+            out["ggml"] = vs_ggml(rows, binary, cases, times, int_times, args.ggml_f32acc)
         except ggml_peer.PeerError as exc:  # coopmat's figures are kept
             print(f"error: --vs-ggml: {exc}", flush=True)
             out["ggml"] = {"binary": str(binary), "error": str(exc)}

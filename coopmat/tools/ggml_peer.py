@@ -276,12 +276,20 @@ def _run_binary(binary: Path, args: list[str], env: dict[str, str], timeout: flo
     return text
 
 
+# ggml accumulates its matrix-matrix products in float16 where the device lists float16
+# accumulators and the node asks for default precision (ggml_vk_get_mul_mat_mat_pipeline
+# at d99724f; the shaders clamp to +-65504), as on the H100/H200. Without float16 support
+# it takes its float32-accumulating pipelines: what this variable forces.
+FLOAT32_ACCUMULATION = {"GGML_VK_DISABLE_F16": "1"}
+
+
 def run(binary: Path, cases: Sequence[MatMulCase], device_index: int | None = None,
-        timeout_per_case: float = 60.0) -> PeerRun:
+        timeout_per_case: float = 60.0, extra_env: dict[str, str] | None = None) -> PeerRun:
     """ggml's time for each case: first its own perf cases of these shapes, then a
-    --test-file for those its list lacks. Raises PeerError when the binary fails, or
-    when a case is in neither's output."""
-    env = environment(binary, device_index)
+    --test-file for those its list lacks; `extra_env` is added to its environment (e.g.
+    FLOAT32_ACCUMULATION). Raises PeerError when the binary fails, or when a case is in
+    neither's output."""
+    env = {**environment(binary, device_index), **(extra_env or {})}
     run_ = PeerRun(str(binary))
     timeout = 30.0 + timeout_per_case * len(cases)
     read_output(_run_binary(binary, ["-p", builtin_pattern(cases)], env, timeout),

@@ -162,7 +162,8 @@ def test_vs_ggml_runs_ggml_beside_coopmat(live_device_info, tmp_path, capsys):
     """`--inference --vs-ggml` on a tiny q4_0 product: ggml's test-backend-ops (a
     subprocess on the same device) and coopmat's kernel timed on one case table; both
     columns present, positive, consistent with the case's FLOPs and with each other; with
-    --activation-quant, coopmat's integer path in a third."""
+    --activation-quant, coopmat's integer path in a third; with --ggml-f32acc, ggml again
+    accumulating in float32."""
     from coopmat.tools import bench, ggml_peer
     try:
         ggml_peer.find_binary(None, [ROOT])
@@ -171,7 +172,7 @@ def test_vs_ggml_runs_ggml_beside_coopmat(live_device_info, tmp_path, capsys):
     out = tmp_path / "vs.json"
     assert bench.main(["--inference", "--vs-ggml", "--skip", "decode,fused",
                        "--quant-rows", "1", "--quant-shape", "64x48", "--quant-formats", "q4_0",
-                       "--activation-quant", "q8_1", "--json", str(out)]) == 0
+                       "--activation-quant", "q8_1", "--ggml-f32acc", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["ggml"]["device"] == data["device"] == live_device_info.name
     row = {r["case"]: r for r in data["rows"]}["vs-ggml q4_0 1x64 @ (48x64)^T"]
@@ -186,6 +187,8 @@ def test_vs_ggml_runs_ggml_beside_coopmat(live_device_info, tmp_path, capsys):
     assert row["coopmat_q8_1_us"] == quant["q4_0_q8_1_kernel_us"] > 0
     assert "gemv_q8_1" in quant["q4_0_q8_1_kernel"]
     assert row["speedup_q8_1"] == pytest.approx(row["ggml_us"] / row["coopmat_q8_1_us"])
+    assert row["ggml_f32acc_us"] > 0 and data["ggml"]["f32acc_env"]
+    assert row["speedup_f32acc"] == pytest.approx(row["ggml_f32acc_us"] / row["coopmat_us"])
     assert "vs ggml: " + live_device_info.name in capsys.readouterr().out
 
 

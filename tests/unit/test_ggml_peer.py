@@ -164,3 +164,17 @@ def test_failing_binary_reports_its_last_lines(tmp_path):
     bad.chmod(0o755)
     with pytest.raises(PeerError, match="exited with 1: ggml_vulkan: Invalid device index 9"):
         ggml_peer.run(bad, FILE_CASES[:1])
+
+
+def test_extra_environment_reaches_the_binary(tmp_path):
+    """`extra_env` (FLOAT32_ACCUMULATION: ggml's float32-accumulating pipelines) is in the
+    binary's environment for both passes of that run only."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "test-backend-ops"
+    fake.write_text(f"#!/bin/sh\necho \"${{GGML_VK_DISABLE_F16:-unset}}\" >> '{seen}'\n"
+                    f"case \"$*\" in *--test-file*) cat '{FILE}';; *) cat '{BUILTIN}';; esac\n")
+    fake.chmod(0o755)
+    ggml_peer.run(fake, FILE_CASES[:1], extra_env=ggml_peer.FLOAT32_ACCUMULATION)
+    ggml_peer.run(fake, FILE_CASES[:1])
+    assert seen.read_text().split() == ["1", "1", "unset", "unset"]
+
