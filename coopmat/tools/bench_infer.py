@@ -397,9 +397,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run ggml's Vulkan MUL_MAT on the quantized part's shapes "
                          "(a subprocess) and print its figures beside coopmat's")
     ap.add_argument("--ggml-f32acc", action="store_true",
-                    help="with --vs-ggml: also run ggml accumulating in float32, as coopmat "
-                         "does (GGML_VK_DISABLE_F16=1; by default ggml accumulates its "
-                         "matrix-matrix products in float16 where the device offers it)")
+                    help="with --vs-ggml: also run ggml with GGML_VK_DISABLE_F16=1, under "
+                         "which its float16-weight products accumulate in float32 as "
+                         "coopmat's do (by default ggml accumulates its matrix-matrix "
+                         "products in float16 where the device offers it)")
     ap.add_argument("--ggml", metavar="PATH", help="ggml's test-backend-ops for --vs-ggml: "
                     "the binary, its unpacked folder or test-backend-ops-vulkan.tar.xz "
                     "(default: where ../shared/peers/ggml-vulkan's run.sh and stage.sh "

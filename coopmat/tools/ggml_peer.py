@@ -278,8 +278,9 @@ def _run_binary(binary: Path, args: list[str], env: dict[str, str], timeout: flo
 
 # ggml accumulates its matrix-matrix products in float16 where the device lists float16
 # accumulators and the node asks for default precision (ggml_vk_get_mul_mat_mat_pipeline
-# at d99724f; the shaders clamp to +-65504), as on the H100/H200. Without float16 support
-# it takes its float32-accumulating pipelines: what this variable forces.
+# at d99724f; the shaders clamp to +-65504), as on the H100/H200. This variable turns its
+# float16 support off, so its float16-weight products take the float32-accumulating
+# pipelines (quantized cooperative_matrix2 products follow the node's precision alone).
 FLOAT32_ACCUMULATION = {"GGML_VK_DISABLE_F16": "1"}
 
 
