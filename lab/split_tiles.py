@@ -2,6 +2,7 @@
 against the policy's choice, for x @ w.T with w of N x K (B column-major).
 
     python lab/split_tiles.py [--rows 128,256,512] [--n 4096] [--k 14336] [--splits 1,2,4,8]
+        [--serial 20]
 
 Each line: rows, S, tile, workgroups, kernel us (median of --repeat), TFLOP/s, and whether
 rows 0-7 match float64 numpy. The policy's own choice comes first.
@@ -27,13 +28,21 @@ from coopmat.tools.bench_infer import hold_clock
 
 
 def time_one(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, ref: np.ndarray,
-             traits: Any, S: int | None, repeat: int) -> tuple[float, bool, int, str]:
+             traits: Any, S: int | None, repeat: int,
+             serial: int = 0) -> tuple[float, bool, int, str]:
+    """(kernel seconds, rows 0-7 within tolerance of `ref`, the split run, the kernel's
+    name): the median of `repeat` runs, each one call a submission, or with `serial` the
+    median of `repeat` submissions of `serial` runs back to back (as peers time theirs)."""
     options = Options(split_k=S) if S else Options()
     g = PreparedGemm(rt, pair, a[None], b[None], None, 1, 1, 0, traits=traits, options=options)
     try:
         g.execute()
         spin_until_steady(lambda: g.execute(transfers=False), 0.1)
-        times = [g.execute(transfers=False) or 0.0 for _ in range(repeat)]
+        if serial:
+            g.serial_seconds(serial, submits=1)  # untimed: the first runs of a case lag
+            times = [g.serial_seconds(serial, submits=1) or 0.0 for _ in range(repeat)]
+        else:
+            times = [g.execute(transfers=False) or 0.0 for _ in range(repeat)]
         out = np.empty((1,) + g.shape[1:3], g.result_dtype)
         g.read(out)
         name = g.choice.traits.describe()
@@ -51,6 +60,8 @@ def main() -> int:
     ap.add_argument("--splits", default="1,2,4,8")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--max-tiles", type=int, default=16)
+    ap.add_argument("--serial", type=int, default=0, metavar="N",
+                    help="time N runs back to back a submission (0: one run a submission)")
     args = ap.parse_args()
     hold_clock()  # a CUDA context keeps the GPU's clock up (lab/notebook/benchmarks.md)
     rt = runtime()
@@ -69,7 +80,8 @@ def main() -> int:
         a, b = make_operands(np.dtype(np.float16), M, N, K, "nt", rng)
         ref = a[:8].astype(np.float64) @ b.astype(np.float64)
         flops = 2.0 * M * N * K
-        t, ok, S, name = time_one(rt, pair, a, b, ref, None, None, args.repeat)
+        t, ok, S, name = time_one(rt, pair, a, b, ref, None, None, args.repeat,
+                                   args.serial)
         print(f"{M:5d} policy S={S} {1e6 * t:8.1f} us {flops / t / 1e12:6.1f} T ok={ok} "
               f"{name}", flush=True)
         for S in (int(v) for v in args.splits.split(",")):
@@ -82,7 +94,8 @@ def main() -> int:
                     base = codegen.khr_traits(config, info, Layout.ROW_MAJOR,
                                               Layout.COLUMN_MAJOR, False, tile)
                     traits = policy.fastest_variant(base, params, S, Options(split_k=S))
-                    t, ok, got, name = time_one(rt, pair, a, b, ref, traits, S, args.repeat)
+                    t, ok, got, name = time_one(rt, pair, a, b, ref, traits, S,
+                                                args.repeat, args.serial)
                 except Exception as e:  # a tile the split refuses: say so, go on
                     print(f"{M:5d} S={S} {tile.describe():<24} error: {str(e)[:80]}",
                           flush=True)

@@ -814,6 +814,10 @@ def choose(info: PhysicalDeviceInfo, problem: Problem, options: Options | None =
                 raise ValueError(f"no split-K of {split_k} for this product: {why_not}")
             return split_choice(p, _choose(info, slice_problem(p, split_k), options, tuned,
                                            traits), split_k)
+        if traits.stored_type != p.pair.stored:  # D's buffer is sized for the pair's type
+            raise ValueError(f"traits {traits.describe()} store "
+                             f"{traits.stored_type.name} results, the product "
+                             f"{p.pair.describe_result()}")
         return _choose(info, p, options, tuned, traits)
     choice = _choose(info, p, options, tuned, None)
     if not isinstance(choice.traits, KhrTraits):  # split-K is the khr family's

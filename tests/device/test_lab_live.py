@@ -66,7 +66,7 @@ def test_vk_sass_names_the_kernel_it_ran(live_device_info):
 def test_split_tiles_runs_and_checks(live_device_info):
     """The policy's line, then one line per slice count and tile, each checked."""
     out = run_probe("lab/split_tiles.py", "--rows", "64", "--n", "64", "--k", "256",
-                    "--splits", "2", "--repeat", "2", "--max-tiles", "2")
+                    "--splits", "2", "--repeat", "2", "--max-tiles", "2", "--serial", "2")
     lines = [x for x in out.splitlines() if x.strip().startswith("64 ")]
     assert " policy " in lines[0] and len(lines) == 3, out
     assert all("ok=True" in x for x in lines), out
@@ -80,6 +80,12 @@ def test_nv2_slices_runs_and_checks(live_device_info):
     lines = [x for x in out.splitlines() if x.startswith("64x64x256 ")]
     assert lines and all("ok=True" in x for x in lines), out
     assert all(" nv2-" in x for x in lines[1:]), out
+    # khr tiles unsplit beside it, timed back to back
+    out = run_probe("lab/nv2_slices.py", "--shapes", "64x64x256", "--repeat", "2",
+                    "--max-tiles", "0", "--khr-tiles", "32x32x16", "--serial", "2")
+    lines = [x for x in out.splitlines() if x.startswith("64x64x256 ")]
+    assert len(lines) == 2 and all("ok=True" in x for x in lines), out
+    assert "t32x32x16s2x2b2" in lines[1] and "split" not in lines[1], out
 
 
 def test_attention_prefill_runs_and_checks(live_device_info):

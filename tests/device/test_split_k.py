@@ -90,6 +90,16 @@ def test_forced_split_with_explicit_traits() -> None:
         choose(H200, batched, traits=traits, split_k=4)
 
 
+def test_explicit_traits_must_store_the_products_type() -> None:
+    """Unsplit, given traits that store another type than the product's D (whose buffer
+    is sized for its own type) are refused with the two types named, not run."""
+    p = decode(H200, 64, 4096, 4096)
+    traits = unsplit(H200, p)
+    assert choose(H200, p, Options(split_k=1), traits=traits).traits == traits
+    with pytest.raises(ValueError, match="store FLOAT32 results, the product float16"):
+        choose(H200, p, Options(split_k=1), traits=replace(traits, out_type=None))
+
+
 def test_quantized_splits_stage_units_of_eight() -> None:
     """A split-K of a quantized B stages at least 8 weights a unit
     (plan.SPLIT_MIN_QUANT_UNIT): with units of 4 the H200 summed wrong. A q8_0 product of
