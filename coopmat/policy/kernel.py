@@ -779,6 +779,12 @@ def split_choice(problem: Problem, sliced: KernelChoice, S: int) -> KernelChoice
     traits = replace(t, split_k=S, has_c=p.has_c, ops=p.ops, b_quant_unit=unit,
                      out_type=None if stored == t.result_type else stored)
     params = replace(sliced.params, alpha=p.alpha, beta=p.beta if p.has_c else 0)
+    if traits.aligned and not abi.aligned_ok(traits, params):
+        # The slices' float32 partials allowed the aligned variant; D's rows in D's own
+        # type may not start on 16 bytes: the general variant, as fastest_variant gives.
+        traits = replace(traits, aligned=False, exact=False, clamp_rows=False,
+                         clamp_cols=False, specialized=(), storage_checks=True,
+                         k_loop_rolled=False)
     return replace(sliced, traits=traits, params=params, split_k=S)
 
 

@@ -31,7 +31,7 @@ from spirv_checks import assert_valid
 import coopmat
 import coopmat.api.matmul
 import coopmat.policy.kernel as policy_kernel
-from coopmat.codegen import KhrTraits, Layout
+from coopmat.codegen import KhrTraits, Layout, abi
 from coopmat.codegen.tools import find_tool
 from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.common.enums import ComponentType as CT
@@ -98,6 +98,20 @@ def test_explicit_traits_must_store_the_products_type() -> None:
     assert choose(H200, p, Options(split_k=1), traits=traits).traits == traits
     with pytest.raises(ValueError, match="store FLOAT32 results, the product float16"):
         choose(H200, p, Options(split_k=1), traits=replace(traits, out_type=None))
+
+
+def test_split_of_unaligned_d_runs_the_general_variant() -> None:
+    """The slices' float32 partials may allow the aligned variant where D's float16 rows
+    (N = 68: 136 bytes) do not start on 16 bytes: the split then runs the general variant
+    rather than fail at dispatch; float32 D keeps the aligned one."""
+    for info in (H200, LAVAPIPE):
+        p = decode(info, 70, 68, 4096)
+        choice = choose(info, p, Options(split_k=4, family="khr"))
+        assert choice.split_k == 4 and not choice.traits.aligned, choice.traits.describe()
+        assert abi.aligned_ok(choice.traits, choice.params) is False
+        p32 = decode(info, 70, 68, 4096, pair=resolve(info, F16, F16, F32))
+        choice = choose(info, p32, Options(split_k=4, family="khr"))
+        assert choice.split_k == 4 and choice.traits.aligned, choice.traits.describe()
 
 
 def test_quantized_splits_stage_units_of_eight() -> None:
@@ -404,8 +418,6 @@ def test_split_needs_a_counter_per_tile() -> None:
     """A split-K counts arrivals in the device's SPLIT_K_MAX_TILES shared counters: a
     forced split of a product with more tiles runs unsplit, and the tuner's explicit
     traits for one get a clear error."""
-    from coopmat.codegen import abi
-
     p = decode(H200, 32768, 32768, 1024)
     forced = choose(H200, p, Options(split_k=2))
     assert forced.split_k == 1
@@ -637,14 +649,15 @@ def test_exact_variant_and_column_major_a(live_device_info, monkeypatch) -> None
     np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(F16))
 
 
-@pytest.mark.parametrize("out", [F16, F32])
+@pytest.mark.parametrize("out,N", [(F16, 72), (F32, 72), (F16, 68)])
 def test_finishing_workgroups_inside_and_past_the_edges(live_device_info, monkeypatch,
-                                                        out) -> None:
+                                                        out, N) -> None:
     """A split whose tiles lie both inside M x N and past both edges, each finished by its
-    last arrival: C, alpha and beta, then the fused bias, activation and residual,
+    last arrival (inside, four results a store where D's rows start on 16 bytes: not for
+    float16 at N = 68): C, alpha and beta, then the fused bias, activation and residual,
     against float64."""
     forced(monkeypatch, 4)
-    M, N, K = 70, 72, 256  # whole tiles and tiles past both edges
+    M, K = 70, 256  # whole tiles and tiles past both edges
     a, w, c = normal(M, K), normal(N, K), normal(M, N).astype(out)
     d = coopmat.matmul(a, w.T, c=c, alpha=0.5, beta=-2.0, dtype=out)
     assert ran_split() == 4
