@@ -63,7 +63,7 @@ from coopmat.codegen import (
 )
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.pack import PackKernel, wide_ok
-from coopmat.codegen.plan import SPLIT_MIN_QUANT_UNIT, plan_kernel
+from coopmat.codegen.plan import SPLIT_MIN_QUANT_UNIT, element_bytes, plan_kernel
 from coopmat.codegen.rows import RowsPlan
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.codegen.variants import GEMV_OPERANDS, is_cpu, khr_traits
@@ -668,6 +668,12 @@ def split_k_violation(info: PhysicalDeviceInfo, problem: Problem, S: int) -> str
     if p.b_quant is not None and (p.K // S) % BLOCK_ELEMS:
         return (f"slices of K={p.K} / {S} are not whole {BLOCK_ELEMS}-weight blocks of the "
                 f"quantized B ({p.b_quant})")
+    # The slices' float32 partials admit the aligned variant where D's own rows (C's and
+    # D's leading dimension is N) need not start on 16 bytes; the general variant's split
+    # gave wrong results there on an H200 (lavapipe: right), so those run unsplit.
+    if p.N * element_bytes(p.pair.stored) % 16:
+        return (f"D's rows of {p.N} {p.pair.stored.name.lower()} elements do not start "
+                f"on 16-byte boundaries")
     return None
 
 
@@ -779,12 +785,6 @@ def split_choice(problem: Problem, sliced: KernelChoice, S: int) -> KernelChoice
     traits = replace(t, split_k=S, has_c=p.has_c, ops=p.ops, b_quant_unit=unit,
                      out_type=None if stored == t.result_type else stored)
     params = replace(sliced.params, alpha=p.alpha, beta=p.beta if p.has_c else 0)
-    if traits.aligned and not abi.aligned_ok(traits, params):
-        # The slices' float32 partials allowed the aligned variant; D's rows in D's own
-        # type may not start on 16 bytes: the general variant, as fastest_variant gives.
-        traits = replace(traits, aligned=False, exact=False, clamp_rows=False,
-                         clamp_cols=False, specialized=(), storage_checks=True,
-                         k_loop_rolled=False)
     return replace(sliced, traits=traits, params=params, split_k=S)
 
 

@@ -100,18 +100,16 @@ def test_explicit_traits_must_store_the_products_type() -> None:
         choose(H200, p, Options(split_k=1), traits=replace(traits, out_type=None))
 
 
-def test_split_of_unaligned_d_runs_the_general_variant() -> None:
-    """The slices' float32 partials may allow the aligned variant where D's float16 rows
-    (N = 68: 136 bytes) do not start on 16 bytes: the split then runs the general variant
-    rather than fail at dispatch; float32 D keeps the aligned one."""
+def test_split_of_unaligned_d_runs_unsplit() -> None:
+    """D's float16 rows of N = 68 (136 bytes) do not start on 16 bytes: a forced split
+    runs unsplit there (the general variant's split measured wrong on an H200); float32
+    D's rows (272 bytes) do, and split."""
     for info in (H200, LAVAPIPE):
         p = decode(info, 70, 68, 4096)
-        choice = choose(info, p, Options(split_k=4, family="khr"))
-        assert choice.split_k == 4 and not choice.traits.aligned, choice.traits.describe()
-        assert abi.aligned_ok(choice.traits, choice.params) is False
+        assert "16-byte" in (split_k_violation(info, p, 4) or "")
+        assert choose(info, p, Options(split_k=4, family="khr")).split_k == 1
         p32 = decode(info, 70, 68, 4096, pair=resolve(info, F16, F16, F32))
-        choice = choose(info, p32, Options(split_k=4, family="khr"))
-        assert choice.split_k == 4 and choice.traits.aligned, choice.traits.describe()
+        assert choose(info, p32, Options(split_k=4, family="khr")).split_k == 4
 
 
 def test_quantized_splits_stage_units_of_eight() -> None:
@@ -649,13 +647,13 @@ def test_exact_variant_and_column_major_a(live_device_info, monkeypatch) -> None
     np.testing.assert_array_equal(d, (a.astype(np.float64) @ b).astype(F16))
 
 
-@pytest.mark.parametrize("out,N", [(F16, 72), (F32, 72), (F16, 68)])
+@pytest.mark.parametrize("out,N", [(F16, 72), (F32, 72), (F32, 68)])
 def test_finishing_workgroups_inside_and_past_the_edges(live_device_info, monkeypatch,
                                                         out, N) -> None:
     """A split whose tiles lie both inside M x N and past both edges, each finished by its
-    last arrival (inside, four results a store where D's rows start on 16 bytes: not for
-    float16 at N = 68): C, alpha and beta, then the fused bias, activation and residual,
-    against float64."""
+    last arrival (inside, four results a store where the kernel's flags say D's rows
+    start on 16 bytes): C, alpha and beta, then the fused bias, activation (float16 D,
+    which N = 68 splits only as float32) and residual, against float64."""
     forced(monkeypatch, 4)
     M, K = 70, 256  # whole tiles and tiles past both edges
     a, w, c = normal(M, K), normal(N, K), normal(M, N).astype(out)
@@ -666,7 +664,7 @@ def test_finishing_workgroups_inside_and_past_the_edges(live_device_info, monkey
     check(d, *oracle(a, w.T, c=c, alpha=0.5, beta=-2.0), out)
     bias, res = normal(N), normal(M, N)
     y = coopmat.matmul(a, w.T, bias=bias, activation="gelu_tanh", residual=res)
-    assert ran_split() == 4
+    assert ran_split() == (4 if N * 2 % 16 == 0 else 1)  # float16 D
     check(y, *oracle(a, w.T, bias=bias, gelu=True, residual=res), F16)
 
 
