@@ -182,6 +182,12 @@ class TiledGemmEmitter:
             self.counters = s.storage_buffer(abi.BINDING_COUNTERS, s.u32, 4, False,
                                              "counters", restrict=True)
             self.finishes = s.shared_array(s.u32, 1, "finishes")
+            # D again as vectors of four: the finish stores a row's four results at once
+            # where D's rows allow it (FLAG_DIRECT_CD); one element a store cost a third
+            # of the finish.
+            self.D4 = s.storage_buffer(abi.BINDING_D, s.mb.type_vector(self.o_el, 4), 4 * ob,
+                                       False, "D4") \
+                if abi.cd_alignment_elems(t) % 4 == 0 else None
         types = [s.u32] * 11 + [self.alpha_t, self.alpha_t, s.u32]
         s.push_constants(abi.PUSH_FIELDS, types)
 
@@ -676,6 +682,29 @@ class TiledGemmEmitter:
                                   gi, gj)
         s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
 
+    def _finish_vector(self, total: int, gi: int, quad: int) -> None:
+        """D[gi, n0 + 4 quad ...] from a vec4 of summed partials (the accumulator's type),
+        each element finished as _finish_element does, stored as one vector. D's rows
+        start on 16-byte boundaries (FLAG_DIRECT_CD) and a split's D is one matrix."""
+        s, P, f = self.s, self.P, self.s.f
+        vec = s.mb.type_vector(self.o_el, 4)
+        gj0 = s.add(self.n0, s.mul(quad, s.c(4)))
+        values = []
+        for c in range(4):
+            gj = s.add(gj0, s.c(c))
+
+            def load_c(el: int, gj: int = gj) -> int:
+                assert self.C is not None
+                return s.buffer_load(self.C, s.add(self.base_c,
+                                                   s.add(s.mul(gi, P["ldc"]), gj)))
+
+            values.append(self.epilogue.element(
+                Types(self.r_el, self.o_el), f.op(Op.CompositeExtract, self.r_el, total, c),
+                load_c if self.C is not None else None, self.element_ops, gi, gj))
+        at = s.add(s.mul(gi, s.shr(P["ldd"], s.c(2))), s.shr(gj0, s.c(2)))
+        assert self.D4 is not None
+        s.buffer_store(self.D4, at, f.op(Op.CompositeConstruct, vec, *values))
+
     def _split_epilogue(self) -> None:
         """A split-K's end (KhrTraits.split_k = S): store this slice's accumulators to the
         workspace, count this workgroup's arrival at its tile, and if it is the tile's
@@ -732,7 +761,7 @@ class TiledGemmEmitter:
             batch = max(1, SPLIT_FINISH_LOADS // t.split_k)
             firsts = range(0, quads, self.plan.invocations)
 
-            def run(checked: bool) -> None:
+            def run(checked: bool, vector: bool = False) -> None:
                 for b0 in range(0, len(firsts), batch):
                     group = []
                     for e in firsts[b0:b0 + batch]:
@@ -748,6 +777,9 @@ class TiledGemmEmitter:
                         total = parts[0]
                         for x in parts[1:]:
                             total = f.op(Op.FAdd, vec4, total, x)
+                        if vector:
+                            self._finish_vector(total, gi, quad)
+                            continue
                         for c in range(4):
                             gj = s.add(self.n0, s.add(s.mul(quad, s.c(4)), s.c(c)))
                             value = f.op(Op.CompositeExtract, self.r_el, total, c)
@@ -760,13 +792,24 @@ class TiledGemmEmitter:
                             else:
                                 element()
 
+            def unchecked() -> None:
+                if self.D4 is None:
+                    run(False)
+                    return
+                if t.aligned:
+                    run(False, vector=True)
+                    return
+                flag = f.op(Op.BitwiseAnd, s.u32, P["flags"], s.c(abi.FLAG_DIRECT_CD))
+                f.if_(f.op(Op.INotEqual, s.bool, flag, s.c(0)),
+                      lambda: run(False, vector=True), lambda: run(False))
+
             if not t.edges:
-                run(False)
+                unchecked()
                 return
             # Whole tiles (the workgroup's choice, uniform) store without checks.
             interior = s.and_(s.le(s.add(self.m0, s.c(tile.tile_m)), P["M"]),
                               s.le(s.add(self.n0, s.c(tile.tile_n)), P["N"]))
-            f.if_(interior, lambda: run(False), lambda: run(True))
+            f.if_(interior, unchecked, lambda: run(True))
 
         finishes = s.shared_load(self.finishes, s.c(0))
         f.if_(f.op(Op.INotEqual, s.bool, finishes, s.c(0)), finish)
