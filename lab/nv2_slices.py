@@ -24,33 +24,25 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from split_tiles import time_one  # the same timing and check as the split sweep
+from split_tiles import float16_setup, time_one, timing_args  # as the split sweep
 
 from coopmat import codegen, policy
 from coopmat.codegen import GemmParams, Layout
 from coopmat.codegen.nv2_tiles import nv2_traits
 from coopmat.codegen.traits import ComponentType, Tile
-from coopmat.dispatch.runtime import runtime
 from coopmat.policy import Options
 from coopmat.policy.tiles import nv2_tiles
 from coopmat.tools.bench import make_operands
-from coopmat.tools.bench_infer import hold_clock
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1024x4096x1792,1024x4096x3584,512x4096x3584")
-    ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--max-tiles", type=int, default=8)
     ap.add_argument("--tiles", default="", help="more nv2 tiles: MxNxK/SUBGROUPS/BUFFERING,...")
     ap.add_argument("--khr-tiles", default="", help="khr tiles run unsplit: MxNxK,...")
-    ap.add_argument("--serial", type=int, default=0, metavar="N",
-                    help="time N runs back to back a submission (0: one run a submission)")
+    timing_args(ap, 8)
     args = ap.parse_args()
-    hold_clock()  # a CUDA context keeps the GPU's clock up (lab/notebook/benchmarks.md)
-    rt = runtime()
-    info = rt.device.info
-    pair = policy.resolve(info, np.float16, np.float16)
+    rt, info, pair = float16_setup()
     offered = nv2_tiles(info, ComponentType.FLOAT16, ComponentType.FLOAT32)
     tiles = offered[:args.max_tiles]
     if offered:  # asked-for tiles only where the device runs the family at all

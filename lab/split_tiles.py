@@ -52,21 +52,30 @@ def time_one(rt: Any, pair: Any, a: np.ndarray, b: np.ndarray, ref: np.ndarray,
     return statistics.median(times), ok, g.choice.split_k, name
 
 
+def timing_args(ap: argparse.ArgumentParser, max_tiles: int) -> None:
+    """The options time_one's callers share: how many runs, how many tiles, back to back."""
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--max-tiles", type=int, default=max_tiles)
+    ap.add_argument("--serial", type=int, default=0, metavar="N",
+                    help="time N runs back to back a submission (0: one run a submission)")
+
+
+def float16_setup() -> tuple[Any, Any, Any]:
+    """(runtime, device info, the float16 pair), the GPU's clock held up first."""
+    hold_clock()  # a CUDA context keeps the GPU's clock up (lab/notebook/benchmarks.md)
+    rt = runtime()
+    return rt, rt.device.info, policy.resolve(rt.device.info, np.float16, np.float16)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="128,256,512")
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--k", type=int, default=14336)
     ap.add_argument("--splits", default="1,2,4,8")
-    ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--max-tiles", type=int, default=16)
-    ap.add_argument("--serial", type=int, default=0, metavar="N",
-                    help="time N runs back to back a submission (0: one run a submission)")
+    timing_args(ap, 16)
     args = ap.parse_args()
-    hold_clock()  # a CUDA context keeps the GPU's clock up (lab/notebook/benchmarks.md)
-    rt = runtime()
-    info = rt.device.info
-    pair = policy.resolve(info, np.float16, np.float16)
+    rt, info, pair = float16_setup()
     config = policy.config_for(info, pair)
     assert config is not None, "no float16 configuration with float32 accumulation"
     rng = np.random.default_rng(0)
