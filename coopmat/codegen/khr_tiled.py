@@ -183,8 +183,8 @@ class TiledGemmEmitter:
                                              "counters", restrict=True)
             self.finishes = s.shared_array(s.u32, 1, "finishes")
             # D again as vectors of four: the finish stores a row's four results at once
-            # where D's rows allow it (FLAG_DIRECT_CD); one element a store cost a third
-            # of the finish.
+            # where D's rows allow it (FLAG_DIRECT_CD), as one element a store was a
+            # good part of its time (docs/design.md, Split-K).
             self.D4 = s.storage_buffer(abi.BINDING_D, s.mb.type_vector(self.o_el, 4), 4 * ob,
                                        False, "D4") \
                 if abi.cd_alignment_elems(t) % 4 == 0 else None
@@ -668,39 +668,34 @@ class TiledGemmEmitter:
             element(s.add(self.lane, s.c(e * t.subgroup_size)))
         s.barrier(Scope.Workgroup)  # the scratch is free for the next block
 
-    def _finish_element(self, acc_v: int, gi: int, gj: int) -> None:
-        """D[gi, gj] from its accumulator value acc_v (the accumulator's type): alpha,
-        beta * C, the fused operations, rounded once to D's type."""
+    def _finished_value(self, acc_v: int, gi: int, gj: int) -> int:
+        """D[gi, gj]'s value from its accumulator value acc_v (the accumulator's type):
+        alpha, beta * C, the fused operations, rounded once to D's type."""
         s, P = self.s, self.P
 
         def load_c(el: int) -> int:
             assert self.C is not None
             return s.buffer_load(self.C, s.add(self.base_c, s.add(s.mul(gi, P["ldc"]), gj)))
 
-        v = self.epilogue.element(Types(self.r_el, self.o_el), acc_v,
-                                  load_c if self.C is not None else None, self.element_ops,
-                                  gi, gj)
-        s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)), v)
+        return self.epilogue.element(Types(self.r_el, self.o_el), acc_v,
+                                     load_c if self.C is not None else None,
+                                     self.element_ops, gi, gj)
+
+    def _finish_element(self, acc_v: int, gi: int, gj: int) -> None:
+        """D[gi, gj] from its accumulator value acc_v (_finished_value), stored."""
+        s, P = self.s, self.P
+        s.buffer_store(self.D, s.add(self.base_d, s.add(s.mul(gi, P["ldd"]), gj)),
+                       self._finished_value(acc_v, gi, gj))
 
     def _finish_vector(self, total: int, gi: int, quad: int) -> None:
         """D[gi, n0 + 4 quad ...] from a vec4 of summed partials (the accumulator's type),
-        each element finished as _finish_element does, stored as one vector. D's rows
-        start on 16-byte boundaries (FLAG_DIRECT_CD) and a split's D is one matrix."""
+        each element finished by _finished_value, stored as one vector. D's rows start on
+        16-byte boundaries (FLAG_DIRECT_CD) and a split's D is one matrix."""
         s, P, f = self.s, self.P, self.s.f
         vec = s.mb.type_vector(self.o_el, 4)
         gj0 = s.add(self.n0, s.mul(quad, s.c(4)))
-        values = []
-        for c in range(4):
-            gj = s.add(gj0, s.c(c))
-
-            def load_c(el: int, gj: int = gj) -> int:
-                assert self.C is not None
-                return s.buffer_load(self.C, s.add(self.base_c,
-                                                   s.add(s.mul(gi, P["ldc"]), gj)))
-
-            values.append(self.epilogue.element(
-                Types(self.r_el, self.o_el), f.op(Op.CompositeExtract, self.r_el, total, c),
-                load_c if self.C is not None else None, self.element_ops, gi, gj))
+        values = [self._finished_value(f.op(Op.CompositeExtract, self.r_el, total, c), gi,
+                                       s.add(gj0, s.c(c))) for c in range(4)]
         at = s.add(s.mul(gi, s.shr(P["ldd"], s.c(2))), s.shr(gj0, s.c(2)))
         assert self.D4 is not None
         s.buffer_store(self.D4, at, f.op(Op.CompositeConstruct, vec, *values))
