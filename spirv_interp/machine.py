@@ -617,16 +617,26 @@ class Workgroup:
             self._barrier(token)
 
     def _barrier(self, token: BarrierToken) -> None:
+        """A control barrier: it orders the workgroup's accesses to shared memory where
+        its semantics name WorkgroupMemory, and to storage buffers where they name
+        UniformMemory. Across workgroups, which run one after another here, a storage
+        buffer's accesses are in dispatch order; the barriers' epochs let a later
+        workgroup read what an earlier one made available (the split-K's partials,
+        ordered on a GPU by its counters' atomics)."""
         sem = token.semantics
-        if sem & MemorySemantics.UniformMemory:
-            raise Unsupported("barriers ordering storage-buffer memory are not modelled")
-        orders = bool(sem & (MemorySemantics.AcquireRelease
-                             | MemorySemantics.SequentiallyConsistent)) and \
-            bool(sem & MemorySemantics.WorkgroupMemory) and \
+        ordering = bool(sem & (MemorySemantics.AcquireRelease
+                               | MemorySemantics.SequentiallyConsistent)) and \
             token.memory_scope in WORKGROUP_OR_WIDER
+        available = bool(sem & MemorySemantics.MakeAvailable)
+        visible = bool(sem & MemorySemantics.MakeVisible)
         for mem in self.shared:
-            mem.barrier(orders, bool(sem & MemorySemantics.MakeAvailable),
-                        bool(sem & MemorySemantics.MakeVisible), token.memory_scope)
+            mem.barrier(ordering and bool(sem & MemorySemantics.WorkgroupMemory), available,
+                        visible, token.memory_scope)
+        if sem & MemorySemantics.UniformMemory:
+            storage = {id(m): m for m in self.memory.values()
+                       if m.storage == StorageClass.StorageBuffer}
+            for mem in storage.values():
+                mem.barrier(ordering, available, visible, token.memory_scope)
 
 
 # -- the interpreter --------------------------------------------------------------------------
@@ -704,6 +714,21 @@ class Interpreter:
         raise UndefinedBehavior(f"cooperative matrix type {name} {t.rows}x{t.cols} use "
                                 f"{t.use} matches no entry of the device's list")
 
+    def _written_bindings(self) -> set[int]:
+        """Bindings of set 0 that some storage-buffer variable may write (not NonWritable in
+        every member): where variables alias one buffer, it is writable if any is."""
+        mod, out = self.mod, set()
+        for var in mod.variables.values():
+            binding = mod.decoration(var.id, Decoration.Binding)
+            block = var.pointee
+            if var.storage != StorageClass.StorageBuffer or binding is None or \
+                    not isinstance(block, StructT):
+                continue
+            if not all(Decoration.NonWritable in mod.member_decorations.get((block.id, i), {})
+                       for i in range(len(block.members))):
+                out.add(binding[0])
+        return out
+
     def dispatch(self, groups: tuple[int, int, int], buffers: Mapping[int, np.ndarray],
                  push_constants: bytes = b"") -> dict[int, dict[str, int]]:
         """Run every workgroup of vkCmdDispatch(*groups). `buffers` maps the binding of
@@ -714,6 +739,8 @@ class Interpreter:
         mod = self.mod
         memories: dict[int, Memory] = {}
         arrays: dict[int, tuple[np.ndarray, Memory]] = {}
+        by_binding: dict[int, Memory] = {}
+        written = self._written_bindings()
         for var in mod.variables.values():
             if var.storage == StorageClass.StorageBuffer:
                 binding = mod.decoration(var.id, Decoration.Binding)
@@ -735,11 +762,18 @@ class Interpreter:
                                for i in range(len(block.members)))
 
                 readonly = everywhere(Decoration.NonWritable)
+                if binding[0] in by_binding:  # variables aliasing one buffer share it
+                    mem = by_binding[binding[0]]
+                    if not readonly and not mem.writable:
+                        raise Unsupported(f"binding {binding[0]}: a writable variable "
+                                          "aliasing a read-only one")
+                    memories[var.id] = mem
+                    continue
                 mem = Memory(f"binding {binding[0]}", var.storage, raw.size,
-                             writable=not readonly, init=raw,
+                             writable=not readonly or binding[0] in written, init=raw,
                              readable=not everywhere(Decoration.NonReadable))
-                memories[var.id] = mem
-                if not readonly:
+                memories[var.id] = by_binding[binding[0]] = mem
+                if mem.writable:
                     arrays[binding[0]] = (raw, mem)
             elif var.storage == StorageClass.PushConstant:
                 memories[var.id] = Memory("push constants", var.storage, len(push_constants),
@@ -1398,6 +1432,64 @@ def _store(ins: Ins, mod: Module) -> Run:
         mem.write(base[:, None] + comp, vals, dt)
         mem.stored["scalar"] += mask.count
     return run
+
+
+def _atomic(ins: Ins, mod: Module, ptr_id: int,
+            apply: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+            value_id: int | None) -> Run:
+    """An atomic on one integer in a buffer: the active invocations in order, each
+    reading the old value and (where `apply` is given) writing apply(old, value) back;
+    the result, where the instruction has one, is each invocation's old value. Atomics
+    take no part in the race and availability checks: the split-K counters, their only
+    users here, are touched by nothing else."""
+    t = _pointee(mod, ptr_id, ins)
+    if not isinstance(t, IntT):
+        raise Unsupported(f"{ins}: an atomic on a {type(t).__name__}")
+    if ins.rtype is not None and ins.rtype is not t:
+        raise UndefinedBehavior(f"{ins}: the result type is not the pointee type")
+    dt = np_dtype(t)
+    put = _setter(ins) if ins.rtype is not None else None
+
+    def run(w: Wave, mask: Mask) -> None:
+        p: Ptr = w.values[ptr_id]
+        if isinstance(p.target, Local):
+            raise Unsupported(f"{ins}: an atomic on a function variable")
+        mem: Memory = p.target
+        offset = np.asarray(p.offset, np.int64)
+        lanes = mask.lanes
+        base = offset[lanes] if offset.ndim else np.full(mask.count, offset)
+        values = (w.lanes(w.values[value_id], t)[lanes].astype(dt, copy=False)
+                  if value_id is not None else None)
+        old = np.zeros(mask.count, dt)
+        for i in range(mask.count):  # one after another
+            at = base[i:i + 1]
+            old[i] = mem.read(at, dt)[0]
+            if apply is not None:
+                assert values is not None
+                mem.write(at, apply(old[i:i + 1], values[i:i + 1]), dt)
+        if put is not None:
+            out = np.zeros(w.n, dt)
+            out[lanes] = old
+            put(w, out, mask)
+    return run
+
+
+@handles(Op.AtomicIAdd)
+def _atomic_iadd(ins: Ins, mod: Module) -> Run:
+    ptr, _scope, _semantics, value = ins.args
+    return _atomic(ins, mod, ptr, lambda old, v: old + v, value)
+
+
+@handles(Op.AtomicStore)
+def _atomic_store(ins: Ins, mod: Module) -> Run:
+    ptr, _scope, _semantics, value = ins.args
+    return _atomic(ins, mod, ptr, lambda old, v: v, value)
+
+
+@handles(Op.AtomicLoad)
+def _atomic_load(ins: Ins, mod: Module) -> Run:
+    ptr, _scope, _semantics = ins.args
+    return _atomic(ins, mod, ptr, None, None)
 
 
 @handles(Op.AccessChain, Op.InBoundsAccessChain)

@@ -192,7 +192,7 @@ def lane_ndim(t: Type) -> int:
 
 # -- instructions of the entry point ------------------------------------------------------
 # Opcodes inside a function that have neither a result type nor a result id.
-NO_RESULT = frozenset({Op.Store, Op.ControlBarrier, Op.MemoryBarrier,
+NO_RESULT = frozenset({Op.Store, Op.AtomicStore, Op.ControlBarrier, Op.MemoryBarrier,
                        Op.CooperativeMatrixStoreKHR, Op.LoopMerge, Op.SelectionMerge,
                        Op.Branch, Op.BranchConditional, Op.Switch, Op.Return, Op.ReturnValue,
                        Op.Kill, Op.Unreachable, Op.Nop, Op.Line, Op.FunctionEnd})

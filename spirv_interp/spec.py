@@ -117,6 +117,9 @@ class Op(enum.IntEnum):
     Not = 200
     ControlBarrier = 224
     MemoryBarrier = 225
+    AtomicLoad = 227
+    AtomicStore = 228
+    AtomicIAdd = 234
     Phi = 245
     LoopMerge = 246
     SelectionMerge = 247
