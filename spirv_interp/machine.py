@@ -714,21 +714,6 @@ class Interpreter:
         raise UndefinedBehavior(f"cooperative matrix type {name} {t.rows}x{t.cols} use "
                                 f"{t.use} matches no entry of the device's list")
 
-    def _written_bindings(self) -> set[int]:
-        """Bindings of set 0 that some storage-buffer variable may write (not NonWritable in
-        every member): where variables alias one buffer, it is writable if any is."""
-        mod, out = self.mod, set()
-        for var in mod.variables.values():
-            binding = mod.decoration(var.id, Decoration.Binding)
-            block = var.pointee
-            if var.storage != StorageClass.StorageBuffer or binding is None or \
-                    not isinstance(block, StructT):
-                continue
-            if not all(Decoration.NonWritable in mod.member_decorations.get((block.id, i), {})
-                       for i in range(len(block.members))):
-                out.add(binding[0])
-        return out
-
     def dispatch(self, groups: tuple[int, int, int], buffers: Mapping[int, np.ndarray],
                  push_constants: bytes = b"") -> dict[int, dict[str, int]]:
         """Run every workgroup of vkCmdDispatch(*groups). `buffers` maps the binding of
@@ -740,7 +725,6 @@ class Interpreter:
         memories: dict[int, Memory] = {}
         arrays: dict[int, tuple[np.ndarray, Memory]] = {}
         by_binding: dict[int, Memory] = {}
-        written = self._written_bindings()
         for var in mod.variables.values():
             if var.storage == StorageClass.StorageBuffer:
                 binding = mod.decoration(var.id, Decoration.Binding)
@@ -770,7 +754,7 @@ class Interpreter:
                     memories[var.id] = mem
                     continue
                 mem = Memory(f"binding {binding[0]}", var.storage, raw.size,
-                             writable=not readonly or binding[0] in written, init=raw,
+                             writable=not readonly, init=raw,
                              readable=not everywhere(Decoration.NonReadable))
                 memories[var.id] = by_binding[binding[0]] = mem
                 if mem.writable:

@@ -385,6 +385,13 @@ def checks_off(traits: KhrTraits) -> bool:
     return traits.exact and (traits.b_quant is None or traits.k_loop_rolled)
 
 
+def general_variant(traits: KhrTraits) -> KhrTraits:
+    """The variant of khr traits that takes any sizes and strides: bounds-checked loads,
+    no shape compiled in, the driver's checks on."""
+    return replace(traits, aligned=False, exact=False, clamp_rows=False, clamp_cols=False,
+                   specialized=(), storage_checks=True, k_loop_rolled=False)
+
+
 @overload
 def fastest_variant(traits: KhrTraits, params: GemmParams, batch: int = 1,
                     options: Options | None = None, covering: bool = False,
@@ -409,8 +416,7 @@ def fastest_variant(traits: GemmTraits, params: GemmParams, batch: int = 1,
     says so."""
     if not isinstance(traits, KhrTraits):  # nv2: one kernel for every alignment and shape
         return traits
-    general = replace(traits, aligned=False, exact=False, clamp_rows=False, clamp_cols=False,
-                      specialized=(), storage_checks=True, k_loop_rolled=False)
+    general = general_variant(traits)
     aligned = replace(general, aligned=True)
     if not abi.aligned_ok(aligned, params):
         best = general

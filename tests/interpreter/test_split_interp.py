@@ -26,6 +26,7 @@ from coopmat.policy.kernel import (
     OperandLayout,
     Problem,
     choose,
+    general_variant,
     slice_problem,
     split_choice,
 )
@@ -42,11 +43,17 @@ def _problem(info: PhysicalDeviceInfo, M: int, N: int, K: int, out: type,
                    beta=-2.0 if ops is None else 0, ops=ops)
 
 
+def _forced_or_none(info: PhysicalDeviceInfo, p: Problem) -> KernelChoice | None:
+    """The policy's split of S for p (forced), or None where it runs unsplit."""
+    choice = choose(info, p, Options(split_k=S, family="khr"))
+    return choice if choice.split_k == S else None
+
+
 def _forced(info: PhysicalDeviceInfo, p: Problem) -> KernelChoice:
     """The policy's split of S for p (forced), or a skip where the device's list allows none."""
-    choice = choose(info, p, Options(split_k=S, family="khr"))
-    if choice.split_k != S:
-        pytest.skip(f"no split of {S} here: {choice.traits.describe()}")
+    choice = _forced_or_none(info, p)
+    if choice is None:
+        pytest.skip(f"no split of {S} for {p.M} x {p.N} x {p.K} here")
     return choice
 
 
@@ -119,12 +126,5 @@ def test_general_variant_of_an_unaligned_d() -> None:
     p = _problem(info, 70, 68, 256, F16)
     assert _forced_or_none(info, p) is None
     choice = split_choice(p, choose(info, slice_problem(p, S), Options(family="khr")), S)
-    general = replace(choice.traits, aligned=False, exact=False, clamp_rows=False,
-                      clamp_cols=False, specialized=(), storage_checks=True,
-                      k_loop_rolled=False)
-    _run(info, p, replace(choice, traits=general))
-
-
-def _forced_or_none(info: PhysicalDeviceInfo, p: Problem) -> KernelChoice | None:
-    choice = choose(info, p, Options(split_k=S, family="khr"))
-    return choice if choice.split_k == S else None
+    assert isinstance(choice.traits, KhrTraits)
+    _run(info, p, replace(choice, traits=general_variant(choice.traits)))
