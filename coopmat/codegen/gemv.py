@@ -121,7 +121,13 @@ class GemvEmitter:
         wx, wy, batch = (s.f.op(Op.CompositeExtract, s.u32, wg, i) for i in range(3))
         P = self.P = {name: s.param(name) for name in abi.PUSH_FIELDS}
         self.m0 = s.mul(wy, s.c(t.rows))
-        self.col0 = s.add(s.mul(wx, s.c(t.tile.tile_n)), s.mul(self.sgid, s.c(t.cols)))
+        # Subgroup sgid takes columns group sgid / Q and K stretch sgid % Q (Q = k_splits).
+        group, stretch = ((s.udiv(self.sgid, s.c(t.k_splits)), s.umod(self.sgid, s.c(t.k_splits)))
+                          if t.k_splits > 1 else (self.sgid, None))
+        self.col0 = s.add(s.mul(wx, s.c(t.tile.tile_n)), s.mul(group, s.c(t.cols)))
+        # Which unit of a workgroup-wide stretch of K this lane loads.
+        self.k_lane = self.lane if stretch is None else \
+            s.add(s.mul(stretch, s.c(t.subgroup_size)), self.lane)
         self.base_c = s.mul(batch, P["batch_stride_c"])
         self.base_d = s.mul(batch, P["batch_stride_d"])
         shift = s.c(GEMV_VECTOR.bit_length() - 1)
@@ -206,13 +212,13 @@ class GemvEmitter:
         products into the sums. With t.prefetch, step i + 1's loads are issued before step
         i's products (`_prefetched_steps`)."""
         s, f, t = self.s, self.s.f, self.t
-        sg = t.subgroup_size
-        step = sg * t.unroll  # units of K per step of the subgroup
+        width = t.subgroup_size * t.k_splits  # units of K the workgroup's lanes load at once
+        step = width * t.unroll  # units of K per step of the workgroup
         full = s.udiv(self.k_units, s.c(step))
         it_var = f.local(s.u32, s.c(0))
 
         def loads_at(k0: int, valid: int | None = None) -> list[Loaded]:
-            return [load(s.add(k0, s.c(u * sg)), valid) for u in range(t.unroll)]
+            return [load(s.add(k0, s.c(u * width)), valid) for u in range(t.unroll)]
 
         def accumulate_all(loads: list[Loaded]) -> None:
             accs = self._load_accs()
@@ -225,22 +231,22 @@ class GemvEmitter:
         else:
             def body() -> None:
                 it = f.op(Op.Load, s.u32, it_var)
-                accumulate_all(loads_at(s.add(s.mul(it, s.c(step)), self.lane)))
+                accumulate_all(loads_at(s.add(s.mul(it, s.c(step)), self.k_lane)))
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, it_var), full), body,
                  lambda: f.emit(Op.Store, it_var, s.add(f.op(Op.Load, s.u32, it_var),
                                                         s.c(1))))
-        # The remainder: fewer than `step` units, subgroup_size at a time.
+        # The remainder: fewer than `step` units, `width` at a time.
         k_var = f.local(s.u32)
         f.emit(Op.Store, k_var, s.mul(full, s.c(step)))
 
         def tail() -> None:
-            unit = s.add(f.op(Op.Load, s.u32, k_var), self.lane)
+            unit = s.add(f.op(Op.Load, s.u32, k_var), self.k_lane)
             accumulate_all([load(unit, s.lt(unit, self.k_units))])
 
         f.while_(lambda: s.lt(f.op(Op.Load, s.u32, k_var), self.k_units), tail,
                  lambda: f.emit(Op.Store, k_var, s.add(f.op(Op.Load, s.u32, k_var),
-                                                       s.c(sg))))
+                                                       s.c(width))))
 
     def _prefetched_steps(self, loads_at: Callable[..., list[Loaded]],
                           accumulate_all: Callable[[list[Loaded]], None], it_var: int,
@@ -252,7 +258,7 @@ class GemvEmitter:
         earlier, so the loads stay in flight across the products (policy.gemv_tiles.prefetches
         says where that measured faster)."""
         s, f = self.s, self.s.f
-        first = loads_at(self.lane, s.lt(s.c(0), full))
+        first = loads_at(self.k_lane, s.lt(s.c(0), full))
         flat = [x for loaded in first for x in self._flat(loaded)]
         carried = [f.local(ty) for ty, _ in flat]
         for var, (_, value) in zip(carried, flat, strict=True):
@@ -265,7 +271,7 @@ class GemvEmitter:
             current = [self._unflat(values[i:i + per]) for i in range(0, len(values), per)]
             after = s.add(it, s.c(1))
             nxt = s.select(s.u32, s.lt(after, full), after, it)
-            ahead = [x for loaded in loads_at(s.add(s.mul(nxt, s.c(step)), self.lane))
+            ahead = [x for loaded in loads_at(s.add(s.mul(nxt, s.c(step)), self.k_lane))
                      for x in self._flat(loaded)]
             for var, (_, value) in zip(carried, ahead, strict=True):
                 f.emit(Op.Store, var, value)
@@ -308,21 +314,57 @@ class GemvEmitter:
     def _reduce_and_store(self) -> None:
         s, f, t = self.s, self.s.f, self.t
         accs = self._load_accs()
+        totals = [[f.op(Op.GroupNonUniformFAdd, self.f32, s.c(Scope.Subgroup),
+                        GroupOperation.Reduce, self._lane_sum(accs[r][j]))
+                   for j in range(t.cols)] for r in range(t.rows)]
+        first = None
+        if t.k_splits > 1:
+            totals, first = self._add_stretches(totals)
         for r in range(t.rows):
             row = s.add(self.m0, s.c(r))
             for j in range(t.cols):
                 col = s.add(self.col0, s.c(j))
-                lane_sum = self._lane_sum(accs[r][j])
-                total = f.op(Op.GroupNonUniformFAdd, self.f32, s.c(Scope.Subgroup),
-                             GroupOperation.Reduce, lane_sum)
                 owner = (r * t.cols + j) % t.subgroup_size
                 ok = s.and_(f.op(Op.IEqual, s.bool, self.lane, s.c(owner)),
                             s.and_(s.lt(row, self.P["M"]), s.lt(col, self.P["N"])))
+                if first is not None:
+                    ok = s.and_(ok, first)
 
-                def store(row: int = row, col: int = col, total: int = total) -> None:
+                def store(row: int = row, col: int = col, total: int = totals[r][j]) -> None:
                     self._store(row, col, total)
 
                 f.if_(ok, store)
+
+    def _add_stretches(self, totals: list[list[int]]) -> tuple[list[list[int]], int]:
+        """The sums of the Q subgroups sharing columns added in stretch order through
+        shared memory (every subgroup writes its own; after a workgroup barrier the first
+        of each group reads them all): the added sums and whether this subgroup is a
+        group's first, which alone stores."""
+        s, f, t = self.s, self.s.f, self.t
+        q, subgroups = t.k_splits, t.tile.subgroups
+        sums = s.shared_array(self.f32, t.rows * t.cols * subgroups, "stretch_sums")
+        def write() -> None:
+            for r in range(t.rows):
+                for j in range(t.cols):
+                    s.shared_store(sums, s.add(s.c((r * t.cols + j) * subgroups), self.sgid),
+                                   totals[r][j])
+
+        f.if_(f.op(Op.IEqual, s.bool, self.lane, s.c(0)), write)
+        s.barrier(Scope.Workgroup)
+        stretch = s.umod(self.sgid, s.c(q))
+        group_first = f.op(Op.ISub, s.u32, self.sgid, stretch)
+        added = []
+        for r in range(t.rows):
+            row = []
+            for j in range(t.cols):
+                at = s.add(s.c((r * t.cols + j) * subgroups), group_first)
+                total = s.shared_load(sums, at)
+                for k in range(1, q):
+                    total = f.op(Op.FAdd, self.f32, total,
+                                 s.shared_load(sums, s.add(at, s.c(k))))
+                row.append(total)
+            added.append(row)
+        return added, f.op(Op.IEqual, s.bool, stretch, s.c(0))
 
     # -- the module ---------------------------------------------------------------------
     def build(self) -> bytes:

@@ -416,10 +416,13 @@ class GemvTraits(GemmTraits):
     The tile reads: tile_m = R rows of D per workgroup (<= GEMV_MAX_ROWS; more rows go to
     further row blocks, WorkgroupId.y, each reading B again), tile_n = S * C columns per
     workgroup (subgroup s owns columns s * C .. s * C + C - 1 of the workgroup's strip),
-    tile_k = 8 * subgroup_size * U elements of K per step of a subgroup (each lane reads
-    8 elements, 16 bytes, of each of its C columns U times), subgroups_m = S (`splits`),
-    subgroups_n = 1, buffering = U (`unroll`: the U x C loads of a step are issued before
-    any is used). `gemv_tile` builds one from (rows, cols, splits, unroll).
+    tile_k = 8 * subgroup_size * U * Q elements of K per step of a workgroup (each lane
+    reads 8 elements, 16 bytes, of each of its C columns U times), subgroups_m = S
+    (`splits`), subgroups_n = Q (`k_splits`: Q subgroups share each C columns, each taking
+    every Q-th subgroup-wide stretch of K, their sums added through shared memory; 1: a
+    subgroup walks all of K), buffering = U (`unroll`: the U x C loads of a step are issued
+    before any is used). `gemv_tile` builds one from (rows, cols, splits, unroll,
+    k_splits).
 
     A and B are float16 or bfloat16 (the same type), read as 32-bit words; the sums are
     float32 whatever result_type, which (with out_type) only sets what D and C hold.
@@ -460,21 +463,24 @@ class GemvTraits(GemmTraits):
     def unroll(self) -> int:
         return self.tile.buffering
 
+    @property
+    def k_splits(self) -> int:
+        return self.tile.subgroups_n
+
     def check_tile(self) -> None:
         """Raise ValueError unless the traits fit the gemv kernel's structure."""
         t = self.tile
-        if min(t.tile_m, t.tile_n, t.tile_k, t.subgroups_m, t.buffering) < 1 or \
-                t.subgroups_n != 1:
-            raise ValueError(f"gemv tile {t.describe()}: sizes must be positive and "
-                             f"subgroups_n 1")
+        if min(t.tile_m, t.tile_n, t.tile_k, t.subgroups_m, t.subgroups_n, t.buffering) < 1:
+            raise ValueError(f"gemv tile {t.describe()}: sizes must be positive")
         if t.tile_m > GEMV_MAX_ROWS:
             raise ValueError(f"gemv tile {t.describe()}: at most {GEMV_MAX_ROWS} rows")
         if t.tile_n % t.subgroups_m:
             raise ValueError(f"gemv tile {t.describe()}: tile_n must be splits x cols")
         lane = gemv_lane_elems(self.b_quant)
-        if t.tile_k != lane * self.subgroup_size * t.buffering:
+        step = lane * self.subgroup_size * t.buffering * t.subgroups_n
+        if t.tile_k != step:
             raise ValueError(f"gemv tile {t.describe()}: tile_k must be {lane} x subgroup "
-                             f"size x unroll = {lane * self.subgroup_size * t.buffering}")
+                             f"size x unroll x k_splits = {step}")
         if self.b_quant is not None:
             quant_format(self.b_quant)  # ValueError for an unknown format
         if self.a_type != self.b_type or \
@@ -498,12 +504,13 @@ class GemvTraits(GemmTraits):
 
 
 def gemv_tile(*, rows: int, cols: int, splits: int, unroll: int, subgroup_size: int,
-              b_quant: str | None = None) -> Tile:
-    """The Tile of a gemv kernel (see GemvTraits): `rows` rows of D, `splits` subgroups
-    of `cols` columns each, `unroll` loads per column and lane per step (16 bytes of a
-    float B, a block of a quantized one: b_quant)."""
-    return Tile(rows, splits * cols, gemv_lane_elems(b_quant) * subgroup_size * unroll,
-                splits, 1, unroll)
+              b_quant: str | None = None, k_splits: int = 1) -> Tile:
+    """The Tile of a gemv kernel (see GemvTraits): `rows` rows of D, `splits` groups of
+    `k_splits` subgroups, each group on `cols` columns, `unroll` loads per column and lane
+    per step (16 bytes of a float B, a block of a quantized one: b_quant)."""
+    return Tile(rows, splits * cols,
+                gemv_lane_elems(b_quant) * subgroup_size * unroll * k_splits,
+                splits, k_splits, unroll)
 
 
 def rows_tile(m: int, n: int, *, row_frags: int, nf: int, splits: int, unroll: int,

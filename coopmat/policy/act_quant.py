@@ -2,9 +2,9 @@
 whether it can run, and its kernel.
 
 x is quantized to q8_1 blocks and multiplied by the q4_0 / q8_0 weight in 8-bit integer
-dot products (codegen/gemv_q8_1.py): the gemv kernel's few-row structure on the quantized
-B's default gemv tile (policy/gemv_tiles.py), any number of rows (more than GEMV_MAX_ROWS
-in further row blocks). Never chosen by default: the result differs from the float
+dot products (codegen/gemv_q8_1.py): the gemv kernel's few-row structure on a tile of its
+own (gemv_tiles.integer_gemv_tile), any number of rows (more than GEMV_MAX_ROWS in further
+row blocks). Never chosen by default: the result differs from the float
 product by the quantization of x.
 
 A pass of its own writes x's q8_1 blocks first (codegen/quant_q8_1.py), then the integer
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from coopmat.codegen.gemv_q8_1 import ACTIVATION_QUANT, GemvQ8_1Traits, q8_1_traits
 from coopmat.codegen.traits import EpilogueOps
-from coopmat.codegen.variants import is_cpu
+from coopmat.codegen.variants import is_cpu, khr_subgroup_size
 from coopmat.common.enums import ComponentType
 from coopmat.common.quant_formats import BLOCK_ELEMS
 from coopmat.device.model import PhysicalDeviceInfo
-from coopmat.policy.gemv_tiles import gemv_traits
+from coopmat.policy.gemv_tiles import gemv_traits, integer_gemv_tile
 from coopmat.policy.types import TypePair
 
 ACTIVATION_QUANTS = (ACTIVATION_QUANT,)
@@ -71,8 +71,9 @@ def q8_1_kernel(info: PhysicalDeviceInfo, pair: TypePair, M: int, N: int, K: int
                 b_quant: str, ops: EpilogueOps | None = None,
                 fused: bool | None = None) -> GemvQ8_1Traits:
     """The integer kernel for an M x K x against an N x K weight of format b_quant: the
-    quantized B's default gemv tile for M rows, reading x itself where `fused` (None:
+    integer kernel's tile for M rows and N columns, reading x itself where `fused` (None:
     fuses_quant(M)), else its q8_1 blocks."""
-    gemv = gemv_traits(pair.operand, pair.result, info.limits, False, M, out_type=pair.out,
-                       ops=ops, b_quant=b_quant, K=K, N=N, cpu=is_cpu(info))
+    tile = integer_gemv_tile(M, khr_subgroup_size(info.limits), b_quant, N, cpu=is_cpu(info))
+    gemv = gemv_traits(pair.operand, pair.result, info.limits, False, M, tile=tile,
+                       out_type=pair.out, ops=ops, b_quant=b_quant, K=K, N=N)
     return q8_1_traits(gemv, fuses_quant(M) if fused is None else fused)

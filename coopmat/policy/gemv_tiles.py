@@ -1,7 +1,7 @@
-"""Tiles of the gemv kernel (codegen/gemv.py): the default, the sweep candidates, and
-whether the kernel keeps the driver's bounds checks and prefetches.
+"""Tiles of the gemv kernel (codegen/gemv.py): the default, the integer kernel's, the sweep
+candidates, and whether the kernel keeps the driver's bounds checks and prefetches.
 
-A gemv tile is (rows, cols C, splits S, unroll U), see GemvTraits. The default: C = 2
+A gemv tile is (rows, cols C, splits S, unroll U, k_splits Q), see GemvTraits. The default: C = 2
 columns per subgroup, S = 4 subgroups per workgroup (8 columns: N = 4096 makes 512
 workgroups of 128 invocations, about four per multiprocessor of a large GPU), U = 4 for
 up to 4 rows (each lane keeps U x C = 8 16-byte loads of B in flight) and U = 1 beyond
@@ -49,9 +49,17 @@ def gemv_rows_for(M: int) -> int:
 
 
 # One row of a quantized B: (fewest columns N, columns per subgroup C, blocks per lane
-# and step U), the first entry whose fewest N the product has: the fastest of a sweep per
-# format; against fewer columns, more subgroups and more blocks in flight a lane.
-QUANT_ONE_ROW = {"q8_0": ((0, 2, 2),), "q4_0": ((8192, QUANT_COLS, 1), (0, 2, 4))}
+# and step U, column groups S, subgroups sharing a group's K Q), the first entry whose
+# fewest N the product has: the fastest of a sweep per format; against fewer columns,
+# more blocks in flight a lane and (q4_0) K shared by two subgroups.
+QUANT_ONE_ROW = {"q8_0": ((0, 2, 2, DEFAULT_SPLITS, 1),),
+                 "q4_0": ((8192, QUANT_COLS, 1, DEFAULT_SPLITS, 1), (0, QUANT_COLS, 2, 4, 2))}
+
+# The integer kernel's tile (activation_quant="q8_1"; x as 8-bit blocks, so a lane's
+# arithmetic for a block is a quarter of the float kernel's), any rows and either format:
+# (fewest columns N, C, U, S, Q) as QUANT_ONE_ROW; more columns a subgroup than the float
+# kernel takes, and against fewer columns two subgroups sharing each group's K.
+INTEGER_TILES = ((8192, 8, 2, 4, 1), (0, 4, 2, 2, 2))
 
 
 # Rows of a float B deep enough to prefetch (`prefetches` on the tile above): (C, S, U)
@@ -70,17 +78,31 @@ def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
     wide = not cpu and b_quant is not None and \
         rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
-    cols, splits = (QUANT_COLS if wide else DEFAULT_COLS), DEFAULT_SPLITS
+    cols, splits, k_splits = (QUANT_COLS if wide else DEFAULT_COLS), DEFAULT_SPLITS, 1
     if b_quant is not None and M == 1 and N is not None:
-        cols, unroll = next(((c, u) for least, c, u in QUANT_ONE_ROW.get(b_quant, ())
-                             if N >= least), (cols, unroll))
+        cols, unroll, splits, k_splits = next(
+            (shape for least, *shape in QUANT_ONE_ROW.get(b_quant, ()) if N >= least),
+            (cols, unroll, splits, k_splits))
     tile = gemv_tile(rows=rows, cols=cols, splits=splits, unroll=unroll,
-                     subgroup_size=subgroup_size, b_quant=b_quant)
+                     subgroup_size=subgroup_size, b_quant=b_quant, k_splits=k_splits)
     if K is not None and rows in PREFETCH_TILES and prefetches(K, tile, b_quant):
         cols, splits, unroll = PREFETCH_TILES[rows]
         tile = gemv_tile(rows=rows, cols=cols, splits=splits, unroll=unroll,
                          subgroup_size=subgroup_size, b_quant=b_quant)
     return tile
+
+
+def integer_gemv_tile(M: int, subgroup_size: int, b_quant: str, N: int, *,
+                     cpu: bool = False) -> Tile:
+    """The integer kernel's tile for M rows against a b_quant weight of N columns (cpu: on
+    a CPU driver, the float kernel's default, whose fewer unrolled columns compile
+    sooner)."""
+    if cpu:
+        return default_gemv_tile(M, subgroup_size, b_quant, cpu=True)
+    cols, unroll, splits, k_splits = next(shape for least, *shape in INTEGER_TILES
+                                          if N >= least)
+    return gemv_tile(rows=gemv_rows_for(M), cols=cols, splits=splits, unroll=unroll,
+                     subgroup_size=subgroup_size, b_quant=b_quant, k_splits=k_splits)
 
 
 # Rows up to which a quantized B's gemv kernel keeps the driver's bounds checks, by

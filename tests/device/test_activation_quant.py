@@ -65,6 +65,26 @@ def test_exact(rt, fmt, M, K, N):
     assert t.family == "gemv_q8_1" and t.b_quant == fmt
 
 
+# (format, M, K, N): the GPU tiles (gemv_tiles.INTEGER_TILES) against few columns (two
+# subgroups sharing K: a full step and a remainder) and against many (8 columns a subgroup).
+GPU_TILE_CASES = [("q4_0", 2, 2 * 4 * 32 * 32 + 96, 20), ("q8_0", 3, 128, 8200)]
+
+
+@pytest.mark.parametrize("fmt,M,K,N", GPU_TILE_CASES)
+def test_gpu_tiles(rt, monkeypatch, fmt, M, K, N):
+    """The tiles the policy takes on a GPU, run here (the CPU driver's policy keeps the
+    float kernel's default tile)."""
+    from coopmat.policy import act_quant
+    monkeypatch.setattr(act_quant, "is_cpu", lambda info: False)
+    w = exact_weight(fmt, N, K)
+    x = exact_x(M, K)
+    y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, activation_quant="q8_1",
+                       dtype=np.float32)
+    np.testing.assert_array_equal(y.numpy(), x.astype(np.float64) @ oracle(fmt, w).T)
+    t = last_kernel_traits()
+    assert (t.cols, t.k_splits) == ((4, 2) if N < 8192 else (8, 1)), t.describe()
+
+
 def test_rounding_halves_away_from_zero(rt):
     fmt, M, K, N = CASES[1]
     w = exact_weight(fmt, N, K)

@@ -461,15 +461,19 @@ def test_bfloat16(live_device_info):
         np.testing.assert_array_equal(d, reference(a, w.T, np.float32))
 
 
-@pytest.mark.parametrize("cols,splits,unroll,prefetch,steps", [
+@pytest.mark.parametrize("cols,splits,unroll,k_splits,prefetch,steps", [
     (*tile, prefetch, steps) for tile, prefetch, steps in
-    pairwise([(1, 8, 4), (4, 2, 1), (3, 3, 3)], [False, True], [0, 1, 3])])
-def test_swept_tiles(pairs, live_device_info, cols, splits, unroll, prefetch, steps):
+    pairwise([(1, 8, 4, 1), (4, 2, 1, 1), (3, 3, 3, 1), (2, 2, 2, 3), (1, 1, 1, 4)],
+             [False, True], [0, 1, 3])])
+def test_swept_tiles(pairs, live_device_info, cols, splits, unroll, k_splits, prefetch,
+                     steps):
     """Explicit traits with other tiles (as a GPU sweep times them), with and without the
-    prefetch: no, one and three whole steps, each with a remainder."""
+    prefetch: no, one and three whole steps, each with a remainder; K split between
+    k_splits subgroups of each column group."""
     require(pairs, "float16", np.float32)
     sg = khr_subgroup_size(live_device_info.limits)
-    tile = gemv_tile(rows=8, cols=cols, splits=splits, unroll=unroll, subgroup_size=sg)
+    tile = gemv_tile(rows=8, cols=cols, splits=splits, unroll=unroll, subgroup_size=sg,
+                     k_splits=k_splits)
     t = gemv_traits(CT.FLOAT16, CT.FLOAT32, live_device_info.limits, False, 7, tile=tile)
     t = dataclasses.replace(t, prefetch=prefetch)
     M, N, K = 7, 3 * t.tile.tile_n + 5, steps * t.tile.tile_k + 8 * sg + 16

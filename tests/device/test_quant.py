@@ -596,6 +596,36 @@ def test_gemv_swept_tiles(rt, fmt, cols, splits, unroll, prefetch, steps):
     np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
 
 
+# (fmt, M, C, S, U, Q k_splits, prefetch, whole steps) with K split between subgroups.
+GEMV_K_SPLITS = [("q4_0", 1, 2, 2, 2, 4, False, 1), ("q8_0", 2, 1, 1, 1, 2, True, 2),
+                 ("q4_0", 3, 4, 1, 1, 3, False, 0)]
+
+
+@pytest.mark.parametrize("fmt,M,cols,splits,unroll,k_splits,prefetch,steps", GEMV_K_SPLITS)
+def test_gemv_k_splits(rt, fmt, M, cols, splits, unroll, k_splits, prefetch, steps):
+    """Q subgroups sharing columns, each on every Q-th stretch of K, their sums added
+    through shared memory: whole steps and a remainder shorter than a stretch."""
+    from coopmat.codegen.traits import gemv_tile
+    from coopmat.codegen.variants import khr_subgroup_size
+    from coopmat.common.enums import ComponentType as CT
+    from coopmat.policy.gemv_tiles import gemv_traits
+    from coopmat.policy.types import TypePair
+
+    info = rt.device.info
+    sg = khr_subgroup_size(info.limits)
+    tile = gemv_tile(rows=M, cols=cols, splits=splits, unroll=unroll, subgroup_size=sg,
+                     b_quant=fmt, k_splits=k_splits)
+    traits = replace(gemv_traits(CT.FLOAT16, CT.FLOAT32, info.limits, False, M, tile=tile,
+                                 b_quant=fmt), prefetch=prefetch)
+    assert traits.k_splits == k_splits
+    N, K = 3 * tile.tile_n + 5, steps * tile.tile_k + 96
+    w = exact_weight(fmt, N, K)
+    x = small_x((M, K))
+    y = run_gemv(rt, traits, TypePair(CT.FLOAT16, CT.FLOAT32), x, coopmat.quantize(w, fmt),
+                 np.float32)
+    np.testing.assert_array_equal(y, x.astype(np.float64) @ oracle(fmt, w).T)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 def test_gemv_bfloat16(rt, fmt):
     """bfloat16 x: A widened with integer operations, the weights decoded in the same

@@ -33,7 +33,7 @@ from coopmat.policy.act_quant import (  # noqa: E402
     q8_1_kernel,
     q8_1_violation,
 )
-from coopmat.policy.gemv_tiles import gemv_traits  # noqa: E402
+from coopmat.policy.gemv_tiles import default_gemv_tile, gemv_traits  # noqa: E402
 from coopmat.policy.types import resolve  # noqa: E402
 
 RNG = np.random.default_rng(81)
@@ -152,6 +152,17 @@ def test_policy_refusals():
         check_name("q4_0")
     t = q8_1_kernel(h200, pair, 1, 4096, 14336, "q4_0")
     assert t.b_quant == "q4_0" and t.rows == 1 and t.out_type == CT.FLOAT16
+    # Its own tiles (gemv_tiles.INTEGER_TILES): two subgroups sharing K against few
+    # columns, 8 columns a subgroup against many; the float kernel's default on lavapipe.
+    assert (t.cols, t.unroll, t.splits, t.k_splits) == (4, 2, 2, 2)
+    wide = q8_1_kernel(h200, pair, 3, 14336, 4096, "q8_0")
+    assert (wide.rows, wide.cols, wide.unroll, wide.splits, wide.k_splits) == (3, 8, 2, 4, 1)
+    lavapipe = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
+    lavapipe = replace(lavapipe, features={**lavapipe.features,
+                                           "shaderIntegerDotProduct": True})
+    cpu = q8_1_kernel(lavapipe, resolve(lavapipe, "float16", "float16"), 3, 4096, 4096,
+                      "q8_0")
+    assert cpu.tile == default_gemv_tile(3, cpu.subgroup_size, "q8_0", cpu=True)
     # x quantized by the pass unless asked (or within FUSED_MAX_ROWS); either on request.
     assert t.fused_quant == (1 <= FUSED_MAX_ROWS)
     assert not q8_1_kernel(h200, pair, FUSED_MAX_ROWS + 1, 4096, 14336, "q4_0").fused_quant

@@ -176,22 +176,23 @@ def test_gemv_forced(h200, fmt):
 
 def test_gemv_quant_one_row_tile(h200):
     """One row of a quantized B takes the tile gemv_tiles.QUANT_ONE_ROW gives for its N:
-    q8_0 two columns a subgroup and two blocks a step at any N; q4_0 two columns and four
-    blocks against few columns, four columns and one block against many; more rows and
-    an unknown N keep the default."""
+    q8_0 two columns a subgroup and two blocks a step at any N; q4_0 four columns and two
+    blocks on two subgroups sharing K against few columns, four columns and one block
+    against many; more rows and an unknown N keep the default."""
     from coopmat.policy.gemv_tiles import QUANT_ONE_ROW
 
     def shape(fmt, M, N, K=4096):
         t = choose(h200, _problem(h200, M, N, K, fmt)).traits
         assert isinstance(t, GemvTraits)
-        return t.cols, t.unroll, t.tile.tile_k
+        return t.cols, t.unroll, t.splits, t.k_splits, t.tile.tile_k
 
     assert set(QUANT_ONE_ROW) <= set(FORMATS)
-    assert shape("q8_0", 1, 4096) == shape("q8_0", 1, 14336) == (2, 2, 2048)
-    assert shape("q8_0", 1, 4096, 14336) == (2, 2, 2048)
-    assert shape("q4_0", 1, 4096) == shape("q4_0", 1, 4096, 14336) == (2, 4, 4096)
-    assert shape("q4_0", 1, 14336) == shape("q4_0", 1, 8192) == (4, 1, 1024)
-    assert shape("q4_0", 2, 4096) == (4, 1, 1024) and shape("q8_0", 2, 4096) == (2, 1, 1024)
+    assert shape("q8_0", 1, 4096) == shape("q8_0", 1, 14336) == (2, 2, 4, 1, 2048)
+    assert shape("q8_0", 1, 4096, 14336) == (2, 2, 4, 1, 2048)
+    assert shape("q4_0", 1, 4096) == shape("q4_0", 1, 4096, 14336) == (4, 2, 4, 2, 4096)
+    assert shape("q4_0", 1, 14336) == shape("q4_0", 1, 8192) == (4, 1, 4, 1, 1024)
+    assert shape("q4_0", 2, 4096) == (4, 1, 4, 1, 1024)
+    assert shape("q8_0", 2, 4096) == (2, 1, 4, 1, 1024)
     assert default_gemv_tile(1, 32, "q4_0") == default_gemv_tile(1, 32, "q4_0", 14336)
 
 
