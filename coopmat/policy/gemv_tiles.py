@@ -56,10 +56,13 @@ QUANT_ONE_ROW = {"q8_0": ((0, 2, 2, DEFAULT_SPLITS, 1),),
                  "q4_0": ((8192, QUANT_COLS, 1, DEFAULT_SPLITS, 1), (0, QUANT_COLS, 2, 4, 2))}
 
 # The integer kernel's tile (activation_quant="q8_1"; x as 8-bit blocks, so a lane's
-# arithmetic for a block is a quarter of the float kernel's), any rows and either format:
-# (fewest columns N, C, U, S, Q) as QUANT_ONE_ROW; more columns a subgroup than the float
-# kernel takes, and against fewer columns two subgroups sharing each group's K.
+# arithmetic for a block is a quarter of the float kernel's) up to INTEGER_TILE_MAX_ROWS
+# rows, either format: (fewest columns N, C, U, S, Q) as QUANT_ONE_ROW; more columns a
+# subgroup than the float kernel takes, and against fewer columns two subgroups sharing
+# each group's K. More rows keep the float kernel's default (these tiles measured slower
+# there: more sums and loads a lane).
 INTEGER_TILES = ((8192, 8, 2, 4, 1), (0, 4, 2, 2, 2))
+INTEGER_TILE_MAX_ROWS = 4
 
 
 # Rows of a float B deep enough to prefetch (`prefetches` on the tile above): (C, S, U)
@@ -96,9 +99,9 @@ def integer_gemv_tile(M: int, subgroup_size: int, b_quant: str, N: int, *,
                      cpu: bool = False) -> Tile:
     """The integer kernel's tile for M rows against a b_quant weight of N columns (cpu: on
     a CPU driver, the float kernel's default, whose fewer unrolled columns compile
-    sooner)."""
-    if cpu:
-        return default_gemv_tile(M, subgroup_size, b_quant, cpu=True)
+    sooner; so too beyond INTEGER_TILE_MAX_ROWS rows)."""
+    if cpu or M > INTEGER_TILE_MAX_ROWS:
+        return default_gemv_tile(M, subgroup_size, b_quant, N, cpu=cpu)
     cols, unroll, splits, k_splits = next(shape for least, *shape in INTEGER_TILES
                                           if N >= least)
     return gemv_tile(rows=gemv_rows_for(M), cols=cols, splits=splits, unroll=unroll,

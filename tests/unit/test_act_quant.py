@@ -160,6 +160,8 @@ def test_policy_refusals():
     lavapipe = load_records(DATA / "lavapipe-mesa26-khr-coopmat.json")[0]
     lavapipe = replace(lavapipe, features={**lavapipe.features,
                                            "shaderIntegerDotProduct": True})
+    deep = q8_1_kernel(h200, pair, 8, 4096, 14336, "q4_0")
+    assert deep.tile == default_gemv_tile(8, deep.subgroup_size, "q4_0", 4096)
     cpu = q8_1_kernel(lavapipe, resolve(lavapipe, "float16", "float16"), 3, 4096, 4096,
                       "q8_0")
     assert cpu.tile == default_gemv_tile(3, cpu.subgroup_size, "q8_0", cpu=True)
