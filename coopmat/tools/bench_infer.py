@@ -152,9 +152,10 @@ def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase],
     the policy's kernel time from timestamps (the quantized bytes read per second follow
     from it) and the wall time per call of products queued back to back, beside torch's
     dequantize + matmul (GPU time of back-to-back launches); with activation_quant
-    ('q8_1'), a quantized weight's integer path too (the policy's: one kernel quantizing
-    x itself at few rows, else the quantizing pass and the kernel, one time; both ways'
-    times beside it, ..._fused_kernel_us and ..._2pass_kernel_us). One row per
+    ('q8_1'), a quantized weight's integer path too up to INTEGER_MAX_ROWS rows (the
+    policy's: one kernel quantizing x itself at few rows, else the quantizing pass and the
+    kernel, one time; both ways' times beside it, ..._fused_kernel_us and
+    ..._2pass_kernel_us). One row per
     row count M; returns each case's kernel time in milliseconds, and the integer path's
     where timed."""
     from coopmat.api.array import asarray, empty
@@ -182,7 +183,8 @@ def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase],
                 row[f"{c.weight}_kernel_us"] = 1e3 * t
                 row[f"{c.weight}_TBps"] = N * K * bpw / (t * 1e-3) / 1e12
                 row[f"{c.weight}_call_us"] = 1e3 * _array_call_ms(lambda x=x, wq=wq: x @ wq.T)
-                if activation_quant is not None and c.weight != "f16":
+                if activation_quant is not None and c.weight != "f16" and \
+                        M <= INTEGER_MAX_ROWS:
                     t, row[f"{c.weight}_{activation_quant}_kernel"] = _weight_kernel_ms(
                         x, wq, d, activation_quant)
                     int_times[c] = t
@@ -198,6 +200,9 @@ def quantized(rows: list[dict[str, Any]], cases: list[MatMulCase],
 
 
 _BYTES_PER_WEIGHT = {"q8_0": 34 / 32, "q4_0": 18 / 32}
+# Rows up to which --activation-quant times the integer path: a decode kernel, whose row
+# blocks of GEMV_MAX_ROWS each read the whole weight again.
+INTEGER_MAX_ROWS = 16
 
 
 def vs_ggml(rows: list[dict[str, Any]], binary: Path, cases: list[MatMulCase],
