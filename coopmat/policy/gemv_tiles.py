@@ -11,8 +11,9 @@ near the best of the 27 swept tiles at 1 to 8 rows (docs/design.md, Kernels).
 
 With a quantized B (b_quant) a load is a whole block of 32 weights (34 bytes for q8_0, 18
 for q4_0) and the matching 64 bytes of each row of A, so the default takes U = 1, and C
-= 4 columns per subgroup from QUANT_COLS_FROM_ROWS rows of its format (C = 2 below): a
-lane then widens A's 32 elements once for four blocks (slower for q8_0 below 3 rows;
+= 4 columns per subgroup from QUANT_COLS_FROM_ROWS rows of its format, by K (C = 2 below):
+a lane then widens A's 32 elements once for four blocks (slower for q8_0 below 3 rows
+against a deep weight, faster at 2 rows against K = 4096;
 docs/design.md, Quantized weights). The sweep is the same 27 tiles, with tile_k in
 blocks. On a CPU driver a quantized B keeps C = 2: a lane's columns are unrolled code,
 which a CPU driver compiles on the first call (docs/design.md, Policy).
@@ -40,7 +41,15 @@ DEFAULT_UNROLL = 4  # up to UNROLL_MAX_ROWS rows; U = 1 beyond
 UNROLL_MAX_ROWS = 4
 DEFAULT_QUANT_UNROLL = 1  # blocks per column and lane per step with a quantized B
 QUANT_COLS = 4  # columns per subgroup with a quantized B, from this many rows by format:
-QUANT_COLS_FROM_ROWS = {"q8_0": 3, "q4_0": 1}
+# (deepest K or None for any, rows), the first entry whose deepest K the product is within.
+QUANT_COLS_FROM_ROWS = {"q8_0": ((4096, 2), (None, 3)), "q4_0": ((None, 1),)}
+
+
+def quant_cols_from_rows(b_quant: str, K: int | None) -> int:
+    """Rows from which a b_quant weight's gemv takes QUANT_COLS columns a subgroup (K: the
+    product's depth, where known)."""
+    return next((rows for deepest, rows in QUANT_COLS_FROM_ROWS.get(b_quant, ())
+                 if deepest is None or (K is not None and K <= deepest)), GEMV_MAX_ROWS + 1)
 
 
 def gemv_rows_for(M: int) -> int:
@@ -79,8 +88,7 @@ def default_gemv_tile(M: int, subgroup_size: int, b_quant: str | None = None,
     rows = gemv_rows_for(M)
     unroll = DEFAULT_QUANT_UNROLL if b_quant is not None else \
         DEFAULT_UNROLL if rows <= UNROLL_MAX_ROWS else 1
-    wide = not cpu and b_quant is not None and \
-        rows >= QUANT_COLS_FROM_ROWS.get(b_quant, GEMV_MAX_ROWS + 1)
+    wide = not cpu and b_quant is not None and rows >= quant_cols_from_rows(b_quant, K)
     cols, splits, k_splits = (QUANT_COLS if wide else DEFAULT_COLS), DEFAULT_SPLITS, 1
     if b_quant is not None and M == 1 and N is not None:
         cols, unroll, splits, k_splits = next(

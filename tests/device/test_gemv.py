@@ -117,7 +117,12 @@ def test_quantized_traits_name_and_tile() -> None:
     assert t.tile.tile_k == 32 * 32 * 1
     assert t.describe() == \
         "gemv-f16f16-f32-3x4x1-sg32-rc-noc-general-t3x16x1024s4x1b1-bq8_0-unchecked-outf16"
-    # Two columns for fewer rows of q8_0 and for a float B; four for any rows of q4_0.
+    # Two columns for fewer rows of q8_0 (K unknown here) and for a float B; four for any
+    # rows of q4_0; for 2 rows of q8_0 where K is at most 4096.
+    assert gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 2, b_quant="q8_0",
+                       K=4096).cols == 4
+    assert gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 2, b_quant="q8_0",
+                       K=14336).cols == 2
     cols = {(fmt, rows): gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, rows,
                                      b_quant=fmt).cols
             for fmt in ("q8_0", "q4_0", None) for rows in (1, 2, 3, 4)}

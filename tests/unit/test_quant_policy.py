@@ -192,7 +192,8 @@ def test_gemv_quant_one_row_tile(h200):
     assert shape("q4_0", 1, 4096) == shape("q4_0", 1, 4096, 14336) == (4, 2, 4, 2, 4096)
     assert shape("q4_0", 1, 14336) == shape("q4_0", 1, 8192) == (4, 1, 4, 1, 1024)
     assert shape("q4_0", 2, 4096) == (4, 1, 4, 1, 1024)
-    assert shape("q8_0", 2, 4096) == (2, 1, 4, 1, 1024)
+    assert shape("q8_0", 2, 4096, 14336) == (2, 1, 4, 1, 1024)
+    assert shape("q8_0", 2, 4096) == shape("q8_0", 2, 14336) == (4, 1, 4, 1, 1024)
     assert default_gemv_tile(1, 32, "q4_0") == default_gemv_tile(1, 32, "q4_0", 14336)
 
 
