@@ -28,22 +28,26 @@ subgroup runs as a generator that meets the others only there. Structured contro
 buffers, push constants, Workgroup memory, Function/Private variables (arrays of
 matrices included), specialization constants (OpSpecConstant*, OpSpecConstantOp).
 
-Instructions: integer and float arithmetic, bit operations, shifts, comparisons, logical
-operations, OpSelect, conversions (U/S/FConvert, ConvertUToF..., Bitcast), composites,
-OpLoad/OpStore/OpAccessChain with memory operands, OpControlBarrier, and the cooperative
-matrix ones: OpCooperativeMatrixLoadKHR/StoreKHR (row/column-major, stride in units of
-the pointee type), OpCooperativeMatrixMulAddKHR (sign or zero extension as its operands
-say), OpCooperativeMatrixLengthKHR, per-element access, OpMatrixTimesScalar. Anything
-else (an opcode, capability, extension, decoration, execution mode) is refused when the
-module is loaded.
+Instructions: integer and float arithmetic, bit operations, shifts, integer and float
+comparisons, logical operations, OpSelect, conversions (U/S/FConvert, ConvertUToF...,
+Bitcast), composites (OpVectorShuffle too), OpVectorTimesScalar, OpLoad/OpStore/
+OpAccessChain with memory operands, OpControlBarrier, atomics (OpAtomicIAdd, Load, Store:
+in dispatch order), subgroup reductions (OpGroupNonUniform IAdd, FAdd, IMul, FMul, S/U/F
+Min and Max, Reduce only) and shuffles (Shuffle, ShuffleXor) (subgroup.py), 8-bit packed
+integer dot products (OpSDot, OpUDot, OpSUDot), the GLSL.std.450 instructions coopmat uses
+(glsl.py), and the cooperative matrix ones: OpCooperativeMatrixLoadKHR/StoreKHR
+(row/column-major, stride in units of the pointee type), OpCooperativeMatrixMulAddKHR
+(sign or zero extension as its operands say), OpCooperativeMatrixLengthKHR, per-element
+access, OpMatrixTimesScalar. Anything else (an opcode, capability, extension, decoration,
+execution mode) is refused when the module is loaded.
 
 Reported as undefined behavior: data races, workgroup-memory communication without
 availability and visibility, tangled instructions in non-uniform control flow, operands
 that must be subgroup-uniform and are not, misaligned cooperative-matrix pointers and
 strides (VUID-...-08986), accesses outside a buffer or array, matrix types and
 multiply-adds that match no entry of the device's list, division by zero, out-of-range
-shifts. Not modelled: atomics, images, subgroup operations, barriers that order storage
-buffers, saturating accumulation; the nv2 family (workgroup scope, tensor addressing)
+shifts. Not modelled: images, scans and other subgroup operations, saturating
+accumulation; the nv2 family (workgroup scope, tensor addressing)
 keeps its own interpreter in tests/nv2_emulator.py.
 """
 

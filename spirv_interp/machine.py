@@ -1023,6 +1023,35 @@ HANDLERS[Op.SGreaterThan] = _compare(np.greater, True)
 HANDLERS[Op.SGreaterThanEqual] = _compare(np.greater_equal, True)
 
 
+def _fcompare(fn: Callable[[Any, Any], Any], ordered: bool) -> Factory:
+    """A float comparison: ordered ones are false and unordered ones true where either
+    operand is a NaN."""
+    def factory(ins: Ins, mod: Module) -> Run:
+        t = mod.value_types[ins.args[0]]
+        dt = np_dtype(_float_type(t, ins))
+        _operands_match(ins, mod, ins.args[1:2], t)
+        x, y = ins.args[0], ins.args[1]
+        put = _setter(ins)
+
+        def run(w: Wave, mask: Mask) -> None:
+            a = np.asarray(w.values[x]).astype(dt, copy=False)
+            b = np.asarray(w.values[y]).astype(dt, copy=False)
+            nan = np.isnan(a) | np.isnan(b)
+            with np.errstate(invalid="ignore"):
+                r = fn(a, b)
+            put(w, (r & ~nan) if ordered else (r | nan), mask)
+        return run
+    return factory
+
+
+for _name, _fn in (("Equal", np.equal), ("NotEqual", np.not_equal),
+                   ("LessThan", np.less), ("GreaterThan", np.greater),
+                   ("LessThanEqual", np.less_equal),
+                   ("GreaterThanEqual", np.greater_equal)):
+    HANDLERS[Op[f"FOrd{_name}"]] = _fcompare(_fn, True)
+    HANDLERS[Op[f"FUnord{_name}"]] = _fcompare(_fn, False)
+
+
 def _logical(fn: Callable[..., Any]) -> Factory:
     def factory(ins: Ins, mod: Module) -> Run:
         for a in ins.args:
@@ -1101,6 +1130,25 @@ def _matrix_times_scalar(w: Wave, ins: Ins, mask: Mask) -> None:
     scalar = w.per_subgroup(w.val(ins.args[1]), mask, f"{ins}'s scalar")
     out = np.broadcast_to(mat, (w.S, t.rows, t.cols)) * scalar[:, None, None]
     w.put(ins, out.astype(dt, copy=False), mask)
+
+
+@handles(Op.VectorTimesScalar)
+def _vector_times_scalar(ins: Ins, mod: Module) -> Run:
+    t = _rtype(ins)
+    if not isinstance(t, VectorT):
+        raise UndefinedBehavior(f"{ins}: the result must be a vector")
+    dt = np_dtype(_float_type(t, ins))
+    _operands_match(ins, mod, ins.args[:1], t)
+    if mod.value_types[ins.args[1]] is not t.component:
+        raise UndefinedBehavior(f"{ins}: the scalar's type is not the vector's component type")
+    x, y = ins.args
+    put = _setter(ins)
+
+    def run(w: Wave, mask: Mask) -> None:
+        vec = w.lanes(w.values[x], t).astype(dt, copy=False)
+        scalar = np.asarray(w.values[y]).astype(dt, copy=False)
+        put(w, (vec * (scalar[..., None] if scalar.ndim else scalar)).astype(dt), mask)
+    return run
 
 
 # -- conversions ----------------------------------------------------------------------------
@@ -1185,6 +1233,27 @@ def _matrix_element_index(w: Wave, t: CoopMatT, e: Any, check: bool = True) -> n
     if check and np.any((e < 0) | (e >= length)):
         raise UndefinedBehavior(f"element {e} of a matrix with {length} per invocation")
     return np.clip(e, 0, length - 1) * w.sg + w.lane
+
+
+@_plain(Op.VectorShuffle)
+def _vector_shuffle(w: Wave, ins: Ins, mask: Mask) -> None:
+    """Components picked by literal index from Vector 1's components followed by Vector
+    2's; 0xFFFFFFFF leaves a component undefined (garbage here)."""
+    t = _rtype(ins)
+    assert isinstance(t, VectorT)
+    x, y, *picks = ins.args
+    parts = []
+    for a in (x, y):
+        at = w.type_of(a)
+        if not isinstance(at, VectorT) or type(at.component) is not type(t.component):
+            raise UndefinedBehavior(f"{ins}: operand %{a} is not a vector of the result's "
+                                    f"component type")
+        parts.append(w.lanes(w.val(a), at))
+    both = np.concatenate(parts, axis=-1)
+    if len(picks) != t.count or any(p >= both.shape[-1] and p != 0xFFFFFFFF for p in picks):
+        raise UndefinedBehavior(f"{ins}: component selectors do not fit the vectors")
+    cols = [both[:, p] if p != 0xFFFFFFFF else _garbage(both.dtype, (w.n,)) for p in picks]
+    w.put(ins, np.stack(cols, axis=-1).astype(np_dtype(t), copy=False), mask)
 
 
 @_plain(Op.CompositeConstruct)
@@ -1783,4 +1852,21 @@ def _spec_constant_op(mod: Module, rtype: Type, rid: int, opcode: int,
 
 # The instructions of Kernel modules (OpenCL.std, pointer arithmetic) and of
 # SPV_INTEL_subgroup_matrix_multiply_accumulate register their handlers on import.
-from . import intel_mma, opencl  # noqa: E402,F401
+# Extended instruction sets: set name -> {instruction number: factory(ins, module,
+# operands)}, filled by the modules that implement them (opencl.py, glsl.py).
+EXT_SETS: dict[str, dict[int, Callable[[Ins, Module, list[int]], Run]]] = {}
+
+
+@handles(Op.ExtInst)
+def _ext_inst(ins: Ins, mod: Module) -> Run:
+    set_id, number, operands = ins.args[0], ins.args[1], list(ins.args[2:])
+    name = mod.ext_imports.get(set_id)
+    if name is None:
+        raise UndefinedBehavior(f"{ins}: %{set_id} is not an imported instruction set")
+    factory = EXT_SETS.get(name, {}).get(number)
+    if factory is None:
+        raise Unsupported(f"instruction {number} of the extended instruction set {name}")
+    return factory(ins, mod, operands)
+
+
+from . import glsl, intel_mma, opencl, subgroup  # noqa: E402,F401

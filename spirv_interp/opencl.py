@@ -10,11 +10,9 @@ Instruction Set specification (u_min: the smaller of two unsigned integers).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from .machine import Mask, Ptr, Run, Wave, _int_type, _rtype, _setter, handles
+from .machine import EXT_SETS, Mask, Ptr, Run, Wave, _int_type, _rtype, _setter, handles
 from .memory import Memory
 from .module import (
     FloatT,
@@ -84,16 +82,4 @@ def _u_min(ins: Ins, mod: Module, operands: list[int]) -> Run:
     return run
 
 
-_OPENCL_STD: dict[int, Any] = {OpenCLstd.u_min: _u_min}
-
-
-@handles(Op.ExtInst)
-def _ext_inst(ins: Ins, mod: Module) -> Run:
-    set_id, number, operands = ins.args[0], ins.args[1], ins.args[2:]
-    name = mod.ext_imports.get(set_id)
-    if name is None:
-        raise UndefinedBehavior(f"{ins}: %{set_id} is not an imported instruction set")
-    factory = _OPENCL_STD.get(number) if name == OPENCL_STD else None
-    if factory is None:
-        raise Unsupported(f"instruction {number} of the extended instruction set {name}")
-    return factory(ins, mod, operands)  # type: ignore[no-any-return]
+EXT_SETS[OPENCL_STD] = {OpenCLstd.u_min: _u_min}

@@ -91,6 +91,7 @@ class Op(enum.IntEnum):
     SDiv = 135
     FDiv = 136
     UMod = 137
+    VectorTimesScalar = 142
     MatrixTimesScalar = 143
     LogicalEqual = 164
     LogicalNotEqual = 165
@@ -108,6 +109,18 @@ class Op(enum.IntEnum):
     SLessThan = 177
     ULessThanEqual = 178
     SLessThanEqual = 179
+    FOrdEqual = 180
+    FUnordEqual = 181
+    FOrdNotEqual = 182
+    FUnordNotEqual = 183
+    FOrdLessThan = 184
+    FUnordLessThan = 185
+    FOrdGreaterThan = 186
+    FUnordGreaterThan = 187
+    FOrdLessThanEqual = 188
+    FUnordLessThanEqual = 189
+    FOrdGreaterThanEqual = 190
+    FUnordGreaterThanEqual = 191
     ShiftRightLogical = 194
     ShiftRightArithmetic = 195
     ShiftLeftLogical = 196
@@ -133,6 +146,21 @@ class Op(enum.IntEnum):
     Unreachable = 255
     ModuleProcessed = 330
     ExecutionModeId = 331
+    GroupNonUniformShuffle = 345
+    GroupNonUniformShuffleXor = 346
+    GroupNonUniformIAdd = 349
+    GroupNonUniformFAdd = 350
+    GroupNonUniformIMul = 351
+    GroupNonUniformFMul = 352
+    GroupNonUniformSMin = 353
+    GroupNonUniformUMin = 354
+    GroupNonUniformFMin = 355
+    GroupNonUniformSMax = 356
+    GroupNonUniformUMax = 357
+    GroupNonUniformFMax = 358
+    SDot = 4450
+    UDot = 4451
+    SUDot = 4452
     TypeCooperativeMatrixKHR = 4456
     CooperativeMatrixLoadKHR = 4457
     CooperativeMatrixStoreKHR = 4458
@@ -156,6 +184,8 @@ class Capability(enum.IntEnum):
     Int8 = 39
     SubgroupDispatch = 58
     GroupNonUniform = 61
+    GroupNonUniformArithmetic = 63
+    GroupNonUniformShuffle = 65
     Float8EXT = 4212
     Float8CooperativeMatrixEXT = 4213
     StorageBuffer16BitAccess = 4433
@@ -164,6 +194,10 @@ class Capability(enum.IntEnum):
     BFloat16CooperativeMatrixKHR = 5118
     VulkanMemoryModel = 5345
     VulkanMemoryModelDeviceScope = 5346
+    DotProductInputAll = 6016
+    DotProductInput4x8Bit = 6017
+    DotProductInput4x8BitPacked = 6018
+    DotProduct = 6019
     CooperativeMatrixKHR = 6022
     SubgroupMatrixMultiplyAccumulateINTEL = 6236
 
@@ -259,6 +293,16 @@ class Scope(enum.IntEnum):
 # Scopes that include every invocation of a workgroup (Scope's numbering is not ordered).
 WORKGROUP_OR_WIDER = frozenset({Scope.CrossDevice, Scope.Device, Scope.Workgroup,
                                 Scope.QueueFamily})
+
+
+class GroupOperation(enum.IntEnum):
+    Reduce = 0
+    InclusiveScan = 1
+    ExclusiveScan = 2
+
+
+class PackedVectorFormat(enum.IntEnum):
+    PackedVectorFormat4x8Bit = 0
 
 
 class MemorySemantics(enum.IntFlag):

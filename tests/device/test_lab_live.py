@@ -103,3 +103,14 @@ def test_attention_prefill_runs_and_checks(live_device_info):
                         "family=nv2", "--no-softmax")
         line = next(x for x in out.splitlines() if x.startswith("lk="))
         assert "no-softmax" in line and float(line.split("rel_err=")[1].split()[0]) < 5e-3
+
+
+def test_gemv_k_splits_runs_and_checks(live_device_info):
+    """Each path prints the policy's kernel and each tile with its difference from the
+    policy's result (the same sums in another order)."""
+    out = run_probe("lab/gemv_k_splits.py", "--shapes", "40x512", "--rows", "1",
+                    "--formats", "q4_0", "--cols", "2", "--unroll", "1", "--groups", "2x2",
+                    "--repeat", "1")
+    tiles = [x for x in out.splitlines() if "C=2 U=1 S=2 Q=2" in x and "diff" in x]
+    assert [x.split()[0] for x in tiles] == ["float", "q8_1"], out
+    assert all(float(x.split("diff ")[1]) < 1e-3 for x in tiles), out

@@ -15,10 +15,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from epilogue_oracle import act64
 from test_interpreter import DEVICES, matrix_configs
 
 from coopmat.codegen import KhrTraits, Layout, abi, build_gemm
-from coopmat.codegen.traits import EpilogueOps
+from coopmat.codegen.traits import Activation, EpilogueOps
 from coopmat.device.model import PhysicalDeviceInfo
 from coopmat.policy import Options, resolve
 from coopmat.policy.kernel import (
@@ -86,16 +87,22 @@ def _run(info: PhysicalDeviceInfo, p: Problem, choice: KernelChoice, seed: int =
                 matrix_configs=matrix_configs(info)).dispatch(
         kernel.workgroups(M, N, S), buffers, kernel.push_constants(choice.params))
     x = a.astype(np.float64) @ w.T.astype(np.float64)
+    extra: np.ndarray | float = 0.0
     mag = 0.5 * np.abs(a).astype(np.float64) @ np.abs(w.T).astype(np.float64)
     if p.ops is None:
         ref = 0.5 * x - 2.0 * c.astype(np.float64)
         mag = mag + 2.0 * np.abs(c.astype(np.float64))
     else:
-        ref = 0.5 * x + bias.astype(np.float64) + res.astype(np.float64)
-        mag = mag + np.abs(bias.astype(np.float64)) + np.abs(res.astype(np.float64))
+        act = p.ops.activation.value if p.ops.activation else None
+        pre = 0.5 * x + bias.astype(np.float64)
+        ref = act64(pre, act) + res.astype(np.float64)
+        # the activations' slopes are at most 1.13
+        mag = 1.2 * (mag + np.abs(bias.astype(np.float64))) + np.abs(res.astype(np.float64))
+        if act is not None:  # their float32 exp2 and divisions
+            extra = 1e-6 * (1 + np.abs(pre))
     # K roundings of the float32 sums and a few in the epilogue, two roundings to D
     u_out = 2.0 ** -11 if out == F16 else 2.0 ** -24
-    tol = (K + 4) * 2.0 ** -24 * mag + 2 * u_out * np.abs(ref) + 1e-6
+    tol = (K + 4) * 2.0 ** -24 * mag + 2 * u_out * np.abs(ref) + 1e-6 + extra
     err = np.abs(buffers[abi.BINDING_D].reshape(M, N).astype(np.float64) - ref)
     assert np.all(err <= tol), (t.describe(), float(err.max()),
                                 np.unravel_index(int(err.argmax()), err.shape))
@@ -111,10 +118,10 @@ def test_split_matches_numpy(name: str, info: PhysicalDeviceInfo, out: type) -> 
 
 
 @pytest.mark.parametrize("name,info", DEVICES, ids=[n for n, _ in DEVICES])
-def test_split_with_bias_and_residual(name: str, info: PhysicalDeviceInfo) -> None:
-    """The bias and the residual added by the finishing workgroup. (Activations compare
-    floats, which the interpreter does not implement yet.)"""
-    p = _problem(info, 70, 72, 256, F16, EpilogueOps(bias=True, residual=True))
+@pytest.mark.parametrize("act", [None, *Activation], ids=["none", *(a.value for a in Activation)])
+def test_split_with_epilogue(name: str, info: PhysicalDeviceInfo, act: Activation | None) -> None:
+    """The bias, each activation and the residual, applied by the finishing workgroup."""
+    p = _problem(info, 70, 72, 256, F16, EpilogueOps(bias=True, activation=act, residual=True))
     _run(info, p, _forced(info, p))
 
 
