@@ -337,12 +337,13 @@ class GemvEmitter:
 
     def _add_stretches(self, totals: list[list[int]]) -> tuple[list[list[int]], int]:
         """The sums of the Q subgroups sharing columns added in stretch order through
-        shared memory (every subgroup writes its own; after a workgroup barrier the first
-        of each group reads them all): the added sums and whether this subgroup is a
-        group's first, which alone stores."""
+        shared memory (each subgroup's lane 0 writes its own; after a workgroup barrier
+        every subgroup adds its group's, in uniform control flow): the added sums and
+        whether this subgroup is its group's first, which alone stores them."""
         s, f, t = self.s, self.s.f, self.t
         q, subgroups = t.k_splits, t.tile.subgroups
         sums = s.shared_array(self.f32, t.rows * t.cols * subgroups, "stretch_sums")
+
         def write() -> None:
             for r in range(t.rows):
                 for j in range(t.cols):
