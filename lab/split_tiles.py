@@ -80,8 +80,10 @@ def main() -> int:
     assert config is not None, "no float16 configuration with float32 accumulation"
     rng = np.random.default_rng(0)
     N, K = args.n, args.k
-    # the tuned tiles first (the policy's own for large products), then the tuner's list
-    tiles = [tile for family, tile in tuning.choices(info).values() if family == "khr"]
+    # the float16 pairs' tuned tiles first (the policy's own for large products; another
+    # pair's, int8's, may need more shared memory at float16), then the tuner's list
+    tiles = list(dict.fromkeys(tile for key, (family, tile) in tuning.choices(info).items()
+                               if family == "khr" and key.startswith("float16->")))
     tiles += [t for t in khr_tune_tiles(config, info.limits) if t not in tiles]
     tiles = [t for t in tiles if t.tile_m in (64, 128) and t.tile_n in (64, 128, 256)]
     tiles = tiles[:args.max_tiles]
