@@ -30,7 +30,7 @@ matrices included), specialization constants (OpSpecConstant*, OpSpecConstantOp)
 
 Instructions: integer and float arithmetic, bit operations, shifts, integer and float
 comparisons, logical operations, OpSelect, conversions (U/S/FConvert, ConvertUToF...,
-Bitcast), composites (OpVectorShuffle too), OpVectorTimesScalar, OpLoad/OpStore/
+Bitcast), composites (OpVectorShuffle too), OpVectorTimesScalar, OpDot, OpLoad/OpStore/
 OpAccessChain with memory operands, OpControlBarrier, atomics (OpAtomicIAdd, Load, Store:
 in dispatch order), subgroup reductions (OpGroupNonUniform IAdd, FAdd, IMul, FMul, S/U/F
 Min and Max, Reduce only) and shuffles (Shuffle, ShuffleXor) (subgroup.py), 8-bit packed

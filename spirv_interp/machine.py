@@ -1151,6 +1151,29 @@ def _vector_times_scalar(ins: Ins, mod: Module) -> Run:
     return run
 
 
+@handles(Op.Dot)
+def _dot(ins: Ins, mod: Module) -> Run:
+    """The float dot product of two vectors: the products summed in component order, each
+    step rounded to the type (Vulkan gives OpDot the precision of OpFMul and OpFAdd)."""
+    dt = np_dtype(_float_type(_rtype(ins), ins))
+    x, y = ins.args
+    vt = mod.value_types[x]
+    if not isinstance(vt, VectorT) or vt.component is not _rtype(ins):
+        raise UndefinedBehavior(f"{ins}: the operands must be vectors of the result's type")
+    _operands_match(ins, mod, [y], vt)
+    put = _setter(ins)
+
+    def run(w: Wave, mask: Mask) -> None:
+        a = w.lanes(w.values[x], vt).astype(dt, copy=False)
+        b = w.lanes(w.values[y], vt).astype(dt, copy=False)
+        products = (a * b).astype(dt)
+        total = products[:, 0]
+        for i in range(1, vt.count):
+            total = (total + products[:, i]).astype(dt)
+        put(w, total, mask)
+    return run
+
+
 # -- conversions ----------------------------------------------------------------------------
 def _via_float32(t: Type) -> bool:
     s = scalar_of(t)

