@@ -51,6 +51,7 @@ accumulation; the nv2 family (workgroup scope, tensor addressing)
 keeps its own interpreter in tests/nv2_emulator.py.
 """
 
+from . import glsl, opencl, subgroup  # noqa: F401  (they register their instructions)
 from .intel_mma import MmaConfig
 from .machine import Interpreter, MatrixConfig, component_name
 from .memory import DataRace

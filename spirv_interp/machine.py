@@ -1876,7 +1876,9 @@ def _spec_constant_op(mod: Module, rtype: Type, rid: int, opcode: int,
 # The instructions of Kernel modules (OpenCL.std, pointer arithmetic) and of
 # SPV_INTEL_subgroup_matrix_multiply_accumulate register their handlers on import.
 # Extended instruction sets: set name -> {instruction number: factory(ins, module,
-# operands)}, filled by the modules that implement them (opencl.py, glsl.py).
+# operands)}, filled by the modules that implement them (opencl.py, glsl.py). Those and
+# the other handler modules (intel_mma.py, subgroup.py) register into HANDLERS when the
+# package imports them (__init__.py); none of them is imported from here.
 EXT_SETS: dict[str, dict[int, Callable[[Ins, Module, list[int]], Run]]] = {}
 
 
@@ -1891,5 +1893,3 @@ def _ext_inst(ins: Ins, mod: Module) -> Run:
         raise Unsupported(f"instruction {number} of the extended instruction set {name}")
     return factory(ins, mod, operands)
 
-
-from . import glsl, intel_mma, opencl, subgroup  # noqa: E402,F401
