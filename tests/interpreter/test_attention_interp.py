@@ -2,9 +2,9 @@
 transposing reduction, FMax over the subgroup, exp2), the khr kernel (codegen/attention.py:
 cooperative matrices, scores and P through shared memory) and the merge of split key
 slices (codegen/attention_combine.py), executed by the reference interpreter at each
-recorded device's subgroup size and matrix shapes, against tests/support/attention_oracle.py's float64 softmax
-attention and its bound. The operands are laid out and bound as dispatch/attention.py
-binds contiguous ones; nothing here runs on a Vulkan device.
+recorded device's subgroup size and matrix shapes, against the float64 softmax attention
+of tests/support/attention_oracle.py and its bound. The operands are laid out and bound
+as dispatch/attention.py binds contiguous ones; nothing here runs on a Vulkan device.
 """
 
 from __future__ import annotations
