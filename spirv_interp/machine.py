@@ -1873,8 +1873,6 @@ def _spec_constant_op(mod: Module, rtype: Type, rid: int, opcode: int,
     return np.asarray(mod.constants.pop(rid))
 
 
-# The instructions of Kernel modules (OpenCL.std, pointer arithmetic) and of
-# SPV_INTEL_subgroup_matrix_multiply_accumulate register their handlers on import.
 # Extended instruction sets: set name -> {instruction number: factory(ins, module,
 # operands)}, filled by the modules that implement them (opencl.py, glsl.py). Those and
 # the other handler modules (intel_mma.py, subgroup.py) register into HANDLERS when the
@@ -1892,4 +1890,3 @@ def _ext_inst(ins: Ins, mod: Module) -> Run:
     if factory is None:
         raise Unsupported(f"instruction {number} of the extended instruction set {name}")
     return factory(ins, mod, operands)
-

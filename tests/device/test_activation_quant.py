@@ -32,7 +32,7 @@ gguf = pytest.importorskip("gguf")
 coopmat = pytest.importorskip("coopmat")
 
 from conftest import is_lavapipe  # noqa: E402
-from q8_1_oracle import dequantize_q8_1, error_bound, quantize_q8_1, roundf  # noqa: E402
+from q8_1_oracle import dequantize_q8_1, error_bound, exact_x, quantize_q8_1, roundf  # noqa: E402
 from quant_oracle import RNG, exact_weight, oracle  # noqa: E402
 
 from coopmat.api.matmul import last_kernel_traits  # noqa: E402
@@ -42,19 +42,10 @@ CASES = [("q4_0", 1, 256, 40), ("q8_0", 3, 96, 24), ("q4_0", 11, 160, 16),
          ("q4_0", 16, 64, 8), ("q8_0", 16, 128, 40)]
 
 
-def exact_x(M: int, K: int, top: int = 127) -> np.ndarray:
-    """Integers in [-top, top] with a +-top in every 32-element block: q8_1 gives d =
-    top / 127 (1 for the default)."""
-    x = RNG.integers(-top, top + 1, (M, K // 32, 32))
-    at = RNG.integers(0, 32, (M, K // 32))
-    np.put_along_axis(x, at[..., None], top * RNG.choice([-1, 1], (M, K // 32, 1)), axis=2)
-    return x.reshape(M, K).astype(np.float16)
-
-
 @pytest.mark.parametrize("fmt,M,K,N", CASES)
 def test_exact(rt, fmt, M, K, N):
     w = exact_weight(fmt, N, K)
-    x = exact_x(M, K)
+    x = exact_x(RNG, M, K)
     qs, d, _ = quantize_q8_1(x)
     assert np.all(d == 1) and np.array_equal(qs.reshape(M, K), x), "precondition"
     y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, activation_quant="q8_1",
@@ -77,7 +68,7 @@ def test_gpu_tiles(rt, monkeypatch, fmt, M, K, N):
     from coopmat.policy import act_quant
     monkeypatch.setattr(act_quant, "is_cpu", lambda info: False)
     w = exact_weight(fmt, N, K)
-    x = exact_x(M, K)
+    x = exact_x(RNG, M, K)
     y = coopmat.matmul(x, coopmat.quantize(w, fmt).T, activation_quant="q8_1",
                        dtype=np.float32)
     np.testing.assert_array_equal(y.numpy(), x.astype(np.float64) @ oracle(fmt, w).T)
@@ -88,7 +79,7 @@ def test_gpu_tiles(rt, monkeypatch, fmt, M, K, N):
 def test_rounding_halves_away_from_zero(rt):
     fmt, M, K, N = CASES[1]
     w = exact_weight(fmt, N, K)
-    x = exact_x(M, K, 254)  # +-254 in every block: d = 2, odd elements halves
+    x = exact_x(RNG, M, K, 254)  # +-254 in every block: d = 2, odd elements halves
     qs, d, _ = quantize_q8_1(x)
     assert np.all(d == 2) and np.array_equal(qs.reshape(M, K), roundf(x / 2)), "precondition"
     wd = oracle(fmt, w)
@@ -128,7 +119,7 @@ def test_linear_with_epilogue_and_device_x(rt):
     epilogue on the integer kernel's float32 sums."""
     M, K, N = 1, 256, 40
     w = exact_weight("q4_0", N, K)
-    x = exact_x(M, K)
+    x = exact_x(RNG, M, K)
     bias = RNG.uniform(-4, 4, N).astype(np.float16)
     y = coopmat.linear(coopmat.asarray(x), coopmat.quantize(w, "q4_0"), bias, "relu",
                        activation_quant="q8_1", dtype=np.float32)
@@ -144,13 +135,13 @@ def test_refusals(rt):
     naming why (a numpy x is staged row-major)."""
     w = exact_weight("q8_0", 8, 64)
     q = coopmat.quantize(w, "q8_0")
-    x = exact_x(2, 64)
+    x = exact_x(RNG, 2, 64)
     with pytest.raises(ValueError, match="quantized weight"):
         coopmat.matmul(x, w.T.astype(np.float16), activation_quant="q8_1")
     with pytest.raises(ValueError, match="'q8_1'"):
         coopmat.matmul(x, q.T, activation_quant="q8_0")
     with pytest.raises(ValueError, match="row-major x"):  # a transposed device view
-        coopmat.matmul(coopmat.asarray(exact_x(64, 64)).T, q.T, activation_quant="q8_1")
+        coopmat.matmul(coopmat.asarray(exact_x(RNG, 64, 64)).T, q.T, activation_quant="q8_1")
     if "bfloat16" in coopmat.supported_dtypes():
         import ml_dtypes
         with pytest.raises(ValueError, match="float16 activations"):

@@ -20,7 +20,7 @@ from test_interpreter import DEVICES
 
 gguf = pytest.importorskip("gguf")
 
-from q8_1_oracle import quantize_q8_1  # noqa: E402
+from q8_1_oracle import exact_x, quantize_q8_1  # noqa: E402
 from quant_oracle import QTYPE, RNG, exact_weight, oracle  # noqa: E402
 
 from coopmat.codegen import GemmParams, abi, build_gemm  # noqa: E402
@@ -60,13 +60,6 @@ def _q8_1_blocks(x: np.ndarray) -> np.ndarray:
     return out.ravel()
 
 
-def _exact_x(M: int, K: int) -> np.ndarray:
-    """Integers in [-127, 127] with a +-127 in every block of 32 (q8_1's d is then 1)."""
-    x = RNG.integers(-127, 128, (M, K // 32, 32))
-    x[:, :, 5] = 127 * RNG.choice([-1, 1], (M, K // 32))
-    return x.reshape(M, K).astype(np.float16)
-
-
 @pytest.mark.parametrize("name,info", DEVICES, ids=[n for n, _ in DEVICES])
 @pytest.mark.parametrize("weight,integer,M,cols,splits,unroll,k_splits,prefetch,steps",
                          CASES, ids=IDS)
@@ -98,7 +91,7 @@ def test_gemv_matches_numpy(name: str, info: PhysicalDeviceInfo, weight: str | N
         w32 = exact_weight(weight, N, K)
         wd = oracle(weight, w32)
         b = np.concatenate([gguf.quants.quantize(w32, QTYPE[weight]).ravel(), pad])
-    x = _exact_x(M, K) if integer else RNG.integers(-3, 4, (M, K)).astype(np.float16)
+    x = exact_x(RNG, M, K) if integer else RNG.integers(-3, 4, (M, K)).astype(np.float16)
     a = _q8_1_blocks(x) if integer else x.view(np.uint8).ravel()
     d = np.full(M * N, np.nan, np.float32)
     buffers = {abi.BINDING_A: np.concatenate([a, pad]), abi.BINDING_B: b,

@@ -15,6 +15,15 @@ BLOCK = 32
 QMAX = 127
 
 
+def exact_x(rng: np.random.Generator, M: int, K: int, top: int = 127) -> np.ndarray:
+    """float16 integers in [-top, top] with a +-top in every 32-element block: q8_1 gives
+    d = top / 127 (1 for the default, where its qs are x itself)."""
+    x = rng.integers(-top, top + 1, (M, K // BLOCK, BLOCK))
+    at = rng.integers(0, BLOCK, (M, K // BLOCK))
+    np.put_along_axis(x, at[..., None], top * rng.choice([-1, 1], (M, K // BLOCK, 1)), axis=2)
+    return x.reshape(M, K).astype(np.float16)
+
+
 def roundf(t: np.ndarray) -> np.ndarray:
     """C's roundf (halves away from zero), exactly: t - trunc(t) is exact in float."""
     whole = np.trunc(t)
