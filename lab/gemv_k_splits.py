@@ -27,7 +27,7 @@ from coopmat.api.array import asarray, empty
 from coopmat.api.matmul import device_operand
 from coopmat.api.quantized import quantize
 from coopmat.codegen.traits import gemv_tile
-from coopmat.dispatch import act_quant
+from coopmat.dispatch.act_quant import q8_1_plan
 from coopmat.dispatch.gemm import device_plan, plan_serial_seconds
 from coopmat.dispatch.runtime import runtime
 from coopmat.policy import current_options, resolve
@@ -45,14 +45,8 @@ def time_plan(rt: Any, pair: Any, a: Any, b: Any, out: Any, shape: tuple[int, ..
     """(seconds per run, the GEMM kernel's traits) of the plan for `path` with `traits`
     (None: the policy's)."""
     if path == "q8_1":
-        chosen = act_quant.q8_1_kernel
-        if traits is not None:
-            act_quant.q8_1_kernel = lambda *args, **kw: traits  # type: ignore[assignment]
-        try:
-            plan = act_quant.q8_1_plan(rt, pair, a, b, shape, 1, current_options(),
-                                       fused=False)
-        finally:
-            act_quant.q8_1_kernel = chosen  # type: ignore[assignment]
+        plan = q8_1_plan(rt, pair, a, b, shape, 1, current_options(), fused=False,
+                         traits=traits)
     else:
         plan = device_plan(rt, pair, a, b, None, shape, 1, 0,
                            current_options().with_family("gemv"), traits=traits)

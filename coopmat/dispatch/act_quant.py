@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coopmat.codegen import Layout
+from coopmat.codegen.gemv_q8_1 import GemvQ8_1Traits
 from coopmat.codegen.quant_q8_1 import quantize_q8_1_kernel, quantized_bytes, quantized_lda
 from coopmat.codegen.traits import EpilogueOps
 from coopmat.common.lru import Lru
@@ -28,11 +29,13 @@ _plans: Lru[Plan] = Lru(PLAN_CACHE)
 
 def q8_1_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
               shape: tuple[int, int, int, int], alpha: float | int, options: Options,
-              ops: EpilogueOps | None = None, fused: bool | None = None) -> Plan:
+              ops: EpilogueOps | None = None, fused: bool | None = None,
+              traits: GemvQ8_1Traits | None = None) -> Plan:
     """The plan of a @ b with a (M x K float16, row-major) quantized to q8_1 and b a
     quantized weight's transpose; ValueError where the integer product cannot run it.
     fused: quantize x inside the kernel (True) or in a pass first (False); None: the
-    policy's choice."""
+    policy's choice. traits: the integer kernel to run instead of the policy's (as a
+    sweep times others; its fused_quant then decides)."""
     batch, M, N, K = shape
     why = q8_1_violation(rt.device.info, pair, b.staged.quant, K)
     if why is None and (batch != 1 or a.staged.layout is not Layout.ROW_MAJOR):
@@ -43,7 +46,8 @@ def q8_1_plan(rt: Runtime, pair: TypePair, a: DeviceOperand, b: DeviceOperand,
         raise ValueError(f"activation_quant='q8_1' cannot run this {M}x{N}x{K} product: "
                          f"{why}")
     assert b.staged.quant is not None
-    traits = q8_1_kernel(rt.device.info, pair, M, N, K, b.staged.quant, ops, fused)
+    if traits is None:
+        traits = q8_1_kernel(rt.device.info, pair, M, N, K, b.staged.quant, ops, fused)
     if traits.fused_quant:
         return plan_of(rt, pair, a.staged, b.staged, None, shape, alpha, 0, traits, options,
                        ops=ops)
