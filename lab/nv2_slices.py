@@ -59,11 +59,15 @@ def main() -> int:
         candidates: list[Any] = [None]
         for tile in khr_tiles:
             assert config is not None
-            base = replace(codegen.khr_traits(config, info, Layout.ROW_MAJOR,
-                                              Layout.COLUMN_MAJOR, False, tile),
-                           out_type=pair.out)
-            params = GemmParams(M, N, K, K, K, N, N, 0, 0, 0, M * N)
-            candidates.append(policy.fastest_variant(base, params, 1, Options(split_k=1)))
+            try:
+                base = replace(codegen.khr_traits(config, info, Layout.ROW_MAJOR,
+                                                  Layout.COLUMN_MAJOR, False, tile),
+                               out_type=pair.out)
+                params = GemmParams(M, N, K, K, K, N, N, 0, 0, 0, M * N)
+                candidates.append(policy.fastest_variant(base, params, 1,
+                                                         Options(split_k=1)))
+            except ValueError as e:  # a tile this device's subgroups cannot stage
+                print(f"{shape} khr {tile.describe()}: {e}")
         for tile in tiles:
             try:
                 candidates.append(replace(nv2_traits(

@@ -82,10 +82,10 @@ def test_nv2_slices_runs_and_checks(live_device_info):
     assert all(" nv2-" in x for x in lines[1:]), out
     # khr tiles unsplit beside it, timed back to back
     out = run_probe("lab/nv2_slices.py", "--shapes", "64x64x256", "--repeat", "2",
-                    "--max-tiles", "0", "--khr-tiles", "32x32x16", "--serial", "2")
+                    "--max-tiles", "0", "--khr-tiles", "64x64x32", "--serial", "2")
     lines = [x for x in out.splitlines() if x.startswith("64x64x256 ")]
     assert len(lines) == 2 and all("ok=True" in x for x in lines), out
-    assert "t32x32x16s2x2b2" in lines[1] and "split" not in lines[1], out
+    assert "t64x64x32s2x2b2" in lines[1] and "split" not in lines[1], out
 
 
 def test_attention_prefill_runs_and_checks(live_device_info):
