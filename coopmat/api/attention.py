@@ -12,18 +12,20 @@ riding in the same submission.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from coopmat.api import attention_rules as rules
-from coopmat.api.array import Array, c_strides, empty, same_runtime
+from coopmat.api.array import Array, allocation, c_strides, empty, fresh, same_runtime
 from coopmat.api.matmul import _Call, describe
 from coopmat.api.operands import Kind, Operand
 from coopmat.codegen.attention import MaskKind
 from coopmat.common.dtypes import numpy_dtype
 from coopmat.common.enums import ComponentType
 from coopmat.common.errors import DeviceMismatchError
+from coopmat.common.lru import Lru
 from coopmat.dispatch import attention as run
 from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.queued import drop_host_copy
@@ -34,7 +36,6 @@ from coopmat.policy.attention import (
     AttentionProblem,
     attention_operands,
     attention_results,
-    choose_attention,
 )
 from coopmat.policy.options import get_options
 
@@ -70,6 +71,13 @@ def attention(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False,
       run is queued on its device without waiting), else numpy.
     - device: as matmul's (index, name substring or device object), for numpy operands.
     """
+    key = _key(q, k, v, mask, causal, scale, dtype, device)
+    if key is not None:
+        kept = _kept.get(key)
+        if kept is not None:
+            result = kept.run(q, k, v, mask)
+            if result is not None:
+                return result
     Q, K, V = describe(q), describe(k), describe(v)
     M = describe(mask) if mask is not None else None
     described = [x for x in (Q, K, V, M) if x is not None]
@@ -85,8 +93,7 @@ def attention(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False,
     info = rt.device.info
     where = f"device {info.index} ({info.name})"
     operand, out = rules.attention_dtypes((Q.dtype, K.dtype, V.dtype), dtype,
-                                          attention_operands(info), attention_results(info),
-                                          where)
+                                          *_device_types(rt), where)
     kind = rules.mask_kind(M.dtype, operand, M.kind is Kind.DEVICE) if M else None
     result_dtype = numpy_dtype(out)
     on_device = bool(residents)
@@ -95,8 +102,82 @@ def attention(q: Any, k: Any, v: Any, *, mask: Any = None, causal: bool = False,
         if result.size:
             rt.transfers.fill_zero(result.buffer, 0, result.nbytes)
         return result if on_device else result.numpy()
-    _run(rt, s, Q, K, V, M, kind, operand, out, factor, bool(causal), result)
+    recipe = _run(rt, s, Q, K, V, M, kind, operand, out, factor, bool(causal), result)
+    if key is not None and recipe is not None:
+        _kept.put(key, recipe)
     return result if on_device else result.numpy()
+
+
+# -- repeated calls --------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class _Recipe:
+    """What a call on device arrays decided (the kernel choice, how each operand is
+    walked, the result's layout), kept per call signature: a decode loop's repeat pays
+    for the result and the submission only."""
+
+    rt: Runtime
+    choice: AttentionChoice
+    sizes: run.Sizes
+    walks: tuple[tuple[int, int, int, int] | None, ...]  # q, k, v, mask: (outer, head, row, col)
+    o_walk: tuple[int, int, int]
+    shape: tuple[int, ...]
+    result_dtype: np.dtype
+    strides: tuple[int, ...]
+    alloc: tuple[int, int]  # the result's (data, allocation) bytes
+    factor: float
+    causal: bool
+
+    def run(self, q: Array, k: Array, v: Array, mask: Array | None) -> Array | None:
+        """The result, queued; None where an operand lies elsewhere (another device)."""
+        rt = self.rt
+        ops: list[run.Operand | None] = []
+        for x, walk in zip((q, k, v, mask), self.walks, strict=True):
+            if x is None or walk is None:
+                ops.append(None)
+                continue
+            if x._storage.rt is not rt:
+                return None
+            ops.append(run.Operand(x._storage.buffer, x.offset_bytes, x.dtype.itemsize, *walk))
+        result = fresh(rt, self.shape, self.result_dtype, self.strides, self.alloc)
+        result._storage.written()
+        o = run.Operand(result._storage.buffer, 0, self.result_dtype.itemsize, *self.o_walk)
+        qo, ko, vo, mo = ops
+        assert qo is not None and ko is not None and vo is not None
+        run.enqueue_attention(rt, self.choice, self.sizes, qo, ko, vo, o, mo, self.factor,
+                              self.causal)
+        _last.choice = self.choice
+        return result
+
+
+RECIPES = 256
+_kept: Lru[_Recipe] = Lru(RECIPES)
+
+
+def _key(q: Any, k: Any, v: Any, mask: Any, causal: Any, scale: Any, dtype: Any,
+         device: Any) -> tuple[Any, ...] | None:
+    """The signature a recipe is kept under: device arrays only (their runtime, shape,
+    strides, dtype and offset), the call's scalars and the options; None otherwise."""
+    arrays = (q, k, v) if mask is None else (q, k, v, mask)
+    if device is not None or any(type(x) is not Array for x in arrays) or \
+            type(causal) is not bool or not (scale is None or type(scale) is float):
+        return None
+    try:
+        return (*((id(x._storage.rt), x.shape, x._strides, x.dtype, x._offset)
+                  for x in arrays), mask is None, causal, scale, dtype, get_options())
+    except TypeError:  # an unhashable dtype argument
+        return None
+
+
+_types: dict[int, tuple[tuple[ComponentType, ...], tuple[ComponentType, ...]]] = {}
+
+
+def _device_types(rt: Runtime) -> tuple[tuple[ComponentType, ...], tuple[ComponentType, ...]]:
+    """(operand types, result types) attention runs on rt's device, asked once."""
+    types = _types.get(id(rt))
+    if types is None:
+        info = rt.device.info
+        types = _types[id(rt)] = (attention_operands(info), attention_results(info))
+    return types
 
 
 def _runtime(residents: list[Array], device: DeviceArg) -> Runtime:
@@ -144,7 +225,9 @@ def _place(call: _Call, x: Operand, s: rules.AttentionShapes, name: str, dtype: 
 
 def _run(rt: Runtime, s: rules.AttentionShapes, Q: Operand, K: Operand, V: Operand,
          M: Operand | None, kind: MaskKind | None, operand: ComponentType, out: ComponentType,
-         factor: float, causal: bool, result: Array) -> None:
+         factor: float, causal: bool, result: Array) -> _Recipe | None:
+    """Queue the run; returns its recipe where every operand is a device array bound
+    as it lies (no copy made for the call), else None."""
     op_dtype = numpy_dtype(operand)
     call = _Call(rt)
     try:
@@ -161,8 +244,8 @@ def _run(rt: Runtime, s: rules.AttentionShapes, Q: Operand, K: Operand, V: Opera
         problem = AttentionProblem(operand, out, s.D, s.Dv,
                                    sizes.rows, s.Lk, sizes.z, kind, aligned, causal)
         options = get_options()
-        choice = choose_attention(rt.device.info, problem, options.attention_splits,
-                                  options.attention_tile)
+        choice = run.attention_choice(rt, problem, options.attention_splits,
+                                      options.attention_tile)
         _last.choice = choice
         numpy_operand = any(x.kind is Kind.HOST for x in (Q, K, V, M) if x is not None)
         storage = result._storage
@@ -181,6 +264,17 @@ def _run(rt: Runtime, s: rules.AttentionShapes, Q: Operand, K: Operand, V: Opera
             raise
         if target is not None:
             storage.host = (target, ticket)
+            return None
+        given = [x for x in (Q, K, V, M) if x is not None]
+        bound = [x for x in (q, k, v, mask) if x is not None]
+        if any(x.kind is not Kind.DEVICE or b.buffer is not x.value.buffer or
+               b.offset != x.value.offset_bytes for x, b in zip(given, bound, strict=True)):
+            return None
+        walks = tuple(None if x is None else (x.outer, x.head, x.row, x.col)
+                      for x in (q, k, v, mask))
+        return _Recipe(rt, choice, sizes, walks, (o.outer, o.head, o.row), result.shape,
+                       result.dtype, result.element_strides,
+                       allocation(rt, result.shape, result.dtype), factor, causal)
     finally:
         call.done()
 

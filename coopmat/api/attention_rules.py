@@ -12,6 +12,7 @@ every k/v head. The mask broadcasts to the scores' shape (..., heads, Lq, Lk).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Any, NamedTuple
@@ -65,6 +66,7 @@ def _mask_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (1,) * (2 - len(shape)) + tuple(shape) if len(shape) < 2 else tuple(shape)
 
 
+@functools.lru_cache(maxsize=1024)  # a decode loop checks the same shapes every step
 def attention_shapes(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
                      mask: tuple[int, ...] | None = None) -> AttentionShapes:
     """The shapes' agreement, torch's rules plus grouped-query heads; ValueError naming

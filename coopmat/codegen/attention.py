@@ -91,6 +91,10 @@ PUSH_FIELDS = (
     "m_base", "m_row", "m_col", "m_outer", "m_head",
     "scale_log2", "flags", "split_keys", "splits", "rows_pad",
 )
+# One 32-bit word a field, in PUSH_FIELDS' order: the scale a float, the rest unsigned.
+_PUSH = struct.Struct("<" + "".join("f" if name == "scale_log2" else "I"
+                                    for name in PUSH_FIELDS))
+_SCALE = PUSH_FIELDS.index("scale_log2")
 FLAG_CAUSAL = 1
 # traits.skip_blocks: the block words are the same for every z (the mask is broadcast over
 # batch and heads), so the kernel reads z 0's.
@@ -388,17 +392,16 @@ class AttentionKernel:
     @staticmethod
     def push_constants(values: dict[str, float | int]) -> bytes:
         """Pack PUSH_FIELDS from `values` (missing ones are 0)."""
-        words = []
-        for name in PUSH_FIELDS:
-            v = values.get(name, 0)
-            if name == "scale_log2":
-                words.append(struct.pack("<f", float(v)))
-            else:
-                if not 0 <= int(v) < 1 << 32:
+        fields: list[float | int] = [int(values.get(name, 0)) for name in PUSH_FIELDS]
+        fields[_SCALE] = float(values.get("scale_log2", 0.0))
+        try:
+            return _PUSH.pack(*fields)
+        except struct.error:
+            for name, v in zip(PUSH_FIELDS, fields, strict=True):
+                if name != "scale_log2" and not 0 <= int(v) < 1 << 32:
                     raise ValueError(f"attention: {name} = {v} does not fit the kernel's "
-                                     f"32-bit indices")
-                words.append(struct.pack("<I", int(v)))
-        return b"".join(words)
+                                     f"32-bit indices") from None
+            raise
 
 
 class _Row:

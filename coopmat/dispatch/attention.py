@@ -30,11 +30,22 @@ from coopmat.codegen.attention_combine import (
 )
 from coopmat.codegen.attention_kernels import attention_kernel
 from coopmat.common.enums import ComponentType
-from coopmat.dispatch.executor import Copy, Dispatch
+from coopmat.common.lru import Lru
+from coopmat.dispatch.executor import Copy, Dispatch, copies_key
 from coopmat.dispatch.memory import Buffer
 from coopmat.dispatch.runtime import Runtime
 from coopmat.dispatch.staging import OFFSET_ALIGNMENT
-from coopmat.policy.attention import AttentionChoice, merge_invocations
+from coopmat.policy.attention import (
+    AttentionChoice,
+    AttentionProblem,
+    choose_attention,
+    merge_invocations,
+)
+
+# A decode loop asks for the same choice every step: the policy runs once per problem.
+# Each entry holds its runtime, so the id() in its key is never another's.
+CHOICE_CACHE = 256
+_choices: Lru[tuple[Runtime, AttentionChoice]] = Lru(CHOICE_CACHE)
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,11 @@ class Operand:
     def aligned(self) -> bool:
         """Whether 16-byte units read it: its start and strides whole units of 8."""
         return self.col == 1 and not (self.bound[1] | self.outer | self.head | self.row) % 8
+
+    def key(self) -> tuple[int, ...]:
+        """Everything a run's recording takes from the operand (its buffer by address)."""
+        return (self.buffer.addr, self.offset, self.itemsize, self.outer, self.head,
+                self.row, self.col)
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,18 @@ def _block_pass(rt: Runtime, t: AttentionTraits, sizes: Sizes, mask: Operand,
                     BlockKernel.workgroups(count), ((0, start),) if start else ())
 
 
+def attention_choice(rt: Runtime, problem: AttentionProblem, splits: int | None = None,
+                     tile: str = "") -> AttentionChoice:
+    """choose_attention on rt's device, kept per problem and options."""
+    key = (id(rt), problem, splits, tile)
+    kept = _choices.get(key)
+    if kept is not None:
+        return kept[1]
+    choice = choose_attention(rt.device.info, problem, splits, tile)
+    _choices.put(key, (rt, choice))
+    return choice
+
+
 def attention_dispatches(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Operand,
                          k: Operand, v: Operand, o: Operand, mask: Operand | None,
                          scale: float, causal: bool,
@@ -218,12 +246,15 @@ def enqueue_attention(rt: Runtime, choice: AttentionChoice, sizes: Sizes, q: Ope
                       causal: bool, uploads: Sequence[Copy] = (),
                       downloads: Sequence[Copy] = ()) -> int:
     """Queue the run after the staging copies `uploads` and before the copies
-    `downloads`, in one submission; returns the stream's ticket."""
+    `downloads`, in one submission; returns the stream's ticket. A repeat on the same
+    buffers submits the kept recording without building its dispatches again."""
     temps = take_workspace(rt, choice, sizes, mask)
     try:
-        dispatches = attention_dispatches(rt, choice, sizes, q, k, v, o, mask, scale, causal,
-                                          temps)
-        return rt.executor.submit(uploads, dispatches, downloads)
+        key = ("attention", choice, sizes, q.key(), k.key(), v.key(), o.key(),
+               mask.key() if mask is not None else None, scale, causal,
+               *(t.addr for t in temps), *copies_key(uploads), None, *copies_key(downloads))
+        return rt.executor.submit_keyed(key, lambda: (uploads, attention_dispatches(
+            rt, choice, sizes, q, k, v, o, mask, scale, causal, temps), downloads))
     finally:
         for buf in temps:
             rt.pool.recycle(buf)
@@ -241,5 +272,6 @@ def kv_bytes(sizes: Sizes, D: int, Dv: int, itemsize: int) -> int:
     return sizes.z * sizes.Lk * (D + Dv) * itemsize
 
 
-__all__ = ["Operand", "Sizes", "attention_dispatches", "block_words", "enqueue_attention",
-           "flops", "kv_bytes", "shared_blocks", "take_workspace", "workspace_bytes"]
+__all__ = ["Operand", "Sizes", "attention_choice", "attention_dispatches", "block_words",
+           "enqueue_attention", "flops", "kv_bytes", "shared_blocks", "take_workspace",
+           "workspace_bytes"]

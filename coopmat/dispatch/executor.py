@@ -141,14 +141,11 @@ class Executor:
     @staticmethod
     def _key(uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
              downloads: Sequence[Copy], timed: bool, ordered: bool) -> tuple[Any, ...]:
-        def copies(cs: Sequence[Copy]) -> tuple[Any, ...]:
-            return tuple((c.src.addr, c.dst.addr, c.nbytes, c.src_offset, c.dst_offset)
-                         for c in cs)
         return (
-            copies(uploads),
+            copies_key(uploads),
             tuple((d.pipeline.addr, tuple((b, buf.addr) for b, buf in d.buffers.items()),
                    d.offsets, d.push_constants, d.groups) for d in dispatches),
-            copies(downloads),
+            copies_key(downloads),
             timed,
             ordered,
         )
@@ -297,31 +294,25 @@ class Executor:
     def _record(self, uploads: Sequence[Copy], dispatches: Sequence[Dispatch],
                 downloads: Sequence[Copy], desc_pool: Any = None,
                 barriers: bool = True, timed: bool = True, ordered: bool = True) -> _Recorded:
+        # Structs are filled through cffi directly: the binding's keyword constructors
+        # made recording most of a repeated call's host time where its key changes.
         v = vk()
+        ffi, lib = v.ffi, v.lib
         dev = self.device.handle
         copies, downloads = self._split_downloads(downloads)
-        cmd = call(v.vkAllocateCommandBuffers, dev, v.VkCommandBufferAllocateInfo(
-            commandPool=self._cmd_pool, level=v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-            commandBufferCount=1))[0]
-        sets = []
-        offsets_of: dict[int, int] = {}
-        for d in [*dispatches, *copies]:
-            offsets_of = dict(d.offsets)
-            s = call(v.vkAllocateDescriptorSets, dev, v.VkDescriptorSetAllocateInfo(
-                descriptorPool=desc_pool or self._desc_pool, descriptorSetCount=1,
-                pSetLayouts=[d.pipeline.set_layout]))[0]
-            writes = [v.VkWriteDescriptorSet(
-                dstSet=s, dstBinding=b, descriptorCount=1,
-                descriptorType=v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                pBufferInfo=[v.VkDescriptorBufferInfo(
-                    buffer=buf.handle, offset=offsets_of.get(b, 0),
-                    range=self.bound_range(buf, offsets_of.get(b, 0)))])
-                for b, buf in d.buffers.items()]
-            v.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
-            sets.append(s)
-
-        call(v.vkBeginCommandBuffer, cmd, v.VkCommandBufferBeginInfo(
-            flags=COMMAND_BUFFER_SIMULTANEOUS_USE))
+        cmd_out = ffi.new("VkCommandBuffer[1]")
+        check("vkAllocateCommandBuffers", lib.vkAllocateCommandBuffers(dev, ffi.new(
+            "VkCommandBufferAllocateInfo*", {
+                "sType": v.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                "commandPool": self._cmd_pool, "level": v.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                "commandBufferCount": 1}), cmd_out))
+        cmd = cmd_out[0]
+        sets = [self._descriptor_set(d, desc_pool or self._desc_pool)
+                for d in [*dispatches, *copies]]
+        check("vkBeginCommandBuffer", lib.vkBeginCommandBuffer(cmd, ffi.new(
+            "VkCommandBufferBeginInfo*", {
+                "sType": v.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                "flags": COMMAND_BUFFER_SIMULTANEOUS_USE})))
         # After everything submitted earlier (the stream's ordering): a buffer an earlier
         # submission reads or writes may be this one's destination.
         if ordered:
@@ -332,39 +323,68 @@ class Executor:
         for c in uploads:
             record_copy(cmd, c)
         if uploads:
-            self._barrier(cmd, STAGE_TRANSFER, STAGE_COMPUTE, ACCESS_TRANSFER_WRITE,
-                          ACCESS_SHADER_READ)
+            memory_barrier(cmd, STAGE_TRANSFER, STAGE_COMPUTE, ACCESS_TRANSFER_WRITE,
+                           ACCESS_SHADER_READ)
         timed = timed and self._queries is not None
         if timed:
-            v.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
-            v.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
+            lib.vkCmdResetQueryPool(cmd, self._queries, 0, 2)
+            lib.vkCmdWriteTimestamp(cmd, STAGE_TOP, self._queries, 0)
         for i, (d, s) in enumerate(zip(dispatches, sets, strict=False)):
             if i and barriers:
-                self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE,
-                              ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)
+                memory_barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE, ACCESS_SHADER_WRITE,
+                               ACCESS_SHADER_READ | ACCESS_SHADER_WRITE)
             self._dispatch(cmd, d, s)
         if timed:
-            v.vkCmdWriteTimestamp(cmd, STAGE_BOTTOM, self._queries, 1)
+            lib.vkCmdWriteTimestamp(cmd, STAGE_BOTTOM, self._queries, 1)
         if copies:
-            self._barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE, ACCESS_SHADER_WRITE,
-                          ACCESS_SHADER_READ)
+            memory_barrier(cmd, STAGE_COMPUTE, STAGE_COMPUTE, ACCESS_SHADER_WRITE,
+                           ACCESS_SHADER_READ)
             for d, s in zip(copies, sets[len(dispatches):], strict=True):
                 self._dispatch(cmd, d, s)
-        self._barrier(cmd, STAGE_COMPUTE, STAGE_TRANSFER | STAGE_HOST,
-                      ACCESS_SHADER_WRITE, ACCESS_TRANSFER_READ | ACCESS_HOST_READ)
+        memory_barrier(cmd, STAGE_COMPUTE, STAGE_TRANSFER | STAGE_HOST, ACCESS_SHADER_WRITE,
+                       ACCESS_TRANSFER_READ | ACCESS_HOST_READ)
         for c in downloads:
             record_copy(cmd, c)
         if downloads:
-            self._barrier(cmd, STAGE_TRANSFER, STAGE_HOST, ACCESS_TRANSFER_WRITE,
-                          ACCESS_HOST_READ)
-        call(v.vkEndCommandBuffer, cmd)
-        cmds = v.ffi.new("VkCommandBuffer[1]", [cmd])
-        submit = v.ffi.new("VkSubmitInfo *", {
+            memory_barrier(cmd, STAGE_TRANSFER, STAGE_HOST, ACCESS_TRANSFER_WRITE,
+                           ACCESS_HOST_READ)
+        check("vkEndCommandBuffer", lib.vkEndCommandBuffer(cmd))
+        cmds = ffi.new("VkCommandBuffer[1]", [cmd])
+        submit = ffi.new("VkSubmitInfo *", {
             "sType": v.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
             "pCommandBuffers": cmds})
         rec = _Recorded(cmd, sets, submit)
         rec.keep = cmds  # type: ignore[attr-defined]  # the submit info points into it
         return rec
+
+    def _descriptor_set(self, d: Dispatch, pool: Any) -> Any:
+        """A descriptor set from `pool` binding d's buffers (each from its offset)."""
+        v = vk()
+        ffi, lib = v.ffi, v.lib
+        dev = self.device.handle
+        out = ffi.new("VkDescriptorSet[1]")
+        check("vkAllocateDescriptorSets", lib.vkAllocateDescriptorSets(dev, ffi.new(
+            "VkDescriptorSetAllocateInfo*", {
+                "sType": v.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                "descriptorPool": pool, "descriptorSetCount": 1,
+                "pSetLayouts": ffi.new("VkDescriptorSetLayout[1]", [d.pipeline.set_layout])}),
+            out))
+        offsets = dict(d.offsets)
+        n = len(d.buffers)
+        infos = ffi.new("VkDescriptorBufferInfo[]", n)
+        writes = ffi.new("VkWriteDescriptorSet[]", n)
+        for i, (b, buf) in enumerate(d.buffers.items()):
+            offset = offsets.get(b, 0)
+            info = infos[i]
+            info.buffer, info.offset, info.range = buf.handle, offset, \
+                self.bound_range(buf, offset)
+            w = writes[i]
+            w.sType = v.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+            w.dstSet, w.dstBinding, w.descriptorCount = out[0], b, 1
+            w.descriptorType = v.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+            w.pBufferInfo = infos + i
+        lib.vkUpdateDescriptorSets(dev, n, writes, 0, ffi.NULL)
+        return out[0]
 
     def _split_downloads(self, downloads: Sequence[Copy]
                          ) -> tuple[list[Dispatch], Sequence[Copy]]:
@@ -402,22 +422,18 @@ class Executor:
         dev = self.device.handle
         with self.lock:
             for rec in recs:
-                v.vkFreeCommandBuffers(dev, self._cmd_pool, 1, [rec.cmd])
+                v.lib.vkFreeCommandBuffers(dev, self._cmd_pool, 1,
+                                           v.ffi.new("VkCommandBuffer[1]", [rec.cmd]))
                 if rec.sets:  # a recording of copies alone has none (and a count of 0 is invalid)
-                    v.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), rec.sets)
-
-    def _barrier(self, cmd: Any, src_stage: int, dst_stage: int, src: int, dst: int) -> None:
-        v = vk()
-        v.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1,
-                               [v.VkMemoryBarrier(srcAccessMask=src, dstAccessMask=dst)],
-                               0, None, 0, None)
+                    v.lib.vkFreeDescriptorSets(dev, self._desc_pool, len(rec.sets), v.ffi.new(
+                        "VkDescriptorSet[]", rec.sets))
 
     def _dispatch(self, cmd: Any, d: Dispatch, s: Any) -> None:
         v = vk()
         p = d.pipeline
-        v.vkCmdBindPipeline(cmd, v.VK_PIPELINE_BIND_POINT_COMPUTE, p.handle)
-        v.vkCmdBindDescriptorSets(cmd, v.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, [s],
-                                  0, None)
+        v.lib.vkCmdBindPipeline(cmd, v.VK_PIPELINE_BIND_POINT_COMPUTE, p.handle)
+        v.lib.vkCmdBindDescriptorSets(cmd, v.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1,
+                                      v.ffi.new("VkDescriptorSet[1]", [s]), 0, v.ffi.NULL)
         pc = v.ffi.from_buffer(d.push_constants)
         v.lib.vkCmdPushConstants(cmd, p.layout, SHADER_STAGE_COMPUTE, 0, len(d.push_constants), pc)
         gx, gy, gz = d.groups
@@ -441,22 +457,39 @@ class Executor:
         v.vkDestroyCommandPool(dev, self._cmd_pool, None)
 
 
+def copies_key(copies: Sequence[Copy]) -> tuple[int, ...]:
+    """The copies as a recording key names them (Executor.submit_keyed's callers too)."""
+    return tuple(x for c in copies for x in (c.src.addr, c.dst.addr, c.nbytes, c.src_offset,
+                                              c.dst_offset))
+
+
+_barriers: dict[tuple[int, int], Any] = {}  # VkMemoryBarrier structs by access masks
+
+
+def memory_barrier(cmd: Any, src_stage: int, dst_stage: int, src: int, dst: int) -> None:
+    """Record a global memory barrier: `src` accesses of `src_stage` before `dst`
+    accesses of `dst_stage`."""
+    v = vk()
+    barrier = _barriers.get((src, dst))
+    if barrier is None:
+        barrier = _barriers[src, dst] = v.ffi.new("VkMemoryBarrier*", {
+            "sType": v.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src,
+            "dstAccessMask": dst})
+    v.lib.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, barrier, 0, v.ffi.NULL, 0,
+                               v.ffi.NULL)
+
+
 def barrier_all(cmd: Any) -> None:
     """Order everything submitted before on the queue (shaders and copies) before what
     this command buffer does next."""
-    v = vk()
-    v.vkCmdPipelineBarrier(cmd, STAGE_COMPUTE | STAGE_TRANSFER, STAGE_COMPUTE | STAGE_TRANSFER,
-                           0, 1, [v.VkMemoryBarrier(srcAccessMask=ACCESS_SHADER_WRITE
-                                                    | ACCESS_TRANSFER_WRITE,
-                                                    dstAccessMask=ACCESS_ALL)],
-                           0, None, 0, None)
+    memory_barrier(cmd, STAGE_COMPUTE | STAGE_TRANSFER, STAGE_COMPUTE | STAGE_TRANSFER,
+                   ACCESS_SHADER_WRITE | ACCESS_TRANSFER_WRITE, ACCESS_ALL)
 
 
 def record_copy(cmd: Any, c: Copy) -> None:
     v = vk()
-    v.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1,
-                      [v.VkBufferCopy(srcOffset=c.src_offset, dstOffset=c.dst_offset,
-                                      size=c.nbytes)])
+    v.lib.vkCmdCopyBuffer(cmd, c.src.handle, c.dst.handle, 1, v.ffi.new("VkBufferCopy*", {
+        "srcOffset": c.src_offset, "dstOffset": c.dst_offset, "size": c.nbytes}))
 
 
 def _what(dispatches: Sequence[Dispatch], uploads: Sequence[Copy],

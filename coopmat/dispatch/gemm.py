@@ -30,7 +30,7 @@ from coopmat.common.enums import ComponentType
 from coopmat.common.errors import OutOfDeviceMemoryError
 from coopmat.common.lru import Lru
 from coopmat.dispatch import staging
-from coopmat.dispatch.executor import Copy, Dispatch
+from coopmat.dispatch.executor import Copy, Dispatch, copies_key
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.pipelines import Pipeline
 from coopmat.dispatch.runtime import Runtime
@@ -551,8 +551,8 @@ def enqueue_plan(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,
     try:
         key = (plan.serial, a.buffer.addr, a.offset, b.buffer.addr, b.offset,
                d.buffer.addr, d.offset, *_operand_key(c), *_operand_key(bias),
-               *_operand_key(residual), *(t.addr for t in temps), *_copies_key(uploads),
-               None, *_copies_key(downloads))
+               *_operand_key(residual), *(t.addr for t in temps), *copies_key(uploads),
+               None, *copies_key(downloads))
         ticket = rt.executor.submit_keyed(
             key, lambda: (uploads, plan_dispatches(rt, plan, a, b, c, d, bias, residual, temps),
                           downloads), waits)
@@ -591,11 +591,6 @@ def plan_temps(rt: Runtime, plan: Plan) -> list[Buffer]:
 
 def _operand_key(op: DeviceOperand | None) -> tuple[int, int]:
     return (0, 0) if op is None else (op.buffer.addr, op.offset)
-
-
-def _copies_key(copies: Sequence[Copy]) -> tuple[int, ...]:
-    return tuple(x for cp in copies for x in (cp.src.addr, cp.dst.addr, cp.nbytes,
-                                                 cp.src_offset, cp.dst_offset))
 
 
 def plan_dispatches(rt: Runtime, plan: Plan, a: DeviceOperand, b: DeviceOperand,

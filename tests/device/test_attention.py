@@ -25,6 +25,7 @@ import coopmat
 import coopmat.api.attention as front
 from coopmat.codegen.attention import MaskKind
 from coopmat.common.enums import ComponentType
+from coopmat.dispatch import attention as run
 from coopmat.policy import attention as policy
 from coopmat.policy.attention import attention_operands
 
@@ -48,11 +49,11 @@ def force(monkeypatch):
     def apply(**over):
         original = policy.choose_attention
 
-        def forced(info, problem, splits=None, tile=""):
-            c = original(info, problem, splits, tile)
+        def forced(rt, problem, splits=None, tile=""):
+            c = original(rt.device.info, problem, splits, tile)
             return dataclasses.replace(c, traits=dataclasses.replace(c.traits, **over))
 
-        monkeypatch.setattr(front, "choose_attention", forced)
+        monkeypatch.setattr(run, "attention_choice", forced)
     return apply
 
 
@@ -110,6 +111,41 @@ def test_device_arrays(rt) -> None:
     kt = coopmat.asarray(np.ascontiguousarray(np.swapaxes(k, -1, -2)))
     got = coopmat.attention(big[:, 2:], kt.mT, v)
     check(got.numpy(), q, k, v)
+
+
+def test_repeat_reuses_its_recording(rt, monkeypatch) -> None:
+    """A decode loop's repeated call (the same device arrays, the last result let go)
+    builds its dispatches once and then submits the kept recording; another scale or
+    causal is another run. Every result is checked."""
+    built: list[object] = []
+    original = run.attention_dispatches
+
+    def counting(*args, **kwargs):
+        built.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(run, "attention_dispatches", counting)
+    q, k, v = qkv((1, 4, 1, 64), (1, 2, 300, 64))
+    dq, dk, dv = (coopmat.asarray(x) for x in (q, k, v))
+    for _ in range(4):
+        check(coopmat.attention(dq, dk, dv).numpy(), q, k, v)
+    assert len(built) == 1
+    check(coopmat.attention(dq, dk, dv, scale=0.5).numpy(), q, k, v, scale=0.5)
+    check(coopmat.attention(dq, dk, dv, causal=True).numpy(), q, k, v, causal=True)
+    assert len(built) == 3
+    # Other arrays of the same signature: the kept recipe binds the call's own buffers.
+    q2, k2, v2 = qkv((1, 4, 1, 64), (1, 2, 300, 64))
+    for _ in range(2):
+        check(coopmat.attention(coopmat.asarray(q2), coopmat.asarray(k2),
+                                coopmat.asarray(v2)).numpy(), q2, k2, v2)
+    mask = RNG.random((1, 1, 1, 300)) < 0.5
+    dm = coopmat.asarray(mask)
+    for _ in range(2):
+        check(coopmat.attention(dq, dk, dv, mask=dm).numpy(), q, k, v, mask=mask)
+    # A view at another offset is another signature (its alignment may pick another kernel).
+    wide = coopmat.asarray(np.concatenate([q2, q], axis=1))
+    for _ in range(2):
+        check(coopmat.attention(wide[:, 4:], dk, dv).numpy(), q, k, v)
 
 
 def test_discrete_paths(rt) -> None:

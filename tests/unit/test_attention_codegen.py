@@ -442,3 +442,24 @@ def test_direct_store_traits_and_policy() -> None:
             c = choose_attention(device, dataclasses.replace(p, out=out)).traits
             assert c.direct_store
             validate(attention_kernel(c).spirv)
+
+
+def test_push_constants_pack_and_refuse() -> None:
+    """One 32-bit word a field in PUSH_FIELDS' order (the scale a float, absent fields 0),
+    and a value past 32 bits refused with its field named."""
+    import struct
+
+    from coopmat.codegen.attention import PUSH_FIELDS, AttentionKernel
+
+    values = {name: 3 * i + 1 for i, name in enumerate(PUSH_FIELDS) if name != "k_head"}
+    values["scale_log2"] = 0.125
+    words = AttentionKernel.push_constants(values)
+    assert len(words) == 4 * len(PUSH_FIELDS)
+    for i, name in enumerate(PUSH_FIELDS):
+        code = "<f" if name == "scale_log2" else "<I"
+        expect = 0.125 if name == "scale_log2" else 0 if name == "k_head" else 3 * i + 1
+        assert struct.unpack_from(code, words, 4 * i)[0] == expect, name
+    with pytest.raises(ValueError, match=r"Lk = 4294967296 does not fit"):
+        AttentionKernel.push_constants({**values, "Lk": 1 << 32})
+    with pytest.raises(ValueError, match=r"q_base = -1 does not fit"):
+        AttentionKernel.push_constants({**values, "q_base": -1})
