@@ -138,10 +138,16 @@ def test_repeat_reuses_its_recording(rt, monkeypatch) -> None:
     for _ in range(2):
         check(coopmat.attention(coopmat.asarray(q2), coopmat.asarray(k2),
                                 coopmat.asarray(v2)).numpy(), q2, k2, v2)
-    mask = RNG.random((1, 1, 1, 300)) < 0.5
-    dm = coopmat.asarray(mask)
-    for _ in range(2):
-        check(coopmat.attention(dq, dk, dv, mask=dm).numpy(), q, k, v, mask=mask)
+    # A new mask array each step (a decode loop hiding the keys not yet written) has the
+    # same signature: the long way (front._run) runs for the first call only.
+    long_way: list[object] = []
+    run_once = front._run
+    monkeypatch.setattr(front, "_run", lambda *a: long_way.append(a) or run_once(*a))
+    for _ in range(3):
+        mask = RNG.random((1, 1, 1, 300)) < 0.5
+        check(coopmat.attention(dq, dk, dv, mask=coopmat.asarray(mask)).numpy(), q, k, v,
+              mask=mask)
+    assert len(long_way) == 1
     # A view at another offset is another signature (its alignment may pick another kernel).
     wide = coopmat.asarray(np.concatenate([q2, q], axis=1))
     for _ in range(2):

@@ -114,3 +114,14 @@ def test_gemv_k_splits_runs_and_checks(live_device_info):
     tiles = [x for x in out.splitlines() if "C=2 U=1 S=2 Q=2" in x and "diff" in x]
     assert [x.split()[0] for x in tiles] == ["float", "q8_1"], out
     assert all(float(x.split("diff ")[1]) < 1e-3 for x in tiles), out
+
+
+def test_attention_host_runs_and_checks(live_device_info):
+    """Queued, waited and growing loops each print their host time and steps, the first
+    call of each checked against float64 numpy."""
+    out = run_probe("lab/attention_host.py", "--lk", "40", "--calls", "3", "--heads", "4",
+                    "--kv", "2", "--dim", "64")
+    lines = [x for x in out.splitlines() if x.startswith("lk=40")]
+    assert [x.split()[1] for x in lines] == ["queued", "waited", "growing"], out
+    assert all(float(x.split("max_err=")[1].split()[0]) < 2e-3 for x in lines), out
+    assert "attention_dispatches" in lines[2], out  # a new key count builds its run
