@@ -27,6 +27,7 @@ from coopmat.dispatch.executor import Copy
 from coopmat.dispatch.memory import Buffer, Kind
 from coopmat.dispatch.runtime import DeviceArg, Runtime, runtime, runtimes
 from coopmat.dispatch.staging import MARGIN_PER_LINE, MARGIN_SHARE
+from coopmat.dispatch.strided_copy import regions
 from coopmat.dispatch.transfer import NewDownload
 
 
@@ -245,6 +246,46 @@ class Array:
                 offset += (i % n) * self._strides[axis]
                 axis += 1
         return Array(self._storage, tuple(shape), self.dtype, tuple(strides), offset)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """numpy's assignment through basic indexing (`a[i] = x`, `cache[:, :, n] = k`),
+        written on the device in stream order: `value` a device Array of this dtype on
+        the same device, or anything numpy assigns (converted and broadcast as numpy
+        converts and broadcasts it), broadcast to the selection. Integer-array and
+        boolean indices raise TypeError, as for reading."""
+        dst = self[key]
+        if isinstance(value, Array):
+            if value.runtime is not self.runtime:
+                raise DeviceMismatchError(
+                    f"cannot assign an Array of device {value.device.info.index} into one "
+                    f"of device {self.device.info.index}: move it with "
+                    f"coopmat.asarray(x, device=...) first")
+            if value.dtype != self.dtype:
+                raise TypeError(f"cannot assign a {dtype_name(value.dtype)} Array into a "
+                                f"{dtype_name(self.dtype)} one on the device: convert it with "
+                                f".astype({dtype_name(self.dtype)!r}) first")
+            src = value
+            try:
+                fits = np.broadcast_shapes(src.shape, dst.shape) == dst.shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ValueError(f"could not broadcast input array from shape {src.shape} "
+                                 f"into shape {dst.shape}")
+            if src._storage is self._storage:  # may overlap: numpy reads all, then writes
+                src = src.copy()
+        else:
+            host = np.empty(dst.shape, self.dtype)
+            host[...] = value  # numpy's own conversion, broadcasting and errors
+            src = asarray(host, device=self.device)
+        if not dst.size:
+            return
+        lead = dst.ndim - src.ndim
+        src_strides = (0,) * lead + tuple(
+            0 if n == 1 else stride for n, stride in zip(src.shape, src._strides, strict=True))
+        self._storage.written()
+        self.runtime.transfers.copy_regions(src.buffer, dst.buffer, regions(
+            dst.shape, dst._strides, dst._offset, src_strides, src._offset, self.itemsize))
 
     # -- views -----------------------------------------------------------------------
     def _view(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> Array:

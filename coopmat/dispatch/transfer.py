@@ -70,6 +70,7 @@ STAGING_BYTES = 4 << 20
 # Below this a transfer is one chunk on the calling thread: a thread hand-off costs more.
 PARALLEL_MIN_BYTES = 2 * CHUNK_BYTES
 MAX_LANES = 16
+COPY_REGIONS = 1 << 16  # regions of one copy command (Transfers.copy_regions)
 IMPORT_CHUNK_BYTES = 32 << 20
 HOST_ALLOCATION = 0x80  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
 COMMAND_POOL_RESET = 0x2
@@ -589,6 +590,23 @@ class Transfers:
             lane.slot(0)
             lane.record(0, lambda cmd: vk().lib.vkCmdFillBuffer(cmd, dst.handle, offset,
                                                                   size, 0), "a fill")
+
+    def copy_regions(self, src: Buffer, dst: Buffer, regions: np.ndarray) -> None:
+        """Queue device copies from src to dst on the stream, after the work submitted
+        so far: `regions` rows of (source byte offset, destination byte offset, bytes),
+        uint64 (strided_copy.regions), at most COPY_REGIONS a command."""
+        ffi, lib = vk().ffi, vk().lib
+        lane = self._lanes_of(Kind.UPLOAD, 1)[0]
+        for lo in range(0, len(regions), COPY_REGIONS):
+            part = np.ascontiguousarray(regions[lo:lo + COPY_REGIONS], dtype=np.uint64)
+
+            def command(cmd: Any, part: np.ndarray = part) -> None:
+                lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, len(part),
+                                    ffi.cast("VkBufferCopy *", ffi.from_buffer(part)))
+
+            with lane.lock:
+                lane.slot(0)
+                lane.record(0, command, "a copy on the device")
 
     # -- device -> numpy -------------------------------------------------------------
     def download(self, src: Buffer, src_offset: int, dst: np.ndarray,

@@ -569,6 +569,8 @@ def test_two_devices_mismatch(rt):
         assert np.array_equal(B.numpy(), x)
         with pytest.raises(coopmat.DeviceMismatchError, match="different devices"):
             coopmat.asarray(x) @ B
+        with pytest.raises(coopmat.DeviceMismatchError, match="asarray"):
+            B[0] = coopmat.asarray(x[0])
         # The second device computes on its own (and its pipelines are torn down cleanly).
         want = x.astype(np.float64) @ x.astype(np.float64)
         np.testing.assert_allclose((B @ B).numpy(), want, rtol=2e-3, atol=2e-3)
@@ -986,3 +988,72 @@ def test_row_blocks():
     assert blocks[0][0] == 0 and blocks[-1][1] == 1000
     assert all(b0[1] == b1[0] for b0, b1 in zip(blocks, blocks[1:], strict=False))
     assert len(blocks) >= 2
+
+
+def test_setitem(rt):
+    """Assignment through basic indexing, written on the device: from numpy values and
+    device Arrays, broadcast, reversed and strided selections, overlapping source and
+    destination, each against numpy doing the same to a host copy."""
+    host = _random((2, 8, 40, 16), np.float16)
+    arr = coopmat.asarray(host)
+    k = _random((2, 8, 16), np.float16)
+    steps = [
+        ((slice(None), slice(None), 5), k),  # a KV cache's new row, from numpy
+        ((slice(None), slice(None), slice(7, 9)), coopmat.asarray(_random((2, 8, 2, 16),
+                                                                          np.float16))),
+        ((1,), 3.5),  # a scalar, broadcast
+        ((Ellipsis, 0), coopmat.asarray(_random((40,), np.float16))),  # a broadcast Array
+        ((slice(None, None, -1), slice(None), slice(None, None, 3)),
+         _random((2, 8, 14, 16), np.float32)),  # reversed and strided; float32 converted
+        ((0, 2, slice(10, 20)), coopmat.asarray(_random((10, 16), np.float16)).T.T),
+    ]
+    for key, value in steps:
+        arr[key] = value
+        host[key] = value.numpy() if isinstance(value, coopmat.Array) else value
+        assert np.array_equal(arr.numpy(), host), key
+    arr[:, :, 1:] = arr[:, :, :-1]  # overlapping: as numpy, every value read first
+    host[:, :, 1:] = host[:, :, :-1].copy()
+    assert np.array_equal(arr.numpy(), host)
+    view = arr[1, :, ::2]  # a view's assignment lands in its base
+    view[0] = 1.0
+    host[1, 0, ::2] = 1.0
+    assert np.array_equal(arr.numpy(), host)
+    arr[:0] = 7.0  # nothing selected, nothing written
+    assert np.array_equal(arr.numpy(), host)
+
+
+def test_setitem_in_stream_order(rt):
+    """A write between two queued products lands after the first wrote the array and
+    before the second reads it; a small result's host copy is not read stale after it."""
+    a, w = _random((16, 32), np.float16), _random((32, 32), np.float16)
+    da, dw = coopmat.asarray(a), coopmat.asarray(w)
+    y = da @ dw  # queued
+    row = _random((32,), np.float16)
+    y[3] = row
+    z = (y @ dw).numpy()
+    y_host = (a.astype(np.float64) @ w.astype(np.float64)).astype(np.float16)
+    y_host[3] = row
+    np.testing.assert_allclose(z, y_host.astype(np.float64) @ w.astype(np.float64),
+                               rtol=2e-2, atol=5e-2)
+    # A numpy operand: on a discrete GPU the small result's host copy rides with the
+    # product; the write must not leave .numpy() handing that copy over.
+    r = coopmat.matmul(coopmat.asarray(a[:2]), w)
+    r[0, :4] = 0.0
+    got = r.numpy()
+    assert not got[0, :4].any() and got[0, 4:].any()
+
+
+def test_setitem_errors(rt):
+    arr = coopmat.zeros((4, 5), np.float16)
+    with pytest.raises(TypeError, match=r"float32 Array into a float16 one.*astype"):
+        arr[0] = coopmat.zeros((5,), np.float32)
+    with pytest.raises(ValueError, match=r"could not broadcast input array from shape "
+                                         r"\(3,\) into shape \(5,\)"):
+        arr[0] = coopmat.zeros((3,), np.float16)
+    with pytest.raises(ValueError, match="could not broadcast"):
+        arr[0] = np.zeros(3)
+    with pytest.raises(TypeError):
+        arr[[0, 1]] = 1.0
+    with pytest.raises(IndexError, match="out of bounds"):
+        arr[4] = 1.0
+    assert not arr.numpy().any()

@@ -154,6 +154,25 @@ def test_repeat_reuses_its_recording(rt, monkeypatch) -> None:
         check(coopmat.attention(wide[:, 4:], dk, dv).numpy(), q, k, v)
 
 
+def test_decode_loop_with_a_cache(rt, monkeypatch) -> None:
+    """The guide's decode loop: a cache written a row a step on the device and a mask of
+    the rows written so far; every step right, and planned once."""
+    long_way: list[object] = []
+    run_once = front._run
+    monkeypatch.setattr(front, "_run", lambda *a: long_way.append(a) or run_once(*a))
+    q, k, v = qkv((1, 4, 5, 64), (1, 2, 5, 64))
+    k_cache, v_cache = coopmat.zeros((1, 2, 40, 64), F16), coopmat.zeros((1, 2, 40, 64), F16)
+    keep = np.zeros((1, 1, 1, 40), bool)
+    for pos in range(5):
+        k_cache[:, :, pos] = coopmat.asarray(k[:, :, pos])
+        v_cache[:, :, pos] = v[:, :, pos]
+        keep[..., pos] = True
+        got = coopmat.attention(coopmat.asarray(q[:, :, pos:pos + 1]), k_cache, v_cache,
+                                mask=coopmat.asarray(keep))
+        check(got.numpy(), q[:, :, pos:pos + 1], k[:, :, :pos + 1], v[:, :, :pos + 1])
+    assert len(long_way) == 1
+
+
 def test_discrete_paths(rt) -> None:
     """On a discrete GPU's memory paths: small numpy operands staged by the call's own
     submission and the result's copy to host memory riding in it; a large one copied."""
@@ -556,6 +575,7 @@ def test_block_words(rt) -> None:
     batch, kv, groups, Lq, Lk = 2, 2, 4, 33, 257
     full = _block_mask((batch, kv * groups, Lq, Lk))
     full[1, 3, 7] = False
+    full[1, :, :, 64:96] = False  # a whole key step hidden for every tile tried below
     full[0, 2, :, 256] = True  # the ragged last step
     for block_rows, keys in ((16, 8), (64, 32)):
         got = words(full, (kv * groups * Lq * Lk, Lq * Lk, Lk, 1), Lq, Lk, groups, kv, batch,
