@@ -604,9 +604,10 @@ class Transfers:
                 lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, len(part),
                                     ffi.cast("VkBufferCopy *", ffi.from_buffer(part)))
 
-            with lane.lock:
-                lane.slot(0)
-                lane.record(0, command, "a copy on the device")
+            with lane.lock:  # the lane's older command buffer: seldom still running
+                i = 0 if lane.tickets[0] <= lane.tickets[1] else 1
+                lane.slot(i)
+                lane.record(i, command, "a copy on the device")
 
     # -- device -> numpy -------------------------------------------------------------
     def download(self, src: Buffer, src_offset: int, dst: np.ndarray,
