@@ -277,6 +277,8 @@ class Array:
         else:
             host = np.empty(dst.shape, self.dtype)
             host[...] = value  # numpy's own conversion, broadcasting and errors
+            if not dst.size:
+                return
             src = asarray(host, device=self.device)
         if not dst.size:
             return

@@ -168,15 +168,19 @@ def _key(q: Any, k: Any, v: Any, mask: Any, causal: Any, scale: Any, dtype: Any,
         return None
 
 
-_types: dict[int, tuple[tuple[ComponentType, ...], tuple[ComponentType, ...]]] = {}
+_Types = tuple[tuple[ComponentType, ...], tuple[ComponentType, ...]]
+# Each entry holds its runtime, so the id() it is kept under is never another's.
+_types: dict[int, tuple[Runtime, _Types]] = {}
 
 
-def _device_types(rt: Runtime) -> tuple[tuple[ComponentType, ...], tuple[ComponentType, ...]]:
+def _device_types(rt: Runtime) -> _Types:
     """(operand types, result types) attention runs on rt's device, asked once."""
-    types = _types.get(id(rt))
-    if types is None:
-        info = rt.device.info
-        types = _types[id(rt)] = (attention_operands(info), attention_results(info))
+    kept = _types.get(id(rt))
+    if kept is not None:
+        return kept[1]
+    info = rt.device.info
+    types = (attention_operands(info), attention_results(info))
+    _types[id(rt)] = (rt, types)
     return types
 
 
