@@ -71,6 +71,7 @@ STAGING_BYTES = 4 << 20
 PARALLEL_MIN_BYTES = 2 * CHUNK_BYTES
 MAX_LANES = 16
 COPY_REGIONS = 1 << 16  # regions of one copy command (Transfers.copy_regions)
+COPY_LANES = 4  # lanes whose command buffers Transfers.copy_regions takes in turn
 IMPORT_CHUNK_BYTES = 32 << 20
 HOST_ALLOCATION = 0x80  # VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
 COMMAND_POOL_RESET = 0x2
@@ -596,7 +597,7 @@ class Transfers:
         so far: `regions` rows of (source byte offset, destination byte offset, bytes),
         uint64 (strided_copy.regions), at most COPY_REGIONS a command."""
         ffi, lib = vk().ffi, vk().lib
-        lane = self._lanes_of(Kind.UPLOAD, 1)[0]
+        lanes = self._lanes_of(Kind.UPLOAD, COPY_LANES)
         for lo in range(0, len(regions), COPY_REGIONS):
             part = np.ascontiguousarray(regions[lo:lo + COPY_REGIONS], dtype=np.uint64)
 
@@ -604,8 +605,11 @@ class Transfers:
                 lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, len(part),
                                     ffi.cast("VkBufferCopy *", ffi.from_buffer(part)))
 
-            with lane.lock:  # the lane's older command buffer: seldom still running
-                i = 0 if lane.tickets[0] <= lane.tickets[1] else 1
+            # The command buffer submitted longest ago: a loop writing a few rows a step
+            # waits only when all of them are still in flight.
+            lane, i = min(((lane, i) for lane in lanes for i in (0, 1)),
+                          key=lambda li: li[0].tickets[li[1]])
+            with lane.lock:
                 lane.slot(i)
                 lane.record(i, command, "a copy on the device")
 
