@@ -316,8 +316,8 @@ class Array:
         return self.transpose(order)
 
     def reshape(self, *shape: Any) -> Array:
-        """A view where the strides allow, as numpy's reshape; else a copy (through the
-        host: reshaping a transposed array is rare enough not to need a kernel)."""
+        """A view where the strides allow, as numpy's reshape; else a reshaped copy
+        (copy(): on the device)."""
         if len(shape) == 1 and not isinstance(shape[0], int):
             shape = tuple(shape[0])
         # numpy decides whether a view is possible from strides alone: ask it, on a
@@ -329,7 +329,7 @@ class Array:
         except ValueError as exc:
             if "cannot reshape" in str(exc):
                 raise
-            return asarray(self.numpy().reshape(shape), device=self.device)
+            return self.copy().reshape(shape)
         return self._view(new.shape, new.strides)
 
     # -- to the host -----------------------------------------------------------------
@@ -426,14 +426,17 @@ class Array:
     # -- copies ------------------------------------------------------------------------
     def copy(self) -> Array:
         """A new C-contiguous array with this one's contents, on the same device: copied
-        there, queued on its stream (a strided view: gathered through the host)."""
-        if not self.is_c_contiguous:
-            return asarray(self.numpy(), device=self.device)
+        there, queued on its stream (a strided view by assignment's copies, a run of
+        contiguous elements each)."""
         rt = self.runtime
         out = Array(_allocate(rt, self.shape, self.dtype), self.shape, self.dtype)
-        if self.nbytes:
-            rt.executor.submit([Copy(self.buffer, out.buffer, self.nbytes,
-                                     self.offset_bytes, 0)], [])
+        if not self.nbytes:
+            return out
+        if not self.is_c_contiguous:
+            out[...] = self
+            return out
+        rt.executor.submit([Copy(self.buffer, out.buffer, self.nbytes, self.offset_bytes, 0)],
+                           [])
         return out
 
     def __copy__(self) -> Array:
